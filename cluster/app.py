@@ -1,0 +1,46 @@
+"""The Serve application: `serve run cluster.app:build [config=PATH]`.
+
+Ingress (HTTP, auth, schema) -> Router (backend choice) -> one LLMServer deployment per
+`role@pool` backend. With no `config`, the embedded local default (ray_configs/local.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from ray import serve
+from ray.serve.deployment import Application
+
+from cluster.backends import build_backend
+from cluster.config import ClusterConfig, ConfigError, load_config
+from cluster.ray_runtime import RayStartError, ensure_ray
+from deployments.ingress import build_ingress
+from deployments.router import Router
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(config: ClusterConfig) -> Application:
+    backends = {b.name: build_backend(config, b) for b in config.home_backends}
+    router = serve.deployment(Router).options(
+        name="router",
+        num_replicas=config.gateway.router_replicas,
+        max_ongoing_requests=10_000,
+        ray_actor_options={"num_cpus": 0},
+    )
+    return build_ingress(config, router.bind(config, backends))
+
+
+def build(args: dict[str, Any]) -> Application:
+    """Serve's entry point. A broken config exits with its message, never a stack trace."""
+    try:
+        config = load_config(args.get("config"))
+        ensure_ray(config)
+    except (ConfigError, RayStartError) as error:
+        print(f"gpu-pool-serve: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not config.api_keys:
+        print("gpu-pool-serve: no API keys configured: authentication is OFF", file=sys.stderr)
+    return build_app(config)

@@ -1,0 +1,404 @@
+"""The cluster's configuration: typed, validated, immutable, loaded from YAML.
+
+Everything the gateway needs is here: pools, models (one per role), the CPU fallback, failover
+chains, API keys, admission classes and placement thresholds. Backends are derived (`role@pool`),
+never written by hand. Cross-field checks name the field and the fix, so a broken file fails at
+start with a readable message (`ConfigError`), not a stack trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+API_KEYS_ENV = "GPU_POOL_SERVE_API_KEYS"
+EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "ray_configs" / "local.yaml"
+AUTO_MODEL = "auto"
+FALLBACK_BACKEND = "cpu-fallback"
+
+Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=40)]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says which field and how to fix it."""
+
+
+class Role(StrEnum):
+    ORCHESTRATOR = "orchestrator"
+    REASONING = "reasoning"
+    VISION = "vision"
+    CODING = "coding"
+
+
+class PoolKind(StrEnum):
+    LOCAL = "local"
+    MESH = "mesh"
+    CLOUD = "cloud"
+
+
+class PriorityClass(StrEnum):
+    """Admission classes, most important first (see `rank`)."""
+
+    USER = "user"
+    AGENT = "agent"
+    BACKGROUND = "background"
+
+    @property
+    def rank(self) -> int:
+        return list(PriorityClass).index(self)
+
+
+# Per-backend concurrency caps from the design, used when a model sets none.
+DEFAULT_CAPS: Mapping[Role, int] = {
+    Role.ORCHESTRATOR: 24,
+    Role.REASONING: 8,
+    Role.VISION: 4,
+    Role.CODING: 6,
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolConfig(_Frozen):
+    """A set of Ray nodes carrying the custom resource `pool_<name>`."""
+
+    name: Name
+    kind: PoolKind
+    priority: int = Field(0, ge=0, description="Lower is preferred; local pools usually 0.")
+
+    @property
+    def resource(self) -> str:
+        return f"pool_{self.name}"
+
+
+class ModelConfig(_Frozen):
+    """One model serving one role, deployable on the listed pools (the first is its home)."""
+
+    role: Role
+    source: str = Field(min_length=1, description="Local path (./, ../, /, ~) or hub id.")
+    aliases: tuple[Name, ...] = ()
+    context_window: int = Field(ge=256)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    device: Literal["cpu", "gpu"] = "gpu"
+    # CPU engines: logical CPUs one replica reserves (its engine runs OMP_NUM_THREADS threads).
+    cpus_per_replica: float = Field(1.0, gt=0)
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    placement_priority: Literal["P0", "P1", "P2", "P3"] = "P1"
+    pools: tuple[Name, ...] = Field(min_length=1)
+    replicas: int = Field(1, ge=1)
+    max_concurrency: int | None = None
+
+    @property
+    def cap(self) -> int:
+        return self.max_concurrency if self.max_concurrency is not None else DEFAULT_CAPS[self.role]
+
+    @property
+    def home_pool(self) -> str:
+        return self.pools[0]
+
+
+class FallbackConfig(_Frozen):
+    """The CPU replica every chain ends on: it has no GPU memory to run out of."""
+
+    engine: Literal["ollama", "llama_cpp", "auto"] = "auto"
+    source: str = Field(min_length=1, description="GGUF path or Ollama model name.")
+    context_window: int = Field(2048, ge=256)
+    max_concurrency: int = 8
+    pool: Name | None = Field(None, description="CPU pool to run on; none means the head node.")
+
+
+class ApiKeyConfig(_Frozen):
+    """A client key, stored only as its SHA-256 (`python -m cluster.keys hash KEY`)."""
+
+    name: Name
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    priority: PriorityClass = PriorityClass.USER
+    max_priority: PriorityClass = PriorityClass.USER
+
+    @model_validator(mode="after")
+    def _priority_within_cap(self) -> Self:
+        if self.priority.rank < self.max_priority.rank:
+            raise ValueError(
+                f"priority {self.priority.value!r} is above max_priority "
+                f"{self.max_priority.value!r}; lower priority or raise max_priority"
+            )
+        return self
+
+
+class PlacementConfig(_Frozen):
+    """VRAM thresholds for the placement actor (hysteresis: restore_above > offload_below)."""
+
+    interval_s: float = Field(15.0, gt=0)
+    offload_below_gb: float = Field(6.0, ge=0)
+    restore_above_gb: float = Field(12.0, ge=0)
+    cooldown_s: float = Field(120.0, ge=0)
+    min_away_s: float = Field(60.0, ge=0)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Self:
+        if self.restore_above_gb <= self.offload_below_gb:
+            raise ValueError(
+                f"restore_above_gb ({self.restore_above_gb}) must be greater than "
+                f"offload_below_gb ({self.offload_below_gb}), or models would flap between pools"
+            )
+        return self
+
+
+class GatewayConfig(_Frozen):
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    default_priority: PriorityClass = PriorityClass.USER
+    ingress_replicas: int = Field(1, ge=1)
+    # The router holds admission state in memory; one replica keeps it exact (see README).
+    router_replicas: Literal[1] = 1
+
+
+class Backend(_Frozen):
+    """A deployable target: one model on one pool, named `role@pool`."""
+
+    role: Role
+    pool: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}@{self.pool}"
+
+
+class ClusterConfig(_Frozen):
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    fallback: FallbackConfig
+    chains: dict[Role, tuple[str, ...]] = Field(default_factory=dict)
+    api_keys: tuple[ApiKeyConfig, ...] = ()
+    placement: PlacementConfig = PlacementConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    # Set by the loader: where relative model paths are resolved from.
+    base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Self:
+        problems = [
+            *self._check_unique_names(),
+            *self._check_model_pools(),
+            *self._check_caps(),
+            *self._check_aliases(),
+            *self._check_chains(),
+            *self._check_keys(),
+        ]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _check_unique_names(self) -> list[str]:
+        problems = []
+        pool_names = [p.name for p in self.pools]
+        for name in sorted({n for n in pool_names if pool_names.count(n) > 1}):
+            problems.append(f"pools: pool {name!r} is defined twice; give each pool its own name")
+        roles = [m.role for m in self.models]
+        for role in sorted({r for r in roles if roles.count(r) > 1}):
+            problems.append(
+                f"models: role {role.value!r} is served by two models; keep one model per role "
+                "and list several pools on it instead"
+            )
+        return problems
+
+    def _check_model_pools(self) -> list[str]:
+        known = {p.name for p in self.pools}
+        problems = []
+        for i, model in enumerate(self.models):
+            for pool in model.pools:
+                if pool not in known:
+                    problems.append(
+                        f"models[{i}].pools: pool {pool!r} does not exist; define it under pools "
+                        f"or use one of {sorted(known)}"
+                    )
+            if len(set(model.pools)) != len(model.pools):
+                problems.append(f"models[{i}].pools: a pool is listed twice; list each once")
+        if self.fallback.pool is not None and self.fallback.pool not in known:
+            problems.append(
+                f"fallback.pool: pool {self.fallback.pool!r} does not exist; define it under "
+                "pools or leave fallback.pool empty to run on the head node"
+            )
+        return problems
+
+    def _check_caps(self) -> list[str]:
+        fix = "must be at least 1 (a cap of 0 would refuse every request); raise it or remove it"
+        problems = [
+            f"models[{i}].max_concurrency {fix}"
+            for i, m in enumerate(self.models)
+            if m.max_concurrency is not None and m.max_concurrency < 1
+        ]
+        if self.fallback.max_concurrency < 1:
+            problems.append(f"fallback.max_concurrency {fix}")
+        return problems
+
+    def _check_aliases(self) -> list[str]:
+        reserved = {r.value for r in Role} | {AUTO_MODEL, FALLBACK_BACKEND}
+        seen: dict[str, int] = {}
+        problems = []
+        for i, model in enumerate(self.models):
+            for alias in model.aliases:
+                if alias in reserved:
+                    problems.append(
+                        f"models[{i}].aliases: {alias!r} is a reserved model name; pick another"
+                    )
+                elif alias in seen:
+                    problems.append(
+                        f"models[{i}].aliases: {alias!r} is already an alias of models"
+                        f"[{seen[alias]}]; each alias must name exactly one model"
+                    )
+                else:
+                    seen[alias] = i
+        return problems
+
+    def _check_chains(self) -> list[str]:
+        served = {m.role for m in self.models}
+        known = {b.name for b in self.backends} | {FALLBACK_BACKEND}
+        problems = []
+        for role, links in self.chains.items():
+            where = f"chains.{role.value}"
+            if role not in served:
+                problems.append(f"{where}: no model serves role {role.value!r}; add one or drop it")
+            unknown = [link for link in links if link not in known]
+            for link in unknown:
+                problems.append(
+                    f"{where}: {link!r} is not a backend; use role@pool for a configured model "
+                    f"and pool, or {FALLBACK_BACKEND!r}"
+                )
+            repeated = sorted({link for link in links if links.count(link) > 1})
+            if repeated:
+                problems.append(
+                    f"{where}: {', '.join(repeated)} appears more than once, which would loop; "
+                    "list each backend once"
+                )
+            if not links or links[-1] != FALLBACK_BACKEND:
+                problems.append(
+                    f"{where}: the chain must end on {FALLBACK_BACKEND!r}, the CPU replica that "
+                    "cannot run out of GPU memory; append it"
+                )
+            elif FALLBACK_BACKEND in links[:-1]:
+                problems.append(f"{where}: {FALLBACK_BACKEND!r} may only be the last link")
+        return problems
+
+    def _check_keys(self) -> list[str]:
+        names = [k.name for k in self.api_keys]
+        hashes = [k.sha256 for k in self.api_keys]
+        problems = [
+            f"api_keys: key name {n!r} is used twice; name each key once"
+            for n in sorted({n for n in names if names.count(n) > 1})
+        ]
+        if len(set(hashes)) != len(hashes):
+            problems.append("api_keys: the same key is listed twice; remove the duplicate")
+        return problems
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """Every `role@pool` a model may run on, in its pool preference order."""
+        return tuple(Backend(role=m.role, pool=p) for m in self.models for p in m.pools)
+
+    @property
+    def home_backends(self) -> tuple[Backend, ...]:
+        """The backends deployed at start: each model on its first pool."""
+        return tuple(Backend(role=m.role, pool=m.home_pool) for m in self.models)
+
+    def model_for(self, role: Role) -> ModelConfig:
+        return next(m for m in self.models if m.role == role)
+
+    def pool(self, name: str) -> PoolConfig:
+        return next(p for p in self.pools if p.name == name)
+
+    def chain(self, role: Role) -> tuple[str, ...]:
+        """The failover chain for a role: configured, or each of its pools then the fallback."""
+        if role in self.chains:
+            return self.chains[role]
+        return (*(f"{role.value}@{p}" for p in self.model_for(role).pools), FALLBACK_BACKEND)
+
+    @property
+    def served_names(self) -> dict[str, Role | None]:
+        """Client-visible model names and the role each selects (`auto`: chosen per request)."""
+        names: dict[str, Role | None] = {m.role.value: m.role for m in self.models}
+        names.update({alias: m.role for m in self.models for alias in m.aliases})
+        names[AUTO_MODEL] = None
+        return names
+
+    def resolve_path(self, source: str) -> str:
+        """Absolute path for a local model source; hub ids and model names pass through."""
+        if source.startswith(("./", "../", "/", "~")):
+            return str((self.base_dir / Path(source).expanduser()).resolve())
+        return source
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def keys_from_env(value: str) -> list[dict[str, str]]:
+    """`key[:priority]` entries, comma separated; the class is both default and cap."""
+    entries = []
+    for i, item in enumerate(filter(None, (part.strip() for part in value.split(",")))):
+        key, _, priority = item.partition(":")
+        priority = priority or PriorityClass.USER.value
+        entries.append(
+            {
+                "name": f"env-{i}",
+                "sha256": hash_key(key),
+                "priority": priority,
+                "max_priority": priority,
+            }
+        )
+    return entries
+
+
+def parse_config(
+    data: Any, *, base_dir: Path, environ: Mapping[str, str] | None = None
+) -> ClusterConfig:
+    """Validate a config mapping; keys from the environment are added, hashed, here."""
+    if not isinstance(data, dict):
+        raise ConfigError("config: the file must hold a mapping (pools:, models:, fallback:, ...)")
+    environ = os.environ if environ is None else environ
+    data = {**data, "base_dir": base_dir}
+    env_keys = environ.get(API_KEYS_ENV, "")
+    if env_keys.strip():
+        data["api_keys"] = [*data.get("api_keys", ()), *keys_from_env(env_keys)]
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+def load_config(
+    path: str | Path | None = None, *, environ: Mapping[str, str] | None = None
+) -> ClusterConfig:
+    """Load and validate a YAML config; with no path, the embedded local default."""
+    file = Path(path).expanduser() if path else EMBEDDED_CONFIG
+    try:
+        text = file.read_text()
+    except OSError as error:
+        raise ConfigError(f"config: cannot read {file}: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config: {file} is not valid YAML: {error}") from None
+    try:
+        return parse_config(data, base_dir=file.resolve().parent, environ=environ)
+    except ConfigError as error:
+        raise ConfigError(f"invalid config {file}:\n{error}") from None
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        message = re.sub(r"^(Value error|Assertion failed), ", "", item["msg"])
+        for line in message.splitlines():
+            lines.append(f"  {where}: {line}" if where else f"  {line}")
+    return "\n".join(lines)

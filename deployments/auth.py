@@ -1,0 +1,69 @@
+"""Bearer-key authentication and the priority class a caller may claim."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cluster.config import ApiKeyConfig, PriorityClass, hash_key
+from deployments.errors import ApiError
+
+PRIORITY_HEADER = "x-priority"
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    priority: PriorityClass
+    max_priority: PriorityClass
+
+
+class KeyRing:
+    """Keys are held only as SHA-256 digests; with none configured, auth is off."""
+
+    def __init__(self, keys: Sequence[ApiKeyConfig], default_priority: PriorityClass) -> None:
+        self._by_digest = {key.sha256: key for key in keys}
+        self._anonymous = Caller("anonymous", default_priority, PriorityClass.USER)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_digest)
+
+    def authenticate(self, authorization: str | None) -> Caller:
+        if not self.enabled:
+            return self._anonymous
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(
+                401,
+                "missing_api_key",
+                "No API key given: send the header 'Authorization: Bearer <key>'.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        key = self._by_digest.get(hash_key(token.strip()))
+        if key is None:
+            raise ApiError(
+                401,
+                "invalid_api_key",
+                "The API key is not valid.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return Caller(key.name, key.priority, key.max_priority)
+
+
+def claimed_priority(header: str | None, caller: Caller) -> PriorityClass:
+    """The class from `X-Priority` (or the caller's default), never above the caller's cap."""
+    if header is None or not header.strip():
+        wanted = caller.priority
+    else:
+        try:
+            wanted = PriorityClass(header.strip().lower())
+        except ValueError:
+            choices = ", ".join(c.value for c in PriorityClass)
+            raise ApiError(
+                400,
+                "invalid_priority",
+                f"X-Priority must be one of: {choices}.",
+                param="X-Priority",
+            ) from None
+    return wanted if wanted.rank >= caller.max_priority.rank else caller.max_priority

@@ -1,0 +1,47 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "code", "param"}}` with the right status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+def error_type_for(status: int) -> str:
+    return _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+@dataclass(frozen=True)
+class ApiError(Exception):
+    """An error the client should see as it is (never a stack trace)."""
+
+    status: int
+    code: str
+    message: str
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": error_type_for(self.status),
+                "code": self.code,
+                "param": self.param,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

@@ -1,0 +1,247 @@
+"""The OpenAI-compatible Ingress deployment: HTTP, auth, body limits, schema; nothing slower.
+
+Everything a client can get wrong is answered here with OpenAI error JSON and the right status,
+before any work reaches the router or an engine. The router decides where a job runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from pydantic import ValidationError
+from ray import serve
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorResponse,
+)
+from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from cluster.config import ClusterConfig, Role
+from deployments import metrics
+from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
+from deployments.errors import ApiError
+from deployments.messages import ChatJob, Refusal, Routed
+
+logger = logging.getLogger("ray.serve")
+
+app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@app.exception_handler(ApiError)
+async def _api_error(_: Request, error: Exception) -> Response:
+    assert isinstance(error, ApiError)
+    return error.response()
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, error: Exception) -> Response:
+    assert isinstance(error, StarletteHTTPException)
+    code = "not_found" if error.status_code == 404 else "method_not_allowed"
+    return ApiError(error.status_code, code, str(error.detail)).response()
+
+
+@app.exception_handler(Exception)
+async def _unexpected(_: Request, error: Exception) -> Response:
+    logger.exception("unexpected error in the ingress")
+    return ApiError(500, "internal_error", "The gateway hit an internal error.").response()
+
+
+class Ingress:
+    def __init__(self, config: ClusterConfig, router: DeploymentHandle) -> None:
+        self._config = config
+        self._keys = KeyRing(config.api_keys, config.gateway.default_priority)
+        self._served = config.served_names
+        self._router = router.options(stream=True)
+        self._status_handle = router
+        if not self._keys.enabled:
+            logger.warning("API keys: none configured, authentication is OFF")
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> Response:
+        self._keys.authenticate(request.headers.get("authorization"))
+        cards = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "gpu-pool-serve"}
+            for name in self._served
+        ]
+        return JSONResponse({"object": "list", "data": cards})
+
+    @app.post("/v1/chat/completions")
+    async def chat(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            response = await self._chat(request)
+        except ApiError as error:
+            metrics.observe_request("chat", error.status, time.perf_counter() - started)
+            raise
+        metrics.observe_request("chat", response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.get("/healthz")
+    async def healthz(self) -> Response:
+        status: dict[str, Any] = await self._status_handle.status.remote()
+        return JSONResponse(status, status_code=503 if status["status"] == "down" else 200)
+
+    @app.get("/v1/cluster/status")
+    async def cluster_status(self, request: Request) -> Response:
+        self._keys.authenticate(request.headers.get("authorization"))
+        status: dict[str, Any] = await self._status_handle.status.remote()
+        pools = [p.model_dump(mode="json") for p in self._config.pools]
+        placements = {b.name: b.pool for b in self._config.home_backends}
+        return JSONResponse({**status, "pools": pools, "placements": placements})
+
+    @app.get("/metrics")
+    async def prometheus(self) -> Response:
+        return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+
+    async def _chat(self, request: Request) -> Response:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        payload = _parse_json(await _read_body(request, self._config.gateway.max_body_bytes))
+        role = self._role_for(payload)
+        priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
+        chat_request = _validate(payload)
+        job = ChatJob(chat_request, role, priority, caller.name)
+        stream: DeploymentResponseGenerator[Any] = self._router.chat.remote(job)
+        routed = await anext(stream)
+        if isinstance(routed, Refusal):
+            raise _refusal_error(routed)
+        assert isinstance(routed, Routed)
+        headers = {"X-Backend": routed.backend, "X-Priority": priority.value}
+        first = await anext(stream)
+        if isinstance(first, Refusal):
+            raise _refusal_error(first)
+        if isinstance(first, ErrorResponse):
+            raise _engine_error(first)
+        if not isinstance(first, list):  # one whole (non-streaming) response
+            return Response(first.model_dump_json(), media_type="application/json", headers=headers)
+        return StreamingResponse(
+            _relay_sse(first, stream), media_type="text/event-stream", headers=headers
+        )
+
+    def _role_for(self, payload: dict[str, Any]) -> Role:
+        name = payload.get("model")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "missing_model", "The field 'model' is required.", param="model")
+        if name not in self._served:
+            available = ", ".join(self._served)
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"The model {name!r} does not exist. Available models: {available}.",
+                param="model",
+            )
+        served_roles = set(self._served.values())
+        # Images go to the vision role whatever was asked: a text model cannot read them.
+        if Role.VISION in served_roles and _has_image_parts(payload):
+            return Role.VISION
+        role = self._served[name]
+        # `auto` picks the orchestrator until the depth router chooses per request.
+        return role if role is not None else Role.ORCHESTRATOR
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_large = ApiError(
+        413,
+        "request_too_large",
+        f"The request body exceeds the limit of {limit} bytes.",
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+def _parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ApiError(
+            400, "invalid_json", f"The request body is not valid JSON: {error}"
+        ) from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "invalid_request", "The request body must be a JSON object.")
+    return payload
+
+
+def _validate(payload: dict[str, Any]) -> Any:
+    try:
+        request = ChatCompletionRequest.model_validate(payload)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or None
+        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
+        raise ApiError(400, "invalid_request", message, param=where) from None
+    # Pydantic leaves lazy iterators in message content that Ray cannot pickle.
+    return _sanitize_chat_completion_request(request)
+
+
+def _has_image_parts(payload: dict[str, Any]) -> bool:
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return False
+    return any(
+        isinstance(part, dict) and part.get("type") == "image_url"
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
+
+
+def _refusal_error(refusal: Refusal) -> ApiError:
+    headers = {}
+    if refusal.retry_after_s is not None:
+        headers["Retry-After"] = str(refusal.retry_after_s)
+    return ApiError(refusal.status, refusal.code, refusal.message, headers=headers)
+
+
+def _engine_error(response: ErrorResponse) -> ApiError:
+    status = int(response.error.code) if response.error.code else 500
+    message = response.error.message
+    if status == 400 and "context length" in message.lower():
+        code = "context_length_exceeded"
+    else:
+        code = "invalid_request" if status < 500 else "backend_error"
+    return ApiError(status, code, message)
+
+
+async def _relay_sse(
+    first: list[str], stream: DeploymentResponseGenerator[Any]
+) -> AsyncIterator[str]:
+    """Relay the engine's SSE lines; cancel the whole chain if the client goes away."""
+    done = False
+    try:
+        item: Any = first
+        while True:
+            text = "".join(item)
+            done = done or text.rstrip().endswith("data: [DONE]")
+            yield text
+            item = await anext(stream, None)
+            if item is None:
+                break
+        if not done:
+            yield "data: [DONE]\n\n"
+    finally:
+        stream.cancel()
+
+
+def build_ingress(config: ClusterConfig, router: Any) -> Any:
+    deployment = serve.deployment(serve.ingress(app)(Ingress))
+    return deployment.options(
+        name="ingress",
+        num_replicas=config.gateway.ingress_replicas,
+        # Backpressure lives in the router; the ingress must never be the queue.
+        max_ongoing_requests=10_000,
+        ray_actor_options={"num_cpus": 0},
+    ).bind(config, router)

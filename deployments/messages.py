@@ -1,0 +1,35 @@
+"""What the Ingress and the Router send each other (plain, picklable values)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.config import PriorityClass, Role
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    """A validated chat request, already authenticated and resolved to a role."""
+
+    request: Any  # ray.serve.llm ChatCompletionRequest (vLLM's schema)
+    role: Role
+    priority: PriorityClass
+    caller: str
+
+
+@dataclass(frozen=True)
+class Routed:
+    """The router's first item for every job: who will serve it."""
+
+    backend: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The router could not serve the job; the ingress turns this into an error response."""
+
+    status: int
+    code: str
+    message: str
+    retry_after_s: int | None = None

@@ -1,0 +1,96 @@
+"""The Router deployment: picks the backend for each job and relays the engine's answer.
+
+This issue's router resolves a role to the first deployed link of its failover chain. Admission
+(priority queue, caps), breakers and failover build on this shape in later issues. It keeps its
+state in memory, so the app runs exactly one router replica (`gateway.router_replicas`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from ray import serve
+from ray.exceptions import RayError
+from ray.serve.handle import DeploymentHandle
+
+from cluster.backends import deployment_name
+from cluster.config import Backend, ClusterConfig
+from deployments.messages import ChatJob, Refusal, Routed
+
+logger = logging.getLogger("ray.serve")
+
+
+def first_deployed_link(chain: tuple[str, ...], deployed: Mapping[str, Any]) -> str | None:
+    return next((link for link in chain if link in deployed), None)
+
+
+def stream_error_event(message: str) -> list[str]:
+    """An SSE error event and the terminator, for failures after the first token was sent."""
+    error = {"error": {"message": message, "type": "server_error", "code": "backend_failed"}}
+    return [f"data: {json.dumps(error)}\n\n", "data: [DONE]\n\n"]
+
+
+class Router:
+    def __init__(self, config: ClusterConfig, backends: Mapping[str, DeploymentHandle]) -> None:
+        self._config = config
+        # Configured handles are cached: each .options() call builds a new Serve router.
+        self._handles = {name: handle.options(stream=True) for name, handle in backends.items()}
+        self._in_flight: Counter[str] = Counter()
+
+    async def chat(self, job: ChatJob) -> AsyncIterator[Any]:
+        backend = first_deployed_link(self._config.chain(job.role), self._handles)
+        if backend is None:
+            yield Refusal(503, "no_backend", f"No backend is deployed for {job.role.value!r}.")
+            return
+        yield Routed(backend)
+        # vLLM answers to the backend's model id, which is the role name.
+        request = job.request.model_copy(update={"model": job.role.value})
+        self._in_flight[backend] += 1
+        started = False
+        try:
+            async for item in self._handles[backend].chat.remote(request):
+                started = True
+                yield item
+        except RayError as error:
+            logger.warning("backend %s failed: %s", backend, error)
+            if started:
+                yield stream_error_event(f"The backend {backend} failed mid-response.")
+            else:
+                yield Refusal(503, "backend_unavailable", f"The backend {backend} is unavailable.")
+        finally:
+            self._in_flight[backend] -= 1
+
+    async def status(self) -> dict[str, Any]:
+        """Per-backend state from Serve's own deployment status, plus in-flight counts."""
+        app = serve.status().applications.get(serve.get_replica_context().app_name)
+        deployments = app.deployments if app else {}
+        backends = {}
+        for backend in self._config.home_backends:
+            info = deployments.get(deployment_name(backend))
+            backends[backend.name] = _backend_status(backend, info, self._in_flight[backend.name])
+        return {"status": _overall(backends.values()), "backends": backends}
+
+
+def _backend_status(backend: Backend, info: Any, in_flight: int) -> dict[str, Any]:
+    running = info.replica_states.get("RUNNING", 0) if info else 0
+    status = str(info.status.value) if info else "NOT_DEPLOYED"
+    state = "up" if running and status == "HEALTHY" else ("degraded" if running else "down")
+    return {
+        "role": backend.role.value,
+        "pool": backend.pool,
+        "state": state,
+        "deployment_status": status,
+        "running_replicas": running,
+        "in_flight": in_flight,
+    }
+
+
+def _overall(backends: Any) -> str:
+    states = [b["state"] for b in backends]
+    if states and all(s == "up" for s in states):
+        return "ok"
+    return "degraded" if any(s != "down" for s in states) else "down"
