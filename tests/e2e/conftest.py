@@ -1,0 +1,60 @@
+"""One real Ray Serve app for the whole e2e session: real HTTP, real vLLM CPU engines."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import ray
+from ray import serve
+
+from cluster.app import build_app
+from cluster.config import ClusterConfig, load_config
+from cluster.ray_runtime import local_pool_resources
+
+CONFIG = Path(__file__).with_name("gateway.yaml")
+API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
+PORT = int(os.environ.get("GPS_E2E_PORT", "18000"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def config() -> ClusterConfig:
+    config = load_config(CONFIG, environ={})
+    for model in config.models:
+        source = Path(config.resolve_path(model.source))
+        if not source.is_dir():
+            pytest.fail(f"{source} is missing: run `make model` (make test does it)")
+    return config
+
+
+@pytest.fixture(scope="session")
+def gateway(config: ClusterConfig) -> Iterator[str]:
+    ray.init(namespace="serve", resources=local_pool_resources(config))
+    # The proxy must be up before the engines load: on 2 cores it otherwise misses its
+    # readiness checks and dies (DESIGN.md section 6).
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.run(build_app(config), name="gateway", route_prefix="/")
+    yield f"http://127.0.0.1:{PORT}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def client(gateway: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def http(gateway: str) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=gateway, headers=headers, timeout=120) as session:
+        yield session
