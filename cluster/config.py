@@ -17,14 +17,45 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 API_KEYS_ENV = "GPU_POOL_SERVE_API_KEYS"
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "ray_configs" / "local.yaml"
 AUTO_MODEL = "auto"
 FALLBACK_BACKEND = "cpu-fallback"
 
+
+class FrozenDict(dict[Any, Any]):
+    """A dict that refuses changes, so a validated config stays validated; pickles for Ray."""
+
+    def _read_only(self, *_: Any, **__: Any) -> None:
+        raise TypeError("the cluster config is read-only; change the YAML file instead")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (dict(self),))
+
+
+def _frozen_dict(value: dict[Any, Any]) -> FrozenDict:
+    return FrozenDict(value)
+
+
 Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$", max_length=40)]
+# Client-visible model names look like `qwen2.5-7b`, `llama3:8b` or `org/model`.
+ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=100)]
+EngineKwargs = Annotated[dict[str, Any], AfterValidator(_frozen_dict)]
+EnvVars = Annotated[dict[str, str], AfterValidator(_frozen_dict)]
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ConfigError(ValueError):
@@ -86,13 +117,13 @@ class ModelConfig(_Frozen):
 
     role: Role
     source: str = Field(min_length=1, description="Local path (./, ../, /, ~) or hub id.")
-    aliases: tuple[Name, ...] = ()
+    aliases: tuple[ModelName, ...] = ()
     context_window: int = Field(ge=256)
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    engine_kwargs: EngineKwargs = Field(default_factory=FrozenDict)
     device: Literal["cpu", "gpu"] = "gpu"
     # CPU engines: logical CPUs one replica reserves (its engine runs OMP_NUM_THREADS threads).
     cpus_per_replica: float = Field(1.0, gt=0)
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    env_vars: EnvVars = Field(default_factory=FrozenDict)
     placement_priority: Literal["P0", "P1", "P2", "P3"] = "P1"
     pools: tuple[Name, ...] = Field(min_length=1)
     replicas: int = Field(1, ge=1)
@@ -121,9 +152,21 @@ class ApiKeyConfig(_Frozen):
     """A client key, stored only as its SHA-256 (`python -m cluster.keys hash KEY`)."""
 
     name: Name
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str
     priority: PriorityClass = PriorityClass.USER
     max_priority: PriorityClass = PriorityClass.USER
+
+    @field_validator("sha256", mode="before")
+    @classmethod
+    def _digest_is_hex(cls, value: Any) -> Any:
+        if isinstance(value, int):
+            raise ValueError("quote the digest in YAML: an all-digit value reads as a number")
+        if not isinstance(value, str) or not SHA256_HEX.match(value):
+            raise ValueError(
+                "must be the 64-hex-digit SHA-256 of the key, never the key itself: "
+                "run `python -m cluster.keys hash KEY`"
+            )
+        return value
 
     @model_validator(mode="after")
     def _priority_within_cap(self) -> Self:
@@ -177,7 +220,9 @@ class ClusterConfig(_Frozen):
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
     models: tuple[ModelConfig, ...] = Field(min_length=1)
     fallback: FallbackConfig
-    chains: dict[Role, tuple[str, ...]] = Field(default_factory=dict)
+    chains: Annotated[dict[Role, tuple[str, ...]], AfterValidator(_frozen_dict)] = Field(
+        default_factory=FrozenDict
+    )
     api_keys: tuple[ApiKeyConfig, ...] = ()
     placement: PlacementConfig = PlacementConfig()
     gateway: GatewayConfig = GatewayConfig()
@@ -342,11 +387,15 @@ def hash_key(key: str) -> str:
 
 
 def keys_from_env(value: str) -> list[dict[str, str]]:
-    """`key[:priority]` entries, comma separated; the class is both default and cap."""
+    """`key[:class]` entries, comma separated; the class is both default and cap."""
     entries = []
     for i, item in enumerate(filter(None, (part.strip() for part in value.split(",")))):
-        key, _, priority = item.partition(":")
-        priority = priority or PriorityClass.USER.value
+        # The class follows the last colon, so a key containing ':' needs an explicit class.
+        key, colon, priority = item.rpartition(":")
+        if not colon:
+            key, priority = item, PriorityClass.USER.value
+        if not key:
+            raise ConfigError(f"{API_KEYS_ENV}: entry {i} has an empty key; remove it")
         entries.append(
             {
                 "name": f"env-{i}",
@@ -399,6 +448,8 @@ def _describe(error: ValidationError) -> str:
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"])
         message = re.sub(r"^(Value error|Assertion failed), ", "", item["msg"])
+        if item["type"] == "extra_forbidden":
+            message = "is not a known key; check its spelling (README lists every key)"
         for line in message.splitlines():
             lines.append(f"  {where}: {line}" if where else f"  {line}")
     return "\n".join(lines)

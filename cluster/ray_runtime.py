@@ -43,9 +43,10 @@ def check_pools(config: ClusterConfig, resources: dict[str, float]) -> None:
         if p.name in homes and p.kind == PoolKind.LOCAL and p.resource not in resources
     ]
     if missing:
-        pool = missing[0]
+        resources_arg = ", ".join(f'"{p.resource}": 1' for p in missing)
         raise RayStartError(
-            f"pool {pool.name!r}: no Ray node carries the resource {pool.resource!r}. "
-            f"Start the head with `ray start --head --resources='{{\"{pool.resource}\": 1}}'` "
+            f"pools {[p.name for p in missing]}: no Ray node carries "
+            f"{[p.resource for p in missing]}. Start the head with "
+            f"`ray start --head --resources='{{{resources_arg}}}'` "
             "or stop the running cluster (`ray stop`) and let serve run start one."
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -23,15 +22,24 @@ def error_type_for(status: int) -> str:
     return _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
-@dataclass(frozen=True)
 class ApiError(Exception):
     """An error the client should see as it is (never a stack trace)."""
 
-    status: int
-    code: str
-    message: str
-    param: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        # All fields go to Exception.args too, so the error pickles across Ray processes.
+        super().__init__(status, code, message, param, headers)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return {

@@ -56,9 +56,7 @@ def test_completes_a_chat(client: openai.OpenAI) -> None:
     ("model", "backend"),
     [("coding", "coding@local"), ("smollm2-coder", "coding@local"), ("auto", "orchestrator@local")],
 )
-def test_model_names_route_to_their_role(
-    client: openai.OpenAI, model: str, backend: str
-) -> None:
+def test_model_names_route_to_their_role(client: openai.OpenAI, model: str, backend: str) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model=model, messages=HELLO, max_tokens=4
     )

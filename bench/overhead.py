@@ -1,0 +1,128 @@
+"""Gateway overhead against the anchor: bare `ray.serve.llm` on the same replicas.
+
+One Ray instance serves two apps side by side, each with two replicas of the demo model built
+from the same LLMConfig: (a) `build_openai_app` (the anchor) at /anchor and (b) our gateway
+(Ingress -> Router -> LLMServer) at /. Rounds alternate between them at concurrency 1, 8 and 32,
+so drift on the machine hits both alike. Targets: throughput >= 90% of the anchor's and p50 at
+most 10% above it. Run with `make bench` (or `python -m bench.overhead --rounds 3`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.serve.llm import build_openai_app
+
+from bench.load import LoadResult, run_load
+from cluster.app import build_app
+from cluster.backends import llm_config_for
+from cluster.config import load_config
+from cluster.ray_runtime import local_pool_resources
+
+CONFIG = Path(__file__).with_name("overhead.yaml")
+API_KEY = "bench-key"
+PORT = 18100
+CONCURRENCY_REQUESTS = {1: 60, 8: 200, 32: 400}
+# Same prompt, exactly 8 output tokens on both sides (ignore_eos), as in DESIGN.md's anchor.
+BODY = {
+    "model": "orchestrator",
+    "messages": [{"role": "user", "content": "Count from one to ten."}],
+    "max_tokens": 8,
+    "ignore_eos": True,
+}
+THROUGHPUT_TARGET = 0.90
+P50_TARGET = 1.10
+
+
+@dataclass
+class Side:
+    name: str
+    url: str
+    headers: dict[str, str]
+    results: list[LoadResult]
+
+    def merged(self, concurrency: int) -> LoadResult:
+        runs = [r for r in self.results if r.concurrency == concurrency]
+        return LoadResult(
+            concurrency,
+            tuple(lat for r in runs for lat in r.latencies_s),
+            sum(r.errors for r in runs),
+            sum(r.elapsed_s for r in runs),
+        )
+
+
+def deploy() -> tuple[Side, Side]:
+    config = load_config(CONFIG, environ={})
+    ray.init(namespace="serve", num_cpus=8, resources=local_pool_resources(config))
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    backend = config.home_backends[0]
+    anchor_app = build_openai_app({"llm_configs": [llm_config_for(config, backend)]})
+    serve.run(anchor_app, name="anchor", route_prefix="/anchor")
+    serve.run(build_app(config), name="gateway", route_prefix="/")
+    base = f"http://127.0.0.1:{PORT}"
+    anchor = Side("ray.serve.llm", f"{base}/anchor/v1/chat/completions", {}, [])
+    gateway = Side("gateway", f"{base}/v1/chat/completions", _auth(), [])
+    return anchor, gateway
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {API_KEY}"}
+
+
+async def measure(anchor: Side, gateway: Side, rounds: int) -> None:
+    for side in (anchor, gateway):  # warm both paths: handles, routers, engine caches
+        await run_load(side.url, BODY, concurrency=4, requests=20, headers=side.headers)
+    for concurrency, requests in CONCURRENCY_REQUESTS.items():
+        for round_index in range(rounds):
+            order = (anchor, gateway) if round_index % 2 == 0 else (gateway, anchor)
+            for side in order:
+                result = await run_load(
+                    side.url, BODY, concurrency=concurrency, requests=requests, headers=side.headers
+                )
+                side.results.append(result)
+
+
+def report(anchor: Side, gateway: Side) -> bool:
+    print(
+        "| concurrency | anchor req/s | gateway req/s | throughput ratio "
+        "| anchor p50 ms | gateway p50 ms | p50 ratio | anchor p99 ms | gateway p99 ms | errors |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    met = True
+    for concurrency in CONCURRENCY_REQUESTS:
+        a, g = anchor.merged(concurrency), gateway.merged(concurrency)
+        throughput_ratio = g.throughput / a.throughput
+        p50_ratio = g.p50_ms / a.p50_ms
+        met &= throughput_ratio >= THROUGHPUT_TARGET and p50_ratio <= P50_TARGET
+        print(
+            f"| {concurrency} | {a.throughput:.1f} | {g.throughput:.1f} | {throughput_ratio:.2f} "
+            f"| {a.p50_ms:.1f} | {g.p50_ms:.1f} | {p50_ratio:.2f} "
+            f"| {a.p99_ms:.1f} | {g.p99_ms:.1f} | {a.errors}/{g.errors} |"
+        )
+    verdict = "met" if met else "NOT met"
+    print(
+        f"\ntargets (throughput ratio >= {THROUGHPUT_TARGET}, p50 ratio <= {P50_TARGET}): {verdict}"
+    )
+    return met
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.overhead")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per level")
+    args = parser.parse_args()
+    anchor, gateway = deploy()
+    try:
+        asyncio.run(measure(anchor, gateway, args.rounds))
+        report(anchor, gateway)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
