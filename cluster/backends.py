@@ -7,16 +7,11 @@ from typing import Any
 from ray.serve.deployment import Application
 from ray.serve.llm import LLMConfig, build_llm_deployment
 
-from cluster.config import Backend, ClusterConfig, ModelConfig
+from cluster.config import DEPLOYMENT_PREFIX, Backend, ClusterConfig
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
 # replicas a node takes (DESIGN.md section 5).
 POOL_RESOURCE_SLIVER = 0.001
-DEPLOYMENT_PREFIX = "model:"
-
-
-def deployment_name(backend: Backend) -> str:
-    return f"{DEPLOYMENT_PREFIX}{backend.name}"
 
 
 def llm_config_for(config: ClusterConfig, backend: Backend) -> LLMConfig:
@@ -39,12 +34,8 @@ def llm_config_for(config: ClusterConfig, backend: Backend) -> LLMConfig:
         "runtime_env": {"env_vars": dict(model.env_vars)},
     }
     if model.device == "cpu":
-        llm_config["placement_group_config"] = {"bundles": [_cpu_bundle(model)]}
+        llm_config["placement_group_config"] = {"bundles": [{"CPU": model.cpus_per_replica}]}
     return LLMConfig(**llm_config)
-
-
-def _cpu_bundle(model: ModelConfig) -> dict[str, float]:
-    return {"CPU": model.cpus_per_replica}
 
 
 def build_backend(config: ClusterConfig, backend: Backend) -> Application:

@@ -31,6 +31,7 @@ API_KEYS_ENV = "GPU_POOL_SERVE_API_KEYS"
 EMBEDDED_CONFIG = Path(__file__).resolve().parent.parent / "ray_configs" / "local.yaml"
 AUTO_MODEL = "auto"
 FALLBACK_BACKEND = "cpu-fallback"
+DEPLOYMENT_PREFIX = "model:"
 
 
 class FrozenDict(dict[Any, Any]):
@@ -214,6 +215,11 @@ class Backend(_Frozen):
     @property
     def name(self) -> str:
         return f"{self.role.value}@{self.pool}"
+
+    @property
+    def deployment_name(self) -> str:
+        """The Serve deployment serving this backend."""
+        return f"{DEPLOYMENT_PREFIX}{self.name}"
 
 
 class ClusterConfig(_Frozen):

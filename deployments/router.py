@@ -17,7 +17,6 @@ from ray import serve
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle
 
-from cluster.backends import deployment_name
 from cluster.config import Backend, ClusterConfig
 from deployments.messages import ChatJob, Refusal, Routed
 
@@ -70,27 +69,36 @@ class Router:
         deployments = app.deployments if app else {}
         backends = {}
         for backend in self._config.home_backends:
-            info = deployments.get(deployment_name(backend))
+            info = deployments.get(backend.deployment_name)
             backends[backend.name] = _backend_status(backend, info, self._in_flight[backend.name])
-        return {"status": _overall(backends.values()), "backends": backends}
+        states = [b["state"] for b in backends.values()]
+        return {"status": overall_status(states), "backends": backends}
 
 
 def _backend_status(backend: Backend, info: Any, in_flight: int) -> dict[str, Any]:
     running = info.replica_states.get("RUNNING", 0) if info else 0
     status = str(info.status.value) if info else "NOT_DEPLOYED"
-    state = "up" if running and status == "HEALTHY" else ("degraded" if running else "down")
     return {
         "role": backend.role.value,
         "pool": backend.pool,
-        "state": state,
+        "state": backend_state(status, running),
         "deployment_status": status,
         "running_replicas": running,
         "in_flight": in_flight,
     }
 
 
-def _overall(backends: Any) -> str:
-    states = [b["state"] for b in backends]
+def backend_state(deployment_status: str, running_replicas: int) -> str:
+    """up: healthy and serving; degraded: serving with trouble; starting; down."""
+    if running_replicas and deployment_status == "HEALTHY":
+        return "up"
+    if running_replicas:
+        return "degraded"
+    return "starting" if deployment_status in {"UPDATING", "UPSCALING"} else "down"
+
+
+def overall_status(states: list[str]) -> str:
+    """ok when every backend is up, down when none serves, degraded in between."""
     if states and all(s == "up" for s in states):
         return "ok"
-    return "degraded" if any(s != "down" for s in states) else "down"
+    return "degraded" if any(s in {"up", "degraded"} for s in states) else "down"
