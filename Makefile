@@ -41,7 +41,7 @@ format: $(INSTALLED)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-unit: $(INSTALLED)
+unit: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/unit -q
 
 e2e: $(INSTALLED) $(MODEL)

@@ -1,16 +1,18 @@
 """Gateway overhead against the anchor: bare `ray.serve.llm` on the same replicas.
 
-One Ray instance serves two apps side by side, each with two replicas of the demo model built
-from the same LLMConfig: (a) `build_openai_app` (the anchor) at /anchor and (b) our gateway
-(Ingress -> Router -> LLMServer) at /. Rounds alternate between them at concurrency 1, 8 and 32,
-so drift on the machine hits both alike. Targets: throughput >= 90% of the anchor's and p50 at
-most 10% above it. Run with `make bench` (or `python -m bench.overhead --rounds 3`).
+Two replicas of the demo model run once, under the anchor app: (a) `build_openai_app` at /anchor
+reaches them through OpenAiIngress; (b) our gateway at / (Ingress -> Router) reaches the very
+same replicas by deployment handle. So the engines, their caches and their placement are shared,
+and only the path in front differs. Rounds alternate between the two paths at concurrency 1, 8
+and 32, so drift on the machine hits both alike. Targets: throughput >= 90% of the anchor's
+and p50 at most 10% above it. Run with `make bench` (or `python -m bench.overhead --rounds 3`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from ray import serve
 from ray.serve.llm import build_openai_app
 
 from bench.load import LoadResult, run_load
-from cluster.app import build_app
+from cluster.app import build_gateway
 from cluster.backends import llm_config_for
 from cluster.config import load_config
 from cluster.ray_runtime import local_pool_resources
@@ -61,9 +63,13 @@ def deploy() -> tuple[Side, Side]:
     ray.init(namespace="serve", num_cpus=8, resources=local_pool_resources(config))
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     backend = config.home_backends[0]
-    anchor_app = build_openai_app({"llm_configs": [llm_config_for(config, backend)]})
-    serve.run(anchor_app, name="anchor", route_prefix="/anchor")
-    serve.run(build_app(config), name="gateway", route_prefix="/")
+    llm_config = llm_config_for(config, backend)
+    serve.run(
+        build_openai_app({"llm_configs": [llm_config]}), name="anchor", route_prefix="/anchor"
+    )
+    # build_llm_deployment names the anchor's deployment "LLMServer:" + our deployment_config name.
+    replicas = serve.get_deployment_handle(f"LLMServer:{backend.name}", app_name="anchor")
+    serve.run(build_gateway(config, {backend.name: replicas}), name="gateway", route_prefix="/")
     base = f"http://127.0.0.1:{PORT}"
     anchor = Side("ray.serve.llm", f"{base}/anchor/v1/chat/completions", {}, [])
     gateway = Side("gateway", f"{base}/v1/chat/completions", _auth(), [])
@@ -112,6 +118,7 @@ def report(anchor: Side, gateway: Side) -> bool:
 
 
 def main() -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request costs CPU
     parser = argparse.ArgumentParser(prog="python -m bench.overhead")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per level")
     args = parser.parse_args()

@@ -6,8 +6,8 @@ Ingress (HTTP, auth, schema) -> Router (backend choice) -> one LLMServer deploym
 
 from __future__ import annotations
 
-import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ray import serve
@@ -19,18 +19,22 @@ from cluster.ray_runtime import RayStartError, ensure_ray
 from deployments.ingress import build_ingress
 from deployments.router import Router
 
-logger = logging.getLogger(__name__)
-
 
 def build_app(config: ClusterConfig) -> Application:
+    """The whole app: the gateway over one LLMServer deployment per home backend."""
     backends = {b.name: build_backend(config, b) for b in config.home_backends}
+    return build_gateway(config, backends)
+
+
+def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Application:
+    """Ingress and Router over `backends`: bound deployments, or handles to running ones."""
     router = serve.deployment(Router).options(
         name="router",
         num_replicas=config.gateway.router_replicas,
         max_ongoing_requests=10_000,
         ray_actor_options={"num_cpus": 0},
     )
-    return build_ingress(config, router.bind(config, backends))
+    return build_ingress(config, router.bind(config, dict(backends)))
 
 
 def build(args: dict[str, Any]) -> Application:

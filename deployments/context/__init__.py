@@ -1,0 +1,1 @@
+"""Context safety: count exactly, clamp, compress, slide the window, and say what was done."""

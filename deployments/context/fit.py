@@ -1,0 +1,287 @@
+"""Fit a chat request to a backend's window: clamp the output, compress, slide, verify exactly.
+
+Layers, applied only as far as needed:
+1. `max_tokens` is clamped to `output_share` of the window (a missing one gets the clamp) and
+   later to whatever the prompt leaves.
+2. The system message is compressed extractively when the prompt exceeds its budget; it keeps at
+   least `system_share` of the input budget if it needs it.
+3. Old turns are dropped, oldest first, as whole turns (a user message with everything up to the
+   next one, so tool calls and their results leave together); pinned turns stay; one marker
+   message says how many messages were omitted. The turn at the boundary is compressed into the
+   room left rather than lost whole, so little budget goes unused.
+4. The result is counted exactly with the model's chat template; if the additive estimate was
+   short, the search runs again with a smaller target.
+
+The latest user message (and anything after it) is never altered. If it cannot fit even with
+everything else gone and the output cut to `min_output_tokens`, `ContextOverflow` says by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deployments.context.compress import compress
+from deployments.context.tokens import Message, TokenCounter, message_text
+
+# Template tokens around one message (ChatML: <|im_start|>role\n ... <|im_end|>\n); the exact
+# count at the end corrects any error, this only steers the search.
+MESSAGE_OVERHEAD_TOKENS = 5
+PROMPT_OVERHEAD_TOKENS = 24  # generation prompt and a template's default system text
+MAX_ATTEMPTS = 4
+MARKER = "[{n} earlier messages of this conversation were omitted to fit the context window.]"
+
+
+@dataclass(frozen=True)
+class FitPolicy:
+    output_share: float = 0.6
+    margin_tokens: int = 8
+    # Without the model's tokenizer we only estimate, so we keep a tenth of the window spare.
+    estimate_margin_share: float = 0.10
+    min_output_tokens: int = 16
+    system_share: float = 0.5
+    pin_first_user_turn: bool = True
+    marker_role: str = "system"
+
+
+@dataclass(frozen=True)
+class Fit:
+    messages: list[Message]
+    # For each fitted message, the index of the message it came from (None for the marker).
+    sources: tuple[int | None, ...]
+    max_tokens: int
+    prompt_tokens: int
+    system_compressed: bool
+    dropped_messages: int
+    compressed_messages: int
+    output_clamped: bool
+
+    @property
+    def fitted(self) -> bool:
+        return self.system_compressed or self.dropped_messages > 0 or self.compressed_messages > 0
+
+
+class ContextOverflow(ValueError):
+    """The latest user message alone does not fit the window."""
+
+    def __init__(self, over_by: int, window: int) -> None:
+        super().__init__(over_by, window)
+        self.over_by = over_by
+        self.window = window
+
+    def __str__(self) -> str:
+        return (
+            f"The latest message does not fit the model's context window of {self.window} "
+            f"tokens, even with the rest of the conversation omitted: shorten it by at least "
+            f"{self.over_by} tokens."
+        )
+
+
+class _NoRoom(Exception):
+    def __init__(self, needed: int) -> None:
+        self.needed = needed
+
+
+@dataclass(frozen=True)
+class _Draft:
+    messages: list[Message]
+    sources: tuple[int | None, ...]
+    system_compressed: bool
+    dropped: int
+    compressed: int
+
+
+def fit_messages(
+    messages: Sequence[Message],
+    *,
+    window: int,
+    requested_max_tokens: int | None,
+    counter: TokenCounter,
+    policy: FitPolicy = FitPolicy(),
+) -> Fit:
+    cap = max(1, int(window * policy.output_share))
+    max_tokens = min(requested_max_tokens or cap, cap)
+    margin = policy.margin_tokens
+    if not counter.exact:
+        margin += math.ceil(window * policy.estimate_margin_share)
+    budget = window - max_tokens - margin
+    planner = _Planner(list(messages), counter, policy)
+    try:
+        draft, prompt_tokens = planner.plan(budget)
+    except _NoRoom:
+        # The tail alone needs more than the input budget: give it the output's share too.
+        budget = window - margin - min(policy.min_output_tokens, max_tokens)
+        try:
+            draft, prompt_tokens = planner.plan(budget)
+        except _NoRoom as no_room:
+            raise ContextOverflow(no_room.needed - budget, window) from None
+    final_max_tokens = min(max_tokens, window - prompt_tokens - margin)
+    return Fit(
+        messages=draft.messages,
+        sources=draft.sources,
+        max_tokens=final_max_tokens,
+        prompt_tokens=prompt_tokens,
+        system_compressed=draft.system_compressed,
+        dropped_messages=draft.dropped,
+        compressed_messages=draft.compressed,
+        output_clamped=requested_max_tokens is None or final_max_tokens < requested_max_tokens,
+    )
+
+
+def group_turns(indices: Sequence[int], messages: Sequence[Message]) -> list[list[int]]:
+    """Whole turns: each user message with what follows it up to the next user message."""
+    turns: list[list[int]] = []
+    for i in indices:
+        if messages[i].get("role") == "user" or not turns:
+            turns.append([i])
+        else:
+            turns[-1].append(i)
+    return turns
+
+
+class _Planner:
+    def __init__(self, messages: list[Message], counter: TokenCounter, policy: FitPolicy) -> None:
+        self._messages = messages
+        self._counter = counter
+        self._policy = policy
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        self._tail_start = users[-1] if users else max(len(messages) - 1, 0)
+        has_system = bool(messages) and messages[0].get("role") == "system"
+        self._system = 0 if has_system and self._tail_start > 0 else None
+        first_history = 1 if self._system is not None else 0
+        self._turns = group_turns(range(first_history, self._tail_start), messages)
+        self._query = message_text(messages[self._tail_start]) if messages else ""
+
+    def plan(self, budget: int) -> tuple[_Draft, int]:
+        """A draft within `budget` by exact count; shrinks the target when the estimate was low."""
+        target = budget
+        for _ in range(MAX_ATTEMPTS):
+            draft = self._draft(target)
+            exact = self._counter.count_prompt(draft.messages)
+            if exact <= budget:
+                return draft, exact
+            target -= exact - budget + max(1, budget // 100)
+        raise _NoRoom(exact)
+
+    def _cost(self, message: Message) -> int:
+        return self._counter.count_text(message_text(message)) + MESSAGE_OVERHEAD_TOKENS
+
+    def _cost_of(self, indices: Sequence[int]) -> int:
+        return sum(self._cost(self._messages[i]) for i in indices)
+
+    def _draft(self, target: int) -> _Draft:
+        tail = list(range(self._tail_start, len(self._messages)))
+        tail_cost = self._cost_of(tail) + PROMPT_OVERHEAD_TOKENS
+        if tail_cost > target:
+            raise _NoRoom(tail_cost)
+        room = target - tail_cost
+        history_cost = sum(self._cost_of(turn) for turn in self._turns)
+        system_cost = self._cost_of([self._system]) if self._system is not None else 0
+        if system_cost + history_cost <= room:
+            return self._assemble(None, [], self._turns, None, tail, dropped=0)
+        marker_cost = self._cost({"content": MARKER.format(n=len(self._messages))})
+        system_text, system_cost = self._fit_system(room, history_cost, marker_cost)
+        room -= system_cost
+        pinned, turns = self._split_pinned()
+        pinned_cost = sum(self._cost_of(t) for t in pinned)
+        if pinned_cost + marker_cost > room:
+            pinned, pinned_cost = [], 0
+            turns = self._turns
+        room -= pinned_cost + marker_cost
+        if room < 0:
+            raise _NoRoom(target - room)
+        kept: list[list[int]] = []
+        for turn in reversed(turns):
+            cost = self._cost_of(turn)
+            if cost > room:
+                break
+            kept.insert(0, turn)
+            room -= cost
+        squeezed = None
+        if len(kept) < len(turns):  # the newest dropped turn may fit, compressed, in what is left
+            boundary = turns[len(turns) - len(kept) - 1]
+            squeezed = self._squeeze(boundary, room)
+            if squeezed is not None:
+                kept.insert(0, boundary)
+        kept_count = sum(len(t) for t in pinned + kept)
+        dropped = sum(len(t) for t in self._turns) - kept_count
+        return self._assemble(system_text, pinned, kept, squeezed, tail, dropped)
+
+    def _fit_system(self, room: int, history_cost: int, marker_cost: int) -> tuple[str | None, int]:
+        if self._system is None:
+            return None, 0
+        text = message_text(self._messages[self._system])
+        cost = self._cost_of([self._system])
+        allowed = max(int(room * self._policy.system_share), room - history_cost)
+        allowed = min(allowed, room - marker_cost)
+        if cost <= allowed:
+            return None, cost
+        budget = max(allowed - MESSAGE_OVERHEAD_TOKENS, 0)
+        compressed = compress(text, budget, self._counter.count_text, self._query)
+        return compressed, self._counter.count_text(compressed) + MESSAGE_OVERHEAD_TOKENS
+
+    def _split_pinned(self) -> tuple[list[list[int]], list[list[int]]]:
+        first = self._turns[:1]
+        if self._policy.pin_first_user_turn and first and self._is_user_turn(first[0]):
+            return first, self._turns[1:]
+        return [], self._turns
+
+    def _is_user_turn(self, turn: list[int]) -> bool:
+        return self._messages[turn[0]].get("role") == "user"
+
+    def _squeeze(self, turn: list[int], room: int) -> dict[int, str] | None:
+        """Compress a plain-text turn into `room`; None when it has tool traffic or no room."""
+        plain = all(
+            isinstance(self._messages[i].get("content"), str)
+            and not self._messages[i].get("tool_calls")
+            and self._messages[i].get("role") in {"user", "assistant"}
+            for i in turn
+        )
+        total = self._cost_of(turn)
+        if not plain or room < MESSAGE_OVERHEAD_TOKENS * len(turn) + 16:
+            return None
+        texts = {}
+        for i in turn:
+            share = room * self._cost_of([i]) // total - MESSAGE_OVERHEAD_TOKENS
+            texts[i] = compress(
+                message_text(self._messages[i]), share, self._counter.count_text, self._query
+            )
+        return texts if any(t.strip() for t in texts.values()) else None
+
+    def _assemble(
+        self,
+        system_text: str | None,
+        pinned: list[list[int]],
+        kept: list[list[int]],
+        squeezed: dict[int, str] | None,
+        tail: list[int],
+        dropped: int,
+    ) -> _Draft:
+        out: list[Message] = []
+        sources: list[int | None] = []
+
+        def add(index: int | None, message: Message) -> None:
+            out.append(message)
+            sources.append(index)
+
+        if self._system is not None:
+            original = self._messages[self._system]
+            add(
+                self._system,
+                original if system_text is None else {**original, "content": system_text},
+            )
+        for turn in pinned:
+            for i in turn:
+                add(i, self._messages[i])
+        if dropped:
+            add(None, {"role": self._policy.marker_role, "content": MARKER.format(n=dropped)})
+        for turn in kept:
+            for i in turn:
+                message = self._messages[i]
+                if squeezed and i in squeezed:
+                    message = {**message, "content": squeezed[i]}
+                add(i, message)
+        for i in tail:
+            add(i, self._messages[i])
+        return _Draft(out, tuple(sources), system_text is not None, dropped, len(squeezed or {}))

@@ -1,0 +1,200 @@
+"""Fitting on the demo model's real tokenizer: exact counts, never an overflow, nothing lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deployments.context.compress import compress
+from deployments.context.fit import ContextOverflow, Fit, FitPolicy, fit_messages
+from deployments.context.tokens import CharEstimateCounter, ChatTemplateCounter
+
+WORDS = (
+    "the model serves requests on pools of GPUs and falls back to a CPU replica when memory "
+    "runs short config window token budget cache router breaker queue priority user agent"
+).split()
+
+sentences = st.lists(st.sampled_from(WORDS), min_size=1, max_size=60).map(" ".join)
+texts = st.lists(sentences, min_size=1, max_size=8).map("\n".join)
+
+
+@st.composite
+def turns(draw: Any) -> list[dict[str, Any]]:
+    user = {"role": "user", "content": draw(texts)}
+    if draw(st.booleans()) and draw(st.booleans()):
+        call = {"id": f"call_{draw(st.integers(0, 9999))}", "type": "function"}
+        call["function"] = {"name": "lookup", "arguments": '{"q": "x"}'}
+        return [
+            user,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": draw(texts)},
+            {"role": "assistant", "content": draw(texts)},
+        ]
+    return [user, {"role": "assistant", "content": draw(texts)}]
+
+
+@st.composite
+def conversations(draw: Any) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        lines = draw(st.lists(sentences, min_size=1, max_size=80))
+        messages.append({"role": "system", "content": "\n".join(lines)})
+    for turn in draw(st.lists(turns(), max_size=12)):
+        messages.extend(turn)
+    messages.append({"role": "user", "content": draw(texts)})
+    return messages
+
+
+def check_invariants(
+    original: list[dict[str, Any]], fit: Fit, window: int, counter: ChatTemplateCounter
+) -> None:
+    assert fit.prompt_tokens == counter.count_prompt(fit.messages)
+    assert fit.prompt_tokens + fit.max_tokens <= window
+    assert 1 <= fit.max_tokens <= int(window * 0.6)
+    # The latest user message (the last message here) is untouched, byte for byte.
+    assert fit.messages[-1] == original[-1]
+    sources = [s for s in fit.sources if s is not None]
+    assert sources == sorted(set(sources)), "message order must be preserved"
+    markers = [m for m, s in zip(fit.messages, fit.sources, strict=True) if s is None]
+    assert len(markers) == (1 if fit.dropped_messages else 0)
+    if markers:
+        assert f"{fit.dropped_messages} earlier messages" in markers[0]["content"]
+    kept = set(sources)
+    for i, message in enumerate(original):
+        if message.get("role") == "tool":  # a tool result travels with the call that asked
+            assert (i in kept) == (i - 1 in kept)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    conversation=conversations(),
+    window=st.integers(min_value=256, max_value=4096),
+    requested=st.none() | st.integers(min_value=1, max_value=10_000),
+)
+def test_fitted_prompt_never_overflows_and_keeps_the_latest_message(
+    demo_counter: ChatTemplateCounter,
+    conversation: list[dict[str, Any]],
+    window: int,
+    requested: int | None,
+) -> None:
+    try:
+        fit = fit_messages(
+            conversation, window=window, requested_max_tokens=requested, counter=demo_counter
+        )
+    except ContextOverflow as overflow:
+        alone = demo_counter.count_prompt(conversation[-1:])
+        assert overflow.over_by > 0
+        assert alone + FitPolicy().min_output_tokens > window - 3 * FitPolicy().margin_tokens
+        return
+    check_invariants(conversation, fit, window, demo_counter)
+
+
+def chat(turn_count: int, words_per_message: int) -> list[dict[str, Any]]:
+    body = " ".join(WORDS[i % len(WORDS)] for i in range(words_per_message))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful assistant."}]
+    for i in range(turn_count):
+        messages.append({"role": "user", "content": f"question {i}: {body}"})
+        messages.append({"role": "assistant", "content": f"answer {i}: {body}"})
+    messages.append({"role": "user", "content": "What did we decide about the router?"})
+    return messages
+
+
+def test_short_request_is_untouched_and_max_tokens_honoured(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    messages = chat(2, 10)
+    fit = fit_messages(messages, window=8192, requested_max_tokens=100, counter=demo_counter)
+    assert fit.messages == messages
+    assert not fit.fitted
+    assert fit.max_tokens == 100
+    assert not fit.output_clamped
+
+
+def test_missing_max_tokens_gets_the_clamp_not_the_window(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    fit = fit_messages(chat(1, 5), window=8192, requested_max_tokens=None, counter=demo_counter)
+    assert fit.max_tokens == int(8192 * 0.6)
+    assert fit.output_clamped
+
+
+def test_conversation_ten_times_the_window_fits_and_uses_the_budget(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    window = 2048
+    messages = chat(60, 200)
+    assert demo_counter.count_prompt(messages) > 10 * window
+    fit = fit_messages(messages, window=window, requested_max_tokens=256, counter=demo_counter)
+    check_invariants(messages, fit, window, demo_counter)
+    assert fit.dropped_messages > 0
+    assert fit.messages[1]["content"].startswith("question 0")  # the pinned first turn
+    budget = window - 256 - FitPolicy().margin_tokens
+    assert fit.prompt_tokens >= 0.9 * budget
+
+
+def test_huge_system_prompt_is_compressed_keeping_its_headers(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    sections = []
+    for i in range(400):
+        sections.append(f"## Section {i}")
+        sections.extend(f"detail {i}.{j}: " + " ".join(WORDS[:12]) for j in range(8))
+    system = "\n".join(sections)
+    assert demo_counter.count_text(system) > 40_000
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Section 7?"}]
+    fit = fit_messages(messages, window=4096, requested_max_tokens=512, counter=demo_counter)
+    check_invariants(messages, fit, 4096, demo_counter)
+    assert fit.system_compressed
+    kept_lines = fit.messages[0]["content"].split("\n")
+    assert set(kept_lines) <= set(system.split("\n"))
+    assert sum(line.startswith("## Section") for line in kept_lines) > 50
+
+
+def test_latest_message_that_cannot_fit_says_by_how_much(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    huge = {"role": "user", "content": " ".join(WORDS * 200)}
+    with pytest.raises(ContextOverflow) as raised:
+        fit_messages([huge], window=1024, requested_max_tokens=None, counter=demo_counter)
+    needed = demo_counter.count_prompt([huge])
+    assert raised.value.over_by >= needed - 1024
+    assert f"{raised.value.over_by} tokens" in str(raised.value)
+
+
+def test_long_latest_message_borrows_the_output_share(demo_counter: ChatTemplateCounter) -> None:
+    long = {"role": "user", "content": " ".join(WORDS[:20] * 30)}
+    prompt = demo_counter.count_prompt([long])
+    window = prompt + 100
+    assert prompt > window * 0.4  # more than the input share alone allows
+    fit = fit_messages([long], window=window, requested_max_tokens=None, counter=demo_counter)
+    assert fit.messages == [long]
+    assert fit.prompt_tokens + fit.max_tokens <= window
+    assert fit.max_tokens >= FitPolicy().min_output_tokens
+
+
+def test_estimate_counter_keeps_a_wider_margin() -> None:
+    messages = chat(40, 30)
+    fit = fit_messages(
+        messages, window=2048, requested_max_tokens=256, counter=CharEstimateCounter()
+    )
+    assert fit.prompt_tokens + fit.max_tokens <= 2048 - 204
+    assert fit.dropped_messages > 0
+
+
+def test_compress_keeps_order_and_budget(demo_counter: ChatTemplateCounter) -> None:
+    text = "\n".join(
+        ["# Title", "intro line about pools"]
+        + [f"filler {i} " + " ".join(WORDS) for i in range(50)]
+        + ["def route(request):", "timeout: 30", "closing summary"]
+    )
+    out = compress(text, 120, demo_counter.count_text, query="how does route work")
+    lines = out.split("\n")
+    assert demo_counter.count_text(out) <= 120
+    assert lines[0] == "# Title"
+    assert "def route(request):" in lines and "timeout: 30" in lines
+    original = text.split("\n")
+    assert [original.index(line) for line in lines] == sorted(original.index(x) for x in lines)
+    assert compress(text, 120, demo_counter.count_text, "how does route work") == out
