@@ -113,7 +113,13 @@ class Ingress:
         if isinstance(routed, Refusal):
             raise _refusal_error(routed)
         assert isinstance(routed, Routed)
-        headers = {"X-Backend": routed.backend, "X-Priority": priority.value}
+        headers = {
+            "X-Backend": routed.backend,
+            "X-Priority": priority.value,
+            "X-Max-Tokens": str(routed.max_tokens),
+            "X-Context-Fitted": "true" if routed.context_fitted else "false",
+            "X-Context-Dropped-Messages": str(routed.dropped_messages),
+        }
         first = await anext(stream)
         if isinstance(first, Refusal):
             raise _refusal_error(first)

@@ -20,9 +20,12 @@ class ChatJob:
 
 @dataclass(frozen=True)
 class Routed:
-    """The router's first item for every job: who will serve it."""
+    """The router's first item for every job: who serves it and how the context was fitted."""
 
     backend: str
+    max_tokens: int
+    context_fitted: bool
+    dropped_messages: int
 
 
 @dataclass(frozen=True)

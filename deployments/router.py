@@ -17,7 +17,9 @@ from ray import serve
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle
 
-from cluster.config import Backend, ClusterConfig
+from cluster.config import Backend, ClusterConfig, Role
+from deployments.context.counters import counters_by_role
+from deployments.context.fit import ContextOverflow, Fit, fit_messages
 from deployments.messages import ChatJob, Refusal, Routed
 
 logger = logging.getLogger("ray.serve")
@@ -39,15 +41,40 @@ class Router:
         # Configured handles are cached: each .options() call builds a new Serve router.
         self._handles = {name: handle.options(stream=True) for name, handle in backends.items()}
         self._in_flight: Counter[str] = Counter()
+        self._counters = counters_by_role(config)
+        self._backends = {b.name: b for b in config.backends}
+
+    def _fit(self, job: ChatJob, role: Role) -> Fit:
+        request = job.request
+        return fit_messages(
+            [dict(m) for m in request.messages],
+            window=self._config.model_for(role).context_window,
+            requested_max_tokens=request.max_completion_tokens or request.max_tokens,
+            counter=self._counters[role],
+        )
 
     async def chat(self, job: ChatJob) -> AsyncIterator[Any]:
         backend = first_deployed_link(self._config.chain(job.role), self._handles)
         if backend is None:
             yield Refusal(503, "no_backend", f"No backend is deployed for {job.role.value!r}.")
             return
-        yield Routed(backend)
+        # A chain may end on another role's backend: fit to, and ask for, what actually serves.
+        role = self._backends[backend].role
+        try:
+            fit = self._fit(job, role)
+        except ContextOverflow as overflow:
+            yield Refusal(400, "context_length_exceeded", str(overflow))
+            return
+        yield Routed(backend, fit.max_tokens, fit.fitted, fit.dropped_messages)
         # vLLM answers to the backend's model id, which is the role name.
-        request = job.request.model_copy(update={"model": job.role.value})
+        request = job.request.model_copy(
+            update={
+                "model": role.value,
+                "messages": fit.messages,
+                "max_tokens": fit.max_tokens,
+                "max_completion_tokens": fit.max_tokens,
+            }
+        )
         self._in_flight[backend] += 1
         started = False
         try:

@@ -58,3 +58,18 @@ def http(gateway: str) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     with httpx.Client(base_url=gateway, headers=headers, timeout=120) as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def bare_llm_url(gateway: str) -> str:
+    """Bare ray.serve.llm (its own OpenAiIngress) over the gateway's orchestrator replicas."""
+    from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard
+    from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress, make_fastapi_ingress
+
+    replicas = serve.get_deployment_handle("model:orchestrator@local", app_name="gateway")
+    card = ModelCard(id="orchestrator", object="model", owned_by="bare", permission=[], metadata={})
+    bare = serve.deployment(make_fastapi_ingress(OpenAiIngress), name="bare-ingress").bind(
+        llm_deployments={"orchestrator": replicas}, model_cards={"orchestrator": card}
+    )
+    serve.run(bare, name="bare", route_prefix="/bare")
+    return f"{gateway}/bare/v1/chat/completions"
