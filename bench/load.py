@@ -20,15 +20,17 @@ class LoadResult:
 
     @property
     def throughput(self) -> float:
-        return len(self.latencies_s) / self.elapsed_s
+        return len(self.latencies_s) / self.elapsed_s if self.elapsed_s else 0.0
 
     def percentile(self, q: float) -> float:
+        if not self.latencies_s:
+            return float("nan")
         ordered = sorted(self.latencies_s)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     @property
     def p50_ms(self) -> float:
-        return statistics.median(self.latencies_s) * 1000
+        return statistics.median(self.latencies_s) * 1000 if self.latencies_s else float("nan")
 
     @property
     def p99_ms(self) -> float:
@@ -53,7 +55,11 @@ async def run_load(
         nonlocal errors
         for _ in remaining:
             started = time.perf_counter()
-            response = await client.post(url, json=body, headers=headers)
+            try:
+                response = await client.post(url, json=body, headers=headers)
+            except httpx.HTTPError:
+                errors += 1
+                continue
             if response.status_code == 200:
                 latencies.append(time.perf_counter() - started)
             else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from cluster.ray_runtime import local_pool_resources
 CONFIG = Path(__file__).with_name("overhead.yaml")
 API_KEY = "bench-key"
 PORT = 18100
-CONCURRENCY_REQUESTS = {1: 60, 8: 200, 32: 400}
+CONCURRENCY_REQUESTS = {1: 40, 8: 160, 32: 320}
 # Same prompt, exactly 8 output tokens on both sides (ignore_eos), as in DESIGN.md's anchor.
 BODY = {
     "model": "orchestrator",
@@ -125,10 +126,11 @@ def main() -> None:
     anchor, gateway = deploy()
     try:
         asyncio.run(measure(anchor, gateway, args.rounds))
-        report(anchor, gateway)
+        met = report(anchor, gateway)
     finally:
         serve.shutdown()
         ray.shutdown()
+    sys.exit(0 if met else 1)
 
 
 if __name__ == "__main__":

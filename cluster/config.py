@@ -198,12 +198,85 @@ class PlacementConfig(_Frozen):
         return self
 
 
+class Depth(StrEnum):
+    """How much thought (and context) a `model: auto` request deserves."""
+
+    QUICK = "quick"
+    BALANCED = "balanced"
+    DEEP = "deep"
+    EXHAUSTIVE = "exhaustive"
+
+
+class DepthRoute(_Frozen):
+    """Where one depth goes: a role, and the share of that role's window it may use."""
+
+    role: Role
+    context_share: float = Field(1.0, gt=0, le=1)
+
+
+DEFAULT_DEPTH_ROUTES = {
+    Depth.QUICK: DepthRoute(role=Role.ORCHESTRATOR, context_share=0.25),
+    Depth.BALANCED: DepthRoute(role=Role.ORCHESTRATOR, context_share=1.0),
+    Depth.DEEP: DepthRoute(role=Role.REASONING, context_share=1.0),
+    Depth.EXHAUSTIVE: DepthRoute(role=Role.REASONING, context_share=1.0),
+}
+
+
+def _all_depth_routes(value: dict[Depth, DepthRoute]) -> FrozenDict:
+    return _frozen_dict({**DEFAULT_DEPTH_ROUTES, **value})
+
+
+class DepthConfig(_Frozen):
+    """The depth router for `model: auto`: rules' thresholds and each depth's route.
+
+    A route whose role is not served falls back to the orchestrator (or the first role served).
+    """
+
+    routes: Annotated[dict[Depth, DepthRoute], AfterValidator(_all_depth_routes)] = Field(
+        default_factory=lambda: _all_depth_routes({})
+    )
+    quick_max_words: int = Field(25, ge=0)
+    deep_min_words: int = Field(250, ge=1)
+    deep_min_questions: int = Field(3, ge=1)
+    exhaustive_min_words: int = Field(1500, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if not self.quick_max_words < self.deep_min_words < self.exhaustive_min_words:
+            raise ValueError(
+                "quick_max_words < deep_min_words < exhaustive_min_words must hold "
+                f"(got {self.quick_max_words}, {self.deep_min_words}, "
+                f"{self.exhaustive_min_words}); raise the larger ones"
+            )
+        return self
+
+
 class GatewayConfig(_Frozen):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     default_priority: PriorityClass = PriorityClass.USER
     ingress_replicas: int = Field(1, ge=1)
-    # The router holds admission state in memory; one replica keeps it exact (see README).
-    router_replicas: Literal[1] = 1
+    # Each router replica enforces its share of every cap (cap // replicas), so the sum holds
+    # without shared state; one replica keeps queues globally ordered (see README).
+    router_replicas: int = Field(1, ge=1)
+
+
+class RouterConfig(_Frozen):
+    """Admission, breakers and failover in the router deployment."""
+
+    max_queue: int = Field(64, ge=0, description="waiting requests per backend")
+    queue_timeout_s: float = Field(30.0, gt=0)
+    aging_s: float = Field(10.0, gt=0, description="a waiter gains one class per aging_s")
+    retry_after_s: int = Field(2, ge=1)
+    breaker_failures: int = Field(3, ge=1)
+    breaker_cooldown_s: float = Field(10.0, gt=0)
+    half_open_probes: int = Field(1, ge=1)
+    kv_cache_high: float = Field(0.88, gt=0, le=1)
+    kv_cache_resume_factor: float = Field(0.9, gt=0, lt=1)
+    kv_poll_interval_s: float = Field(1.0, gt=0)
+    kv_stale_after_s: float = Field(10.0, gt=0)
+    health_interval_s: float = Field(5.0, gt=0)
+    first_token_timeout_s: float = Field(120.0, gt=0)
+    stream_idle_timeout_s: float = Field(120.0, gt=0)
 
 
 class Backend(_Frozen):
@@ -232,6 +305,8 @@ class ClusterConfig(_Frozen):
     api_keys: tuple[ApiKeyConfig, ...] = ()
     placement: PlacementConfig = PlacementConfig()
     gateway: GatewayConfig = GatewayConfig()
+    router: RouterConfig = RouterConfig()
+    depth: DepthConfig = DepthConfig()
     # Set by the loader: where relative model paths are resolved from.
     base_dir: Path = Path(".")
 
@@ -272,6 +347,11 @@ class ClusterConfig(_Frozen):
                         f"models[{i}].pools: pool {pool!r} does not exist; define it under pools "
                         f"or use one of {sorted(known)}"
                     )
+            if "max_model_len" in model.engine_kwargs:
+                problems.append(
+                    f"models[{i}].engine_kwargs.max_model_len: set context_window instead; the "
+                    "router fits requests to context_window and passes it to vLLM"
+                )
             if len(set(model.pools)) != len(model.pools):
                 problems.append(f"models[{i}].pools: a pool is listed twice; list each once")
         if self.fallback.pool is not None and self.fallback.pool not in known:
@@ -290,6 +370,20 @@ class ClusterConfig(_Frozen):
         ]
         if self.fallback.max_concurrency < 1:
             problems.append(f"fallback.max_concurrency {fix}")
+        replicas = self.gateway.router_replicas
+        if replicas > 1:
+            share = (
+                f"must be at least gateway.router_replicas ({replicas}): each router replica "
+                "enforces cap // replicas; raise the cap or lower router_replicas"
+            )
+            problems.extend(
+                f"models[{i}].max_concurrency ({m.cap}) {share}"
+                for i, m in enumerate(self.models)
+                if m.cap < replicas
+            )
+            fallback_cap = self.fallback.max_concurrency
+            if fallback_cap < replicas:
+                problems.append(f"fallback.max_concurrency ({fallback_cap}) {share}")
         return problems
 
     def _check_aliases(self) -> list[str]:
@@ -364,6 +458,19 @@ class ClusterConfig(_Frozen):
     def model_for(self, role: Role) -> ModelConfig:
         return next(m for m in self.models if m.role == role)
 
+    @property
+    def default_role(self) -> Role:
+        """Where a request with no better place goes: the orchestrator, else the first role."""
+        roles = [m.role for m in self.models]
+        return Role.ORCHESTRATOR if Role.ORCHESTRATOR in roles else roles[0]
+
+    def depth_route(self, depth: Depth) -> DepthRoute:
+        """The route for a depth, on a served role (the default role if its own is not served)."""
+        route = self.depth.routes[depth]
+        if any(m.role == route.role for m in self.models):
+            return route
+        return DepthRoute(role=self.default_role, context_share=route.context_share)
+
     def pool(self, name: str) -> PoolConfig:
         return next(p for p in self.pools if p.name == name)
 
@@ -423,7 +530,7 @@ def parse_config(
     data = {**data, "base_dir": base_dir}
     env_keys = environ.get(API_KEYS_ENV, "")
     if env_keys.strip():
-        data["api_keys"] = [*data.get("api_keys", ()), *keys_from_env(env_keys)]
+        data["api_keys"] = [*(data.get("api_keys") or ()), *keys_from_env(env_keys)]
     try:
         return ClusterConfig.model_validate(data)
     except ValidationError as error:

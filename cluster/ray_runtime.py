@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ray
 
 from cluster.config import ClusterConfig, PoolKind
@@ -26,7 +28,11 @@ def ensure_ray(config: ClusterConfig) -> None:
     if not ray.is_initialized():
         try:
             ray.init(address="auto", namespace=SERVE_NAMESPACE)
-        except ConnectionError:
+        except ConnectionError as error:
+            if os.environ.get("RAY_ADDRESS"):
+                raise RayStartError(
+                    f"cannot reach the Ray cluster at RAY_ADDRESS: {error}"
+                ) from None
             ray.init(namespace=SERVE_NAMESPACE, resources=local_pool_resources(config))
     check_pools(config, ray.cluster_resources())
 

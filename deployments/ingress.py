@@ -27,6 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from cluster.config import ClusterConfig, Role
 from deployments import metrics
 from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
+from deployments.context.tokens import message_text
+from deployments.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
 from deployments.errors import ApiError
 from deployments.messages import ChatJob, Refusal, Routed
 
@@ -86,7 +88,11 @@ class Ingress:
 
     @app.get("/healthz")
     async def healthz(self) -> Response:
-        status: dict[str, Any] = await self._status_handle.status.remote()
+        try:
+            status: dict[str, Any] = await self._status_handle.status.remote()
+        except Exception as error:  # the router itself is unreachable: that is "down"
+            logger.warning("healthz: router status failed: %s", error)
+            status = {"status": "down", "backends": {}, "error": "router unavailable"}
         return JSONResponse(status, status_code=503 if status["status"] == "down" else 200)
 
     @app.get("/v1/cluster/status")
@@ -107,7 +113,13 @@ class Ingress:
         role = self._role_for(payload)
         priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
         chat_request = _validate(payload)
-        job = ChatJob(chat_request, role, priority, caller.name)
+        depth = None
+        context_share = 1.0
+        if role is None:  # `model: auto`: the depth router picks the role and the budget
+            depth = self._depth_for(payload, request.headers.get(DEPTH_HEADER))
+            route = self._config.depth_route(depth.depth)
+            role, context_share = route.role, route.context_share
+        job = ChatJob(chat_request, role, priority, caller.name, context_share)
         stream: DeploymentResponseGenerator[Any] = self._router.chat.remote(job)
         routed = await anext(stream)
         if isinstance(routed, Refusal):
@@ -120,18 +132,25 @@ class Ingress:
             "X-Context-Fitted": "true" if routed.context_fitted else "false",
             "X-Context-Dropped-Messages": str(routed.dropped_messages),
         }
+        if depth is not None:
+            headers["X-Depth"] = depth.depth.value
+            headers["X-Depth-Reason"] = depth.reason
+        metrics.observe_routing(routed, depth.depth.value if depth else None)
         first = await anext(stream)
         if isinstance(first, Refusal):
             raise _refusal_error(first)
-        if isinstance(first, ErrorResponse):
-            raise _engine_error(first)
+        # Streaming answers come in batches (lists); an engine error may be the first item of one.
+        leading = first[0] if isinstance(first, list) and first else first
+        if isinstance(leading, ErrorResponse):
+            raise _engine_error(leading)
         if not isinstance(first, list):  # one whole (non-streaming) response
             return Response(first.model_dump_json(), media_type="application/json", headers=headers)
         return StreamingResponse(
             _relay_sse(first, stream), media_type="text/event-stream", headers=headers
         )
 
-    def _role_for(self, payload: dict[str, Any]) -> Role:
+    def _role_for(self, payload: dict[str, Any]) -> Role | None:
+        """The role a request names; None for `auto`, which the depth router resolves."""
         name = payload.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "missing_model", "The field 'model' is required.", param="model")
@@ -147,9 +166,22 @@ class Ingress:
         # Images go to the vision role whatever was asked: a text model cannot read them.
         if Role.VISION in served_roles and _has_image_parts(payload):
             return Role.VISION
-        role = self._served[name]
-        # `auto` picks the orchestrator until the depth router chooses per request.
-        return role if role is not None else Role.ORCHESTRATOR
+        return self._served[name]
+
+    def _depth_for(self, payload: dict[str, Any], header: str | None) -> DepthDecision:
+        messages = payload["messages"]  # validated: a non-empty list of messages
+        users = [m for m in messages if m.get("role") == "user"]
+        latest = message_text(users[-1]) if users else ""
+        effort = payload.get("reasoning_effort")
+        try:
+            return classify(
+                latest,
+                rules=self._config.depth,
+                header=header,
+                reasoning_effort=effort if isinstance(effort, str) else None,
+            )
+        except UnknownDepth as error:
+            raise ApiError(400, "invalid_request", str(error), param="X-Depth") from None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -182,6 +214,13 @@ def _parse_json(body: bytes) -> dict[str, Any]:
 
 
 def _validate(payload: dict[str, Any]) -> Any:
+    messages = payload.get("messages")
+    if isinstance(messages, list) and not messages:
+        raise ApiError(400, "invalid_request", "messages must not be empty.", param="messages")
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = payload.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ApiError(400, "invalid_request", f"{field} must be at least 1.", param=field)
     try:
         request = ChatCompletionRequest.model_validate(payload)
     except ValidationError as error:
@@ -222,6 +261,14 @@ def _engine_error(response: ErrorResponse) -> ApiError:
     return ApiError(status, code, message)
 
 
+def _sse_text(part: Any) -> str:
+    """An SSE line as is; an engine error after the stream began becomes an SSE error event."""
+    if isinstance(part, ErrorResponse):
+        error = _engine_error(part)
+        return f"data: {json.dumps(error.body())}\n\n"
+    return str(part)
+
+
 async def _relay_sse(
     first: list[str], stream: DeploymentResponseGenerator[Any]
 ) -> AsyncIterator[str]:
@@ -230,7 +277,7 @@ async def _relay_sse(
     try:
         item: Any = first
         while True:
-            text = "".join(item)
+            text = "".join(_sse_text(part) for part in item)
             done = done or text.rstrip().endswith("data: [DONE]")
             yield text
             item = await anext(stream, None)

@@ -16,6 +16,8 @@ class ChatJob:
     role: Role
     priority: PriorityClass
     caller: str
+    # The depth router's budget for `model: auto`: the share of the window this job may use.
+    context_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,11 @@ class Routed:
 
     backend: str
     max_tokens: int
+    prompt_tokens: int
     context_fitted: bool
     dropped_messages: int
+    system_compressed: bool
+    output_clamped: bool
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ state in memory, so the app runs exactly one router replica (`gateway.router_rep
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import Counter
@@ -15,6 +16,7 @@ from typing import Any
 
 from ray import serve
 from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from cluster.config import Backend, ClusterConfig, Role
@@ -48,8 +50,12 @@ class Router:
         request = job.request
         return fit_messages(
             [dict(m) for m in request.messages],
-            window=self._config.model_for(role).context_window,
-            requested_max_tokens=request.max_completion_tokens or request.max_tokens,
+            window=max(1, int(self._config.model_for(role).context_window * job.context_share)),
+            requested_max_tokens=(
+                request.max_completion_tokens
+                if request.max_completion_tokens is not None
+                else request.max_tokens
+            ),
             counter=self._counters[role],
         )
 
@@ -65,7 +71,18 @@ class Router:
         except ContextOverflow as overflow:
             yield Refusal(400, "context_length_exceeded", str(overflow))
             return
-        yield Routed(backend, fit.max_tokens, fit.fitted, fit.dropped_messages)
+        except Exception as error:  # a chat template that rejects the messages (roles, order)
+            yield Refusal(400, "invalid_request", f"The messages cannot be rendered: {error}")
+            return
+        yield Routed(
+            backend=backend,
+            max_tokens=fit.max_tokens,
+            prompt_tokens=fit.prompt_tokens,
+            context_fitted=fit.fitted,
+            dropped_messages=fit.dropped_messages,
+            system_compressed=fit.system_compressed,
+            output_clamped=fit.output_clamped,
+        )
         # vLLM answers to the backend's model id, which is the role name.
         request = job.request.model_copy(
             update={
@@ -81,7 +98,7 @@ class Router:
             async for item in self._handles[backend].chat.remote(request):
                 started = True
                 yield item
-        except RayError as error:
+        except (RayError, RayServeException) as error:
             logger.warning("backend %s failed: %s", backend, error)
             if started:
                 yield stream_error_event(f"The backend {backend} failed mid-response.")
@@ -92,7 +109,9 @@ class Router:
 
     async def status(self) -> dict[str, Any]:
         """Per-backend state from Serve's own deployment status, plus in-flight counts."""
-        app = serve.status().applications.get(serve.get_replica_context().app_name)
+        # serve.status() blocks on the controller: keep it off the routing event loop.
+        overview = await asyncio.to_thread(serve.status)
+        app = overview.applications.get(serve.get_replica_context().app_name)
         deployments = app.deployments if app else {}
         backends = {}
         for backend in self._config.home_backends:

@@ -101,7 +101,7 @@ def fit_messages(
     policy: FitPolicy = FitPolicy(),
 ) -> Fit:
     cap = max(1, int(window * policy.output_share))
-    max_tokens = min(requested_max_tokens or cap, cap)
+    max_tokens = cap if requested_max_tokens is None else max(1, min(requested_max_tokens, cap))
     margin = policy.margin_tokens
     if not counter.exact:
         margin += math.ceil(window * policy.estimate_margin_share)
@@ -115,7 +115,7 @@ def fit_messages(
         try:
             draft, prompt_tokens = planner.plan(budget)
         except _NoRoom as no_room:
-            raise ContextOverflow(no_room.needed - budget, window) from None
+            raise ContextOverflow(max(1, no_room.needed - budget), window) from None
     final_max_tokens = min(max_tokens, window - prompt_tokens - margin)
     return Fit(
         messages=draft.messages,

@@ -108,6 +108,8 @@ BAD_BODIES = {
         "invalid_request",
     ),
     "missing_model": (json.dumps({"messages": HELLO}).encode(), 400, "missing_model"),
+    "empty_messages": (json.dumps(chat_body(messages=[])).encode(), 400, "invalid_request"),
+    "zero_max_tokens": (json.dumps(chat_body(max_tokens=0)).encode(), 400, "invalid_request"),
     "unknown_model": (json.dumps(chat_body(model="gpt-17")).encode(), 404, "model_not_found"),
 }
 

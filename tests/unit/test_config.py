@@ -117,7 +117,7 @@ def test_e2e_config_loads_two_roles_and_a_key() -> None:
     [key] = config.api_keys
     assert key.sha256 == hash_key("test-user-key")
     assert (key.priority, key.max_priority) == (PriorityClass.AGENT, PriorityClass.USER)
-    assert config.gateway.max_body_bytes == 262144
+    assert config.gateway.max_body_bytes == 2 * 1024 * 1024
 
 
 def test_model_paths_resolve_against_each_config_file() -> None:

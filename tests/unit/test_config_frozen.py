@@ -76,3 +76,20 @@ def test_api_error_pickles_with_every_field() -> None:
     error = pickle.loads(pickle.dumps(ApiError(429, "shed", "busy", headers={"Retry-After": "2"})))
     assert (error.status, error.code, error.message) == (429, "shed", "busy")
     assert error.response().headers["retry-after"] == "2"
+
+
+def test_max_model_len_in_engine_kwargs_points_to_context_window(tmp_path: Path) -> None:
+    text = GPU_EXAMPLE.read_text().replace(
+        "      gpu_memory_utilization: 0.85\n",
+        "      gpu_memory_utilization: 0.85\n      max_model_len: 4096\n",
+    )
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"engine_kwargs.max_model_len: set context_window"):
+        load_config(tmp_path / "c.yaml", environ={})
+
+
+def test_null_api_keys_with_env_keys(tmp_path: Path) -> None:
+    text = GPU_EXAMPLE.read_text().split("api_keys:")[0] + "api_keys:\n"
+    (tmp_path / "c.yaml").write_text(text)
+    config = load_config(tmp_path / "c.yaml", environ={API_KEYS_ENV: "k1"})
+    assert [k.sha256 for k in config.api_keys] == [hash_key("k1")]

@@ -198,3 +198,15 @@ def test_compress_keeps_order_and_budget(demo_counter: ChatTemplateCounter) -> N
     original = text.split("\n")
     assert [original.index(line) for line in lines] == sorted(original.index(x) for x in lines)
     assert compress(text, 120, demo_counter.count_text, "how does route work") == out
+
+
+def test_overflow_always_names_a_positive_excess(demo_counter: ChatTemplateCounter) -> None:
+    system = {"role": "system", "content": "Be brief. " * 50}
+    huge = {"role": "user", "content": " ".join(WORDS * 40)}
+    for window in (256, 300, 400):
+        try:
+            fit_messages(
+                [system, huge], window=window, requested_max_tokens=8, counter=demo_counter
+            )
+        except ContextOverflow as overflow:
+            assert overflow.over_by >= 1
