@@ -12,6 +12,9 @@ Layers, applied only as far as needed:
 4. The result is counted exactly with the model's chat template; if the additive estimate was
    short, the search runs again with a smaller target.
 
+A request whose cheap upper bound (`TokenCounter.upper_bound`) already fits is passed through
+without tokenizing: that is most requests, and it keeps fitting off the hot path.
+
 The latest user message (and anything after it) is never altered. If it cannot fit even with
 everything else gone and the output cut to `min_output_tokens`, `ContextOverflow` says by how much.
 """
@@ -51,11 +54,13 @@ class Fit:
     # For each fitted message, the index of the message it came from (None for the marker).
     sources: tuple[int | None, ...]
     max_tokens: int
+    # The exact count, or (when `counted` is False) an upper bound that already fit.
     prompt_tokens: int
     system_compressed: bool
     dropped_messages: int
     compressed_messages: int
     output_clamped: bool
+    counted: bool = True
 
     @property
     def fitted(self) -> bool:
@@ -106,6 +111,19 @@ def fit_messages(
     if not counter.exact:
         margin += math.ceil(window * policy.estimate_margin_share)
     budget = window - max_tokens - margin
+    bound = counter.upper_bound(messages)
+    if bound is not None and bound <= budget:  # fits for sure: no tokenizing at all
+        return Fit(
+            messages=list(messages),
+            sources=tuple(range(len(messages))),
+            max_tokens=max_tokens,
+            prompt_tokens=bound,
+            system_compressed=False,
+            dropped_messages=0,
+            compressed_messages=0,
+            output_clamped=requested_max_tokens is None or max_tokens < requested_max_tokens,
+            counted=False,
+        )
     planner = _Planner(list(messages), counter, policy)
     try:
         draft, prompt_tokens = planner.plan(budget)

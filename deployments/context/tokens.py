@@ -31,6 +31,10 @@ class TokenCounter(Protocol):
         """Tokens of the whole prompt: the chat template over the messages, ready to generate."""
         ...
 
+    def upper_bound(self, messages: Sequence[Message]) -> int | None:
+        """A cheap count never below `count_prompt`, or None where no such bound is known."""
+        ...
+
 
 def message_text(message: Message) -> str:
     """The text of a message's content (text parts joined; other parts carry no text)."""
@@ -46,14 +50,52 @@ def message_text(message: Message) -> str:
     return ""
 
 
+# Messages the byte bound covers: their whole rendering is the role's frame plus the content.
+PLAIN_ROLES = frozenset({"system", "user", "assistant"})
+PLAIN_KEYS = frozenset({"role", "content"})
+
+
+def is_plain(message: Message) -> bool:
+    return message.get("role") in PLAIN_ROLES and message.keys() <= PLAIN_KEYS
+
+
 class ChatTemplateCounter:
-    """Exact counts from a Hugging Face tokenizer and its chat template."""
+    """Exact counts from a Hugging Face tokenizer and its chat template.
+
+    Short requests skip tokenizing: every token of byte-level BPE (and of SentencePiece with byte
+    fallback) covers at least one UTF-8 byte, so a message's content costs at most its byte length
+    plus one (a leading-space marker), and its frame costs what the template measured once at
+    load. When that bound already fits the window, nothing needs counting.
+    """
 
     exact = True
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._encode = functools.lru_cache(maxsize=CONTENT_CACHE_ENTRIES)(self._encode_uncached)
+        self._frame = self._measure_frame()
+
+    def _measure_frame(self) -> tuple[int, int] | None:
+        """(prompt overhead, per-message overhead) of the template, or None if it will not say."""
+        try:
+            empty = {"content": ""}
+            base = self.count_prompt([{**empty, "role": "user"}])
+            grown = [
+                self.count_prompt([{**empty, "role": "system"}, {**empty, "role": "user"}]),
+                self.count_prompt(
+                    [
+                        {**empty, "role": "user"},
+                        {**empty, "role": "assistant"},
+                        {**empty, "role": "user"},
+                    ]
+                ),
+            ]
+        except Exception:  # a template that rejects empty or unusual turns: always count
+            return None
+        # `base` holds the generation prompt and any default system prompt the template adds
+        # when none is given; counting it twice also covers a system message's own frame.
+        per_message = max(grown[0] - base, (grown[1] - base + 1) // 2, 0)
+        return 2 * base, per_message + 2
 
     @classmethod
     def from_pretrained(cls, source: str | Path) -> ChatTemplateCounter:
@@ -80,6 +122,13 @@ class ChatTemplateCounter:
         )
         return len(ids)
 
+    def upper_bound(self, messages: Sequence[Message]) -> int | None:
+        if self._frame is None or not all(is_plain(m) for m in messages):
+            return None
+        base, per_message = self._frame
+        content = sum(len(message_text(m).encode()) + 1 for m in messages)
+        return base + per_message * len(messages) + content
+
 
 class CharEstimateCounter:
     """About `chars_per_token` characters a token, plus a few tokens of template per message."""
@@ -96,3 +145,6 @@ class CharEstimateCounter:
     def count_prompt(self, messages: Sequence[Message]) -> int:
         body = sum(self.count_text(message_text(m)) for m in messages)
         return body + self._tokens_per_message * (len(messages) + 1)
+
+    def upper_bound(self, messages: Sequence[Message]) -> int | None:
+        return None  # an estimate bounds nothing

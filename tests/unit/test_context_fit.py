@@ -51,8 +51,13 @@ def conversations(draw: Any) -> list[dict[str, Any]]:
 def check_invariants(
     original: list[dict[str, Any]], fit: Fit, window: int, counter: ChatTemplateCounter
 ) -> None:
-    assert fit.prompt_tokens == counter.count_prompt(fit.messages)
-    assert fit.prompt_tokens + fit.max_tokens <= window
+    exact = counter.count_prompt(fit.messages)
+    if fit.counted:
+        assert fit.prompt_tokens == exact
+    else:  # passed through on the upper bound
+        assert exact <= fit.prompt_tokens
+        assert fit.messages == original
+    assert exact + fit.max_tokens <= window
     assert 1 <= fit.max_tokens <= int(window * 0.6)
     # The latest user message (the last message here) is untouched, byte for byte.
     assert fit.messages[-1] == original[-1]
@@ -210,3 +215,44 @@ def test_overflow_always_names_a_positive_excess(demo_counter: ChatTemplateCount
             )
         except ContextOverflow as overflow:
             assert overflow.over_by >= 1
+
+
+plain_messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=300)}
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(messages=plain_messages)
+def test_the_upper_bound_is_never_below_the_exact_count(
+    demo_counter: ChatTemplateCounter, messages: list[dict[str, Any]]
+) -> None:
+    bound = demo_counter.upper_bound(messages)
+    assert bound is not None
+    assert bound >= demo_counter.count_prompt(messages)
+
+
+def test_messages_with_tool_traffic_get_no_bound(demo_counter: ChatTemplateCounter) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    assert demo_counter.upper_bound(messages) is None
+    assert CharEstimateCounter().upper_bound(messages[:1]) is None
+
+
+def test_a_short_request_is_passed_through_without_counting(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    messages = [{"role": "user", "content": "Say hello"}]
+    fit = fit_messages(messages, window=8192, requested_max_tokens=16, counter=demo_counter)
+    assert not fit.counted and not fit.fitted
+    assert (fit.messages, fit.max_tokens) == (messages, 16)
+    assert fit.prompt_tokens >= demo_counter.count_prompt(messages)
