@@ -8,6 +8,7 @@ from ray.serve.deployment import Application
 from ray.serve.llm import LLMConfig, build_llm_deployment
 
 from cluster.config import DEPLOYMENT_PREFIX, Backend, ClusterConfig
+from deployments.llm_server import ObservedLLMServer
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
 # replicas a node takes (DESIGN.md section 5).
@@ -39,4 +40,8 @@ def llm_config_for(config: ClusterConfig, backend: Backend) -> LLMConfig:
 
 
 def build_backend(config: ClusterConfig, backend: Backend) -> Application:
-    return build_llm_deployment(llm_config_for(config, backend), name_prefix=DEPLOYMENT_PREFIX)
+    return build_llm_deployment(
+        llm_config_for(config, backend),
+        name_prefix=DEPLOYMENT_PREFIX,
+        deployment_cls=ObservedLLMServer,
+    )

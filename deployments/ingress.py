@@ -105,7 +105,13 @@ class Ingress:
 
     @app.get("/metrics")
     async def prometheus(self) -> Response:
-        return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+        # The router's queues, breakers and failovers live in its process: it renders its own.
+        try:
+            routing: bytes = await self._status_handle.metrics_text.remote()
+        except Exception as error:  # the gateway's own metrics still answer
+            logger.warning("metrics: router unavailable: %s", error)
+            routing = b""
+        return Response(metrics.render() + routing, media_type=metrics.CONTENT_TYPE)
 
     async def _chat(self, request: Request) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
@@ -131,6 +137,7 @@ class Ingress:
             "X-Max-Tokens": str(routed.max_tokens),
             "X-Context-Fitted": "true" if routed.context_fitted else "false",
             "X-Context-Dropped-Messages": str(routed.dropped_messages),
+            "X-Failovers": str(routed.failovers),
         }
         if depth is not None:
             headers["X-Depth"] = depth.depth.value

@@ -31,6 +31,7 @@ class Routed:
     dropped_messages: int
     system_compressed: bool
     output_clamped: bool
+    failovers: int = 0  # links of the chain that failed before this one served
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,16 @@
-"""The Router deployment: picks the backend for each job and relays the engine's answer.
+"""The Router deployment: admission, breakers and failover between the ingress and the engines.
 
-This issue's router resolves a role to the first deployed link of its failover chain. Admission
-(priority queue, caps), breakers and failover build on this shape in later issues. It keeps its
-state in memory, so the app runs exactly one router replica (`gateway.router_replicas`).
+For each job it walks the role's failover chain (`deployments.link_choice`): the first link that
+is running, whose breaker lets work through and whose KV cache is not under pressure. There the
+job waits for a slot in the backend's priority queue (`deployments.gate`), is fitted to that
+backend's window, and is sent. A fault before the first token (a 5xx, a dead replica, no first
+token in time) is charged to the backend's breaker and the job moves to the next link, fitted
+again; after the first token a fault ends the stream with an SSE error event. Two background
+loops keep the view fresh: Serve's replica status with health probes for tripped breakers, and
+each engine's KV-cache usage.
+
+State is in memory. With `gateway.router_replicas` > 1, each replica enforces `cap // replicas`
+of every backend, so the sum of slots never exceeds the cap; queues are then ordered per replica.
 """
 
 from __future__ import annotations
@@ -10,25 +18,33 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
-from ray.exceptions import RayError
-from ray.serve.exceptions import RayServeException
+from ray.exceptions import ActorDiedError, RayError
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
+from ray.serve.exceptions import RayServeException, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
 from cluster.config import Backend, ClusterConfig, Role
+from deployments import router_metrics as metrics
+from deployments.admission import AdmissionQueue
+from deployments.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
 from deployments.context.counters import counters_by_role
 from deployments.context.fit import ContextOverflow, Fit, fit_messages
+from deployments.gate import BackendGate, GatePolicy, Shed
+from deployments.kv_pressure import KvPolicy, KvPressure
+from deployments.link_choice import LinkView, choose_link
 from deployments.messages import ChatJob, Refusal, Routed
 
 logger = logging.getLogger("ray.serve")
 
-
-def first_deployed_link(chain: tuple[str, ...], deployed: Mapping[str, Any]) -> str | None:
-    return next((link for link in chain if link in deployed), None)
+# Faults: the backend's, never the client's. Our own cancellation is neither.
+BACKEND_FAULTS = (RayError, RayServeException, TimeoutError)
+HEALTH_PROBE_TIMEOUT_S = 5.0
 
 
 def stream_error_event(message: str) -> list[str]:
@@ -37,20 +53,215 @@ def stream_error_event(message: str) -> list[str]:
     return [f"data: {json.dumps(error)}\n\n", "data: [DONE]\n\n"]
 
 
+def engine_error(item: Any) -> ErrorResponse | None:
+    """The engine's error in a response item (a whole response or a batch of SSE lines)."""
+    leading = item[0] if isinstance(item, list) and item else item
+    return leading if isinstance(leading, ErrorResponse) else None
+
+
+def is_server_error(error: ErrorResponse) -> bool:
+    code = error.error.code
+    return not isinstance(code, int) or code >= 500
+
+
+class BackendFault(Exception):
+    """The backend failed before answering; the job may move down its chain."""
+
+
+@dataclass
+class Link:
+    """One backend as the router drives it."""
+
+    backend: Backend
+    replicas: int
+    stream: DeploymentHandle  # .options(stream=True), cached: each .options() builds a router
+    unary: DeploymentHandle
+    gate: BackendGate
+    breaker: CircuitBreaker
+    kv: KvPressure
+    running: bool = True  # until the first health check says otherwise
+    awaiting_recovery: bool = False  # its only replica died: out until a health probe passes
+    in_flight: int = 0
+    kv_observable: bool = True
+    seen_transitions: int = field(default=0)
+
+    def view(self, now: float) -> LinkView:
+        return LinkView(
+            running=self.running,
+            breaker_passes=self.breaker.can_pass(),
+            kv_pressured=self.kv.pressured(now),
+        )
+
+
 class Router:
-    def __init__(self, config: ClusterConfig, backends: Mapping[str, DeploymentHandle]) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        backends: Mapping[str, DeploymentHandle],
+        clock: Callable[[], float] = time.monotonic,
+        watch: bool = True,
+    ) -> None:
+        """`watch=False` leaves out the health and KV loops (tests drive without Serve)."""
         self._config = config
-        # Configured handles are cached: each .options() call builds a new Serve router.
-        self._handles = {name: handle.options(stream=True) for name, handle in backends.items()}
-        self._in_flight: Counter[str] = Counter()
+        self._clock = clock
+        self._watch = watch
         self._counters = counters_by_role(config)
-        self._backends = {b.name: b for b in config.backends}
+        settings = config.router
+        breaker_policy = BreakerPolicy(
+            failure_threshold=settings.breaker_failures,
+            cooldown_s=settings.breaker_cooldown_s,
+            half_open_probes=settings.half_open_probes,
+        )
+        kv_policy = KvPolicy(
+            high=settings.kv_cache_high,
+            resume_factor=settings.kv_cache_resume_factor,
+            stale_after_s=settings.kv_stale_after_s,
+        )
+        gate_policy = GatePolicy(settings.queue_timeout_s, settings.retry_after_s)
+        by_name = {b.name: b for b in config.backends}
+        self._links: dict[str, Link] = {}
+        for name, handle in backends.items():
+            backend = by_name[name]
+            cap = max(1, config.model_for(backend.role).cap // config.gateway.router_replicas)
+            queue = AdmissionQueue(cap=cap, max_queue=settings.max_queue, aging_s=settings.aging_s)
+            self._links[name] = Link(
+                backend=backend,
+                replicas=config.model_for(backend.role).replicas,
+                stream=handle.options(stream=True),
+                unary=handle,
+                gate=BackendGate(queue, gate_policy, clock),
+                breaker=CircuitBreaker(breaker_policy, clock),
+                kv=KvPressure(kv_policy),
+            )
+        self._loops: list[asyncio.Task[None]] = []
+
+    # -- the request path ----------------------------------------------------------------------
+
+    async def chat(self, job: ChatJob) -> AsyncIterator[Any]:
+        self._start_loops()
+        chain = self._config.chain(job.role)
+        tried: list[str] = []
+        while True:
+            now = self._clock()
+            name = choose_link(chain, {n: link.view(now) for n, link in self._links.items()}, tried)
+            if name is None:
+                yield self._unavailable(job.role, tried)
+                return
+            link = self._links[name]
+            try:
+                fit = self._fit(job, link.backend.role)
+            except ContextOverflow as overflow:
+                yield Refusal(400, "context_length_exceeded", str(overflow))
+                return
+            except Exception as error:  # a chat template that rejects the messages
+                yield Refusal(400, "invalid_request", f"The messages cannot be rendered: {error}")
+                return
+            waited_from = self._clock()
+            try:
+                await link.gate.acquire(job.priority)
+            except Shed as shed:
+                metrics.SHED.labels(job.priority.value, shed.reason).inc()
+                message = f"The backend {name} is overloaded ({shed.reason}); retry later."
+                yield Refusal(429, "overloaded", message, shed.retry_after_s)
+                return
+            finally:
+                metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
+                    self._clock() - waited_from
+                )
+            try:
+                async for item in self._serve_on(link, job, fit, failovers=len(tried)):
+                    yield item
+                return
+            except BackendFault as fault:
+                logger.warning("backend %s failed before answering: %s", name, fault)
+                metrics.FAILOVERS.labels(name).inc()
+                tried.append(name)
+
+    async def _serve_on(
+        self, link: Link, job: ChatJob, fit: Fit, failovers: int
+    ) -> AsyncIterator[Any]:
+        """Run the job on one backend, holding its slot; raise BackendFault before any output."""
+        name = link.backend.name
+        settings = self._config.router
+        if not link.breaker.try_acquire():  # tripped while we waited for the slot
+            link.gate.release()
+            raise BackendFault("its breaker opened while the job waited")
+        link.in_flight += 1
+        metrics.IN_FLIGHT.labels(name).set(link.in_flight)
+        request = job.request.model_copy(
+            update={
+                # vLLM answers to the backend's model id, which is the role name.
+                "model": link.backend.role.value,
+                "messages": fit.messages,
+                "max_tokens": fit.max_tokens,
+                "max_completion_tokens": fit.max_tokens,
+            }
+        )
+        stream = None
+        verdict: bool | None = None  # True: served; False: a backend fault; None: no verdict
+        try:
+            try:
+                stream = link.stream.chat.remote(request)
+                first = await asyncio.wait_for(anext(stream), settings.first_token_timeout_s)
+            except StopAsyncIteration:
+                verdict = False
+                raise BackendFault("the response was empty") from None
+            except RequestCancelledError:
+                raise
+            except BACKEND_FAULTS as fault:
+                verdict = False
+                self._note_dead_replica(link, fault)
+                raise BackendFault(_describe(fault)) from None
+            error = engine_error(first)
+            if error is not None and is_server_error(error):
+                verdict = False
+                raise BackendFault(f"engine error {error.error.code}: {error.error.message}")
+            yield Routed(
+                backend=name,
+                max_tokens=fit.max_tokens,
+                prompt_tokens=fit.prompt_tokens,
+                context_fitted=fit.fitted,
+                dropped_messages=fit.dropped_messages,
+                system_compressed=fit.system_compressed,
+                output_clamped=fit.output_clamped,
+                failovers=failovers,
+            )
+            yield first
+            if error is not None:  # a client error (4xx): the ingress answers it, no verdict
+                return
+            while True:
+                try:
+                    item = await asyncio.wait_for(anext(stream), settings.stream_idle_timeout_s)
+                except StopAsyncIteration:
+                    verdict = verdict is not False  # an engine error on the way is a fault
+                    break
+                except RequestCancelledError:
+                    raise
+                except BACKEND_FAULTS as fault:
+                    logger.warning("backend %s failed mid-response: %s", name, _describe(fault))
+                    verdict = False
+                    yield stream_error_event(f"The backend {name} failed mid-response.")
+                    break
+                late = engine_error(item)
+                if late is not None and is_server_error(late):
+                    verdict = False  # the ingress turns it into an SSE error event
+                yield item
+        finally:
+            if stream is not None:
+                stream.cancel()  # a no-op after the end; aborts the engine request otherwise
+            link.in_flight -= 1
+            metrics.IN_FLIGHT.labels(name).set(link.in_flight)
+            link.gate.release()
+            self._record(link, verdict)
+
+    # -- decisions' inputs ---------------------------------------------------------------------
 
     def _fit(self, job: ChatJob, role: Role) -> Fit:
         request = job.request
+        window = self._config.model_for(role).context_window
         return fit_messages(
             [dict(m) for m in request.messages],
-            window=max(1, int(self._config.model_for(role).context_window * job.context_share)),
+            window=max(1, int(window * job.context_share)),
             requested_max_tokens=(
                 request.max_completion_tokens
                 if request.max_completion_tokens is not None
@@ -59,79 +270,190 @@ class Router:
             counter=self._counters[role],
         )
 
-    async def chat(self, job: ChatJob) -> AsyncIterator[Any]:
-        backend = first_deployed_link(self._config.chain(job.role), self._handles)
-        if backend is None:
-            yield Refusal(503, "no_backend", f"No backend is deployed for {job.role.value!r}.")
-            return
-        # A chain may end on another role's backend: fit to, and ask for, what actually serves.
-        role = self._backends[backend].role
-        try:
-            fit = self._fit(job, role)
-        except ContextOverflow as overflow:
-            yield Refusal(400, "context_length_exceeded", str(overflow))
-            return
-        except Exception as error:  # a chat template that rejects the messages (roles, order)
-            yield Refusal(400, "invalid_request", f"The messages cannot be rendered: {error}")
-            return
-        yield Routed(
-            backend=backend,
-            max_tokens=fit.max_tokens,
-            prompt_tokens=fit.prompt_tokens,
-            context_fitted=fit.fitted,
-            dropped_messages=fit.dropped_messages,
-            system_compressed=fit.system_compressed,
-            output_clamped=fit.output_clamped,
-        )
-        # vLLM answers to the backend's model id, which is the role name.
-        request = job.request.model_copy(
-            update={
-                "model": role.value,
-                "messages": fit.messages,
-                "max_tokens": fit.max_tokens,
-                "max_completion_tokens": fit.max_tokens,
-            }
-        )
-        self._in_flight[backend] += 1
-        started = False
-        try:
-            async for item in self._handles[backend].chat.remote(request):
-                started = True
-                yield item
-        except (RayError, RayServeException) as error:
-            logger.warning("backend %s failed: %s", backend, error)
-            if started:
-                yield stream_error_event(f"The backend {backend} failed mid-response.")
-            else:
-                yield Refusal(503, "backend_unavailable", f"The backend {backend} is unavailable.")
-        finally:
-            self._in_flight[backend] -= 1
+    def _unavailable(self, role: Role, tried: list[str]) -> Refusal:
+        if tried:
+            message = f"Every backend for {role.value!r} failed ({', '.join(tried)})."
+        else:
+            message = f"No backend for {role.value!r} is available now."
+        retry = max(1, round(self._config.router.breaker_cooldown_s))
+        return Refusal(503, "backend_unavailable", message, retry)
 
-    async def status(self) -> dict[str, Any]:
-        """Per-backend state from Serve's own deployment status, plus in-flight counts."""
+    def _record(self, link: Link, verdict: bool | None) -> None:
+        if verdict is True:
+            link.breaker.record_success()
+        elif verdict is False:
+            metrics.BACKEND_FAULTS.labels(link.backend.name).inc()
+            link.breaker.record_failure()
+        else:
+            link.breaker.record_abandoned()
+        self._count_transitions(link)
+
+    def _note_dead_replica(self, link: Link, error: BaseException) -> None:
+        """A backend whose only replica died takes no work until Serve has replaced it: without
+        this, requests would wait on Serve's handle for a replica that is not there yet."""
+        if isinstance(error, ActorDiedError) and link.replicas == 1:
+            link.running = False
+            link.awaiting_recovery = True
+            link.breaker.trip("its only replica died")
+
+    def _count_transitions(self, link: Link) -> None:
+        for transition in link.breaker.transitions[link.seen_transitions :]:
+            _log_transition(link.backend.name, transition)
+            metrics.BREAKER_TRANSITIONS.labels(link.backend.name, transition.target.value).inc()
+        link.seen_transitions = len(link.breaker.transitions)
+
+    # -- background loops ----------------------------------------------------------------------
+
+    def _start_loops(self) -> None:
+        if self._watch and not self._loops:
+            self._loops = [
+                asyncio.create_task(self._health_loop()),
+                asyncio.create_task(self._kv_loop()),
+            ]
+
+    async def _health_loop(self) -> None:
+        while True:
+            try:
+                await self.check_health_once()
+            except Exception:  # the loop must outlive any one failed check
+                logger.exception("router health check failed")
+            await asyncio.sleep(self._config.router.health_interval_s)
+
+    async def check_health_once(self) -> None:
+        """Mark links without a running replica; probe tripped ones and close them if healthy."""
+        deployments = await self._deployments()
+        await asyncio.gather(
+            *(
+                self._check_link(link, deployments.get(link.backend.deployment_name))
+                for link in self._links.values()
+            )
+        )
+
+    async def _check_link(self, link: Link, info: Any) -> None:
+        if not (info and info.replica_states.get("RUNNING", 0)):
+            link.running = False
+            link.breaker.trip("no running replica")
+        elif link.awaiting_recovery or link.breaker.state is not BreakerState.CLOSED:
+            if await self._probe(link):
+                if link.awaiting_recovery:  # a new replica: the dead one's KV readings are void
+                    link.kv.forget()
+                    link.gate.resume()
+                link.awaiting_recovery = False
+                link.running = True
+                link.breaker.reset("health check passed")
+            else:
+                # Serve may still count a dead replica as RUNNING: trust only a passed probe.
+                link.running = not link.awaiting_recovery
+        else:
+            link.running = True
+        self._count_transitions(link)
+
+    async def _probe(self, link: Link) -> bool:
+        try:
+            await asyncio.wait_for(link.unary.check_health.remote(), HEALTH_PROBE_TIMEOUT_S)
+        except Exception as error:  # any failure: still unhealthy
+            logger.info("health probe of %s failed: %s", link.backend.name, _describe(error))
+            return False
+        return True
+
+    async def _kv_loop(self) -> None:
+        interval = self._config.router.kv_poll_interval_s
+        while True:
+            await asyncio.gather(*(self._read_kv(link) for link in self._links.values()))
+            await asyncio.sleep(interval)
+
+    async def _read_kv(self, link: Link) -> None:
+        if not (link.kv_observable and link.running):
+            return
+        try:
+            usage = await asyncio.wait_for(
+                link.unary.kv_cache_usage.remote(), self._config.router.kv_stale_after_s
+            )
+        except AttributeError:
+            link.kv_observable = False  # not an ObservedLLMServer (e.g. a test double)
+            return
+        except Exception as error:  # unanswered readings go stale, which counts as pressure
+            logger.info("KV reading of %s failed: %s", link.backend.name, _describe(error))
+            return
+        if usage is None:
+            link.kv_observable = False
+            return
+        now = self._clock()
+        link.kv.observe(float(usage), now)
+        metrics.KV_CACHE_USAGE.labels(link.backend.name).set(float(usage))
+        if link.kv.pressured(now):
+            link.gate.pause()
+        else:
+            link.gate.resume()
+
+    async def _deployments(self) -> Mapping[str, Any]:
         # serve.status() blocks on the controller: keep it off the routing event loop.
         overview = await asyncio.to_thread(serve.status)
         app = overview.applications.get(serve.get_replica_context().app_name)
-        deployments = app.deployments if app else {}
+        return app.deployments if app else {}
+
+    # -- status --------------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        """Per-backend state from Serve's own status, with breaker, queue and KV pressure."""
+        self._start_loops()
+        deployments = await self._deployments()
+        now = self._clock()
         backends = {}
         for backend in self._config.home_backends:
             info = deployments.get(backend.deployment_name)
-            backends[backend.name] = _backend_status(backend, info, self._in_flight[backend.name])
+            link = self._links.get(backend.name)
+            backends[backend.name] = _backend_status(backend, info, link, now)
         states = [b["state"] for b in backends.values()]
         return {"status": overall_status(states), "backends": backends}
 
+    async def metrics_text(self) -> bytes:
+        for name, link in self._links.items():
+            for priority, depth in link.gate.queue.depth_by_class().items():
+                metrics.QUEUE_DEPTH.labels(name, priority.value).set(depth)
+        return metrics.render()
 
-def _backend_status(backend: Backend, info: Any, in_flight: int) -> dict[str, Any]:
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _log_transition(backend: str, transition: Transition) -> None:
+    logger.warning(
+        "breaker %s: %s -> %s (%s)",
+        backend,
+        transition.source.value,
+        transition.target.value,
+        transition.reason,
+    )
+
+
+def _backend_status(backend: Backend, info: Any, link: Link | None, now: float) -> dict[str, Any]:
     running = info.replica_states.get("RUNNING", 0) if info else 0
     status = str(info.status.value) if info else "NOT_DEPLOYED"
-    return {
+    state = backend_state(status, running)
+    report: dict[str, Any] = {
         "role": backend.role.value,
         "pool": backend.pool,
-        "state": backend_state(status, running),
+        "state": state,
         "deployment_status": status,
         "running_replicas": running,
-        "in_flight": in_flight,
     }
+    if link is not None:
+        breaker = link.breaker.state
+        if state == "up" and breaker is not BreakerState.CLOSED:
+            report["state"] = "degraded"
+        queue = link.gate.queue
+        report.update(
+            breaker=breaker.value,
+            in_flight=link.in_flight,
+            cap=queue.cap,
+            queue_depth=queue.depth,
+            queue_by_priority={p.value: n for p, n in queue.depth_by_class().items()},
+            kv_cache_usage=link.kv.usage,
+            kv_cache_pressure=link.kv.pressured(now),
+        )
+    return report
 
 
 def backend_state(deployment_status: str, running_replicas: int) -> str:

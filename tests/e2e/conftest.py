@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import ray
+import ray.cloudpickle
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
-from cluster.app import build_app
+from cluster.app import build_gateway
+from cluster.backends import build_backend
 from cluster.config import ClusterConfig, load_config
 from cluster.ray_runtime import local_pool_resources
 
 CONFIG = Path(__file__).with_name("gateway.yaml")
 API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
 PORT = int(os.environ.get("GPS_E2E_PORT", "18000"))
+PROBED_BACKEND = "coding@local"
+PROBE_DEPLOYMENT = f"probe:{PROBED_BACKEND}"
+
+
+def _load_probe_module() -> object:
+    """probe.py, imported by path (pytest runs in importlib mode, tests are not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "gps_e2e_probe", Path(__file__).with_name("probe.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+probe_module: Any = _load_probe_module()
+# Serve replicas cannot import this test folder: ship the probe's code by value.
+ray.cloudpickle.register_pickle_by_value(probe_module)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -42,10 +67,22 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
     # The proxy must be up before the engines load: on 2 cores it otherwise misses its
     # readiness checks and dies (DESIGN.md section 6).
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(build_app(config), name="gateway", route_prefix="/")
+    backends = {b.name: build_backend(config, b) for b in config.home_backends}
+    # The coding backend is reached through a probe that counts and can fail on demand.
+    probe = serve.deployment(probe_module.Probe).options(
+        name=PROBE_DEPLOYMENT, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
+    )
+    backends[PROBED_BACKEND] = probe.bind(backends[PROBED_BACKEND])
+    serve.run(build_gateway(config, backends), name="gateway", route_prefix="/")
     yield f"http://127.0.0.1:{PORT}"
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def probe(gateway: str) -> DeploymentHandle:
+    """The probe in front of coding@local (see probe.py)."""
+    return serve.get_deployment_handle(PROBE_DEPLOYMENT, app_name="gateway")
 
 
 @pytest.fixture(scope="session")

@@ -6,23 +6,11 @@ import json
 
 import pytest
 
-from deployments.router import (
-    backend_state,
-    first_deployed_link,
-    overall_status,
-    stream_error_event,
-)
+from deployments.link_choice import LinkView, choose_link
+from deployments.router import backend_state, overall_status, stream_error_event
 
 CHAIN = ("reasoning@cloud", "reasoning@local", "orchestrator@local", "cpu-fallback")
-
-
-def test_first_deployed_link_skips_links_not_deployed() -> None:
-    deployed = {"reasoning@local": object(), "orchestrator@local": object()}
-    assert first_deployed_link(CHAIN, deployed) == "reasoning@local"
-
-
-def test_no_deployed_link_gives_none() -> None:
-    assert first_deployed_link(CHAIN, {"coding@local": object()}) is None
+UP = LinkView(running=True, breaker_passes=True, kv_pressured=False)
 
 
 @pytest.mark.parametrize(
@@ -61,3 +49,27 @@ def test_stream_error_event_is_an_sse_error_then_done() -> None:
     assert error["message"] == "the backend died"
     assert error["code"] == "backend_failed"
     assert done == "data: [DONE]\n\n"
+
+
+def test_the_first_healthy_link_serves_and_undeployed_links_are_skipped() -> None:
+    assert choose_link(CHAIN, {link: UP for link in CHAIN}) == "reasoning@cloud"
+    assert choose_link(CHAIN, {"orchestrator@local": UP}) == "orchestrator@local"
+    assert choose_link(CHAIN, {"coding@local": UP}) is None
+
+
+def test_undeployed_stopped_tripped_and_tried_links_are_skipped() -> None:
+    views = {
+        "reasoning@local": LinkView(running=False, breaker_passes=True, kv_pressured=False),
+        "orchestrator@local": LinkView(running=True, breaker_passes=False, kv_pressured=False),
+        "cpu-fallback": UP,
+    }
+    assert choose_link(CHAIN, views) == "cpu-fallback"
+    assert choose_link(CHAIN, views, tried={"cpu-fallback"}) is None
+
+
+def test_kv_pressure_moves_work_down_the_chain_but_waits_when_all_are_pressed() -> None:
+    pressed = LinkView(running=True, breaker_passes=True, kv_pressured=True)
+    views = {"reasoning@cloud": pressed, "reasoning@local": UP}
+    assert choose_link(CHAIN, views) == "reasoning@local"
+    views = {"reasoning@cloud": pressed, "reasoning@local": pressed}
+    assert choose_link(CHAIN, views) == "reasoning@cloud"

@@ -1,0 +1,93 @@
+"""The asyncio side of admission: requests wait on futures the pure queue decides about."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cluster.config import PriorityClass
+from deployments.admission import AdmissionQueue
+
+
+class Shed(Exception):
+    """Refused by admission: the queue was full of equal or better work, or the wait expired."""
+
+    def __init__(self, reason: str, retry_after_s: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class GatePolicy:
+    queue_timeout_s: float
+    retry_after_s: int
+
+
+class BackendGate:
+    """Slots of one backend. `acquire` returns once admitted; every acquire needs one release."""
+
+    def __init__(
+        self, queue: AdmissionQueue, policy: GatePolicy, clock: Callable[[], float]
+    ) -> None:
+        self._queue = queue
+        self._policy = policy
+        self._clock = clock
+        self._tickets = itertools.count()
+        self._waiting: dict[int, asyncio.Future[None]] = {}
+
+    @property
+    def queue(self) -> AdmissionQueue:
+        return self._queue
+
+    async def acquire(self, priority: PriorityClass) -> None:
+        ticket = next(self._tickets)
+        arrival = self._queue.arrive(ticket, priority, self._clock())
+        for victim in arrival.shed:
+            if victim != ticket:
+                self._refuse(victim, "displaced by higher-priority work")
+        if ticket in arrival.shed:
+            raise Shed("the queue is full", self._policy.retry_after_s)
+        if arrival.admitted:
+            return
+        admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[ticket] = admitted
+        try:
+            await asyncio.wait_for(admitted, self._policy.queue_timeout_s)
+        except TimeoutError:
+            # A grant that raced the timeout found the future cancelled and passed the slot on.
+            self._queue.leave(ticket)
+            raise Shed("timed out waiting for a slot", self._policy.retry_after_s) from None
+        except asyncio.CancelledError:
+            # The client went away: give up the place, or the slot if it was just granted.
+            granted = admitted.done() and not admitted.cancelled() and admitted.exception() is None
+            if not self._queue.leave(ticket) and granted:
+                self.release()
+            raise
+        finally:
+            self._waiting.pop(ticket, None)
+
+    def release(self) -> None:
+        for ticket in self._queue.release(self._clock()):
+            self._grant(ticket)
+
+    def pause(self) -> None:
+        self._queue.pause()
+
+    def resume(self) -> None:
+        for ticket in self._queue.resume(self._clock()):
+            self._grant(ticket)
+
+    def _grant(self, ticket: int) -> None:
+        future = self._waiting.get(ticket)
+        if future is not None and not future.done():
+            future.set_result(None)
+        else:  # the waiter vanished between the decision and now: pass the slot on
+            self.release()
+
+    def _refuse(self, ticket: int, reason: str) -> None:
+        future = self._waiting.get(ticket)
+        if future is not None and not future.done():
+            future.set_exception(Shed(reason, self._policy.retry_after_s))

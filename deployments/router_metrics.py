@@ -1,0 +1,62 @@
+"""The router's Prometheus metrics; the ingress appends them to its own at /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+REGISTRY = CollectorRegistry()
+
+QUEUE_DEPTH = Gauge(
+    "gps_queue_depth",
+    "Requests waiting for a slot, by backend and priority class.",
+    ["backend", "priority"],
+    registry=REGISTRY,
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "gps_queue_wait_seconds",
+    "Seconds a request waited for a slot (admitted or shed), by priority class.",
+    ["priority"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+SHED = Counter(
+    "gps_shed",
+    "Requests refused with 429 by admission, by priority class and reason.",
+    ["priority", "reason"],
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "gps_backend_in_flight",
+    "Requests running on a backend now.",
+    ["backend"],
+    registry=REGISTRY,
+)
+BREAKER_TRANSITIONS = Counter(
+    "gps_breaker_transitions",
+    "Circuit breaker state changes, by backend and target state.",
+    ["backend", "state"],
+    registry=REGISTRY,
+)
+FAILOVERS = Counter(
+    "gps_failovers",
+    "Requests moved to the next link of their chain, by the backend that failed.",
+    ["backend"],
+    registry=REGISTRY,
+)
+BACKEND_FAULTS = Counter(
+    "gps_backend_faults",
+    "Faults charged to a backend (5xx, timeouts, dead replicas).",
+    ["backend"],
+    registry=REGISTRY,
+)
+KV_CACHE_USAGE = Gauge(
+    "gps_kv_cache_usage",
+    "The backend engine's last reported KV-cache usage (0..1).",
+    ["backend"],
+    registry=REGISTRY,
+)
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)

@@ -1,0 +1,59 @@
+"""A Serve deployment in front of a real backend that sees what the router sends it.
+
+It counts calls and the most requests it ever had at once (to check caps at the backend), and it
+has switches, in the style of Ray's own test_healthcheck.py: a fault switch (every chat and health
+check fails) and a KV-cache reading to report instead of the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle
+
+
+class Probe:
+    def __init__(self, inner: DeploymentHandle) -> None:
+        self._stream = inner.options(stream=True)
+        self._inner = inner
+        self._faulty = False
+        self._kv_override: float | None = None
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        self._calls = 0
+        self._running = 0
+        self._max_running = 0
+
+    def counts(self) -> dict[str, int]:
+        return {"calls": self._calls, "running": self._running, "max_running": self._max_running}
+
+    def set_faulty(self, faulty: bool) -> None:
+        self._faulty = faulty
+
+    def set_kv_cache_usage(self, usage: float | None) -> None:
+        self._kv_override = usage
+
+    async def chat(self, request: Any) -> AsyncIterator[Any]:
+        self._calls += 1
+        self._running += 1
+        self._max_running = max(self._max_running, self._running)
+        try:
+            if self._faulty:
+                raise RuntimeError("injected fault")
+            async for item in self._stream.chat.remote(request):
+                yield item
+        finally:
+            self._running -= 1
+
+    async def check_health(self) -> None:
+        if self._faulty:
+            raise RuntimeError("injected fault")
+        await self._inner.check_health.remote()
+
+    async def kv_cache_usage(self) -> float | None:
+        if self._kv_override is not None:
+            return self._kv_override
+        usage: float | None = await self._inner.kv_cache_usage.remote()
+        return usage

@@ -1,0 +1,231 @@
+"""The router on real replicas: caps, breakers, KV pressure, overload shedding, replica death.
+
+The coding backend is reached through the probe (probe.py), which counts what arrives and can
+fail on demand; each role's chain fails over to the other (gateway.yaml). The replica-kill test
+runs last: it takes the orchestrator down and waits for Serve to bring it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+ORCHESTRATOR, CODING = "orchestrator@local", "coding@local"
+API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def body(model: str = "coding", **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Count to three."}],
+        "max_tokens": 4,
+        **extra,
+    }
+
+
+def status(http: httpx.Client) -> dict[str, Any]:
+    reply: dict[str, Any] = http.get("/v1/cluster/status").json()
+    return reply
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture
+def probe_reset(probe: DeploymentHandle, http: httpx.Client) -> Iterator[DeploymentHandle]:
+    """The probe with fresh counts, switches off again afterwards, and a closed breaker."""
+    probe.reset_counts.remote().result()
+    yield probe
+    probe.set_faulty.remote(False).result()
+    probe.set_kv_cache_usage.remote(None).result()
+    wait_for(
+        lambda: (
+            status(http)["backends"][CODING]["breaker"] == "closed"
+            and not status(http)["backends"][CODING]["kv_cache_pressure"]
+        ),
+        60,
+        "coding@local to take work again",
+    )
+
+
+async def concurrent(
+    gateway: str, bodies: list[tuple[dict[str, Any], str]]
+) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=180) as session:
+        return await asyncio.gather(
+            *(
+                session.post("/v1/chat/completions", json=b, headers={"X-Priority": priority})
+                for b, priority in bodies
+            )
+        )
+
+
+def test_status_reports_breakers_queues_and_kv(http: httpx.Client) -> None:
+    backend = status(http)["backends"][CODING]
+    assert backend["breaker"] == "closed"
+    assert backend["cap"] == 2
+    assert backend["queue_depth"] == 0
+    assert set(backend["queue_by_priority"]) == {"user", "agent", "background"}
+    wait_for(
+        lambda: status(http)["backends"][ORCHESTRATOR]["kv_cache_usage"] is not None,
+        30,
+        "a KV-cache reading from the real engine",
+    )
+    assert 0.0 <= status(http)["backends"][ORCHESTRATOR]["kv_cache_usage"] <= 1.0
+
+
+def test_a_cap_of_two_holds_at_the_backend_and_nobody_fails(
+    gateway: str, probe_reset: DeploymentHandle
+) -> None:
+    responses = asyncio.run(concurrent(gateway, [(body(), "user")] * 20))
+    assert [r.status_code for r in responses] == [200] * 20
+    assert {r.headers["x-backend"] for r in responses} == {CODING}
+    counts = probe_reset.counts.remote().result()
+    assert counts["calls"] == 20
+    assert counts["max_running"] == 2
+
+
+def test_a_failing_backend_trips_its_breaker_after_exactly_three_faults(
+    http: httpx.Client, probe_reset: DeploymentHandle
+) -> None:
+    probe_reset.set_faulty.remote(True).result()
+    replies = [http.post("/v1/chat/completions", json=body()) for _ in range(6)]
+    assert [r.status_code for r in replies] == [200] * 6
+    assert [r.headers["x-backend"] for r in replies] == [ORCHESTRATOR] * 6
+    assert [r.headers["x-failovers"] for r in replies] == ["1"] * 3 + ["0"] * 3
+    assert probe_reset.counts.remote().result()["calls"] == 3
+    assert status(http)["backends"][CODING]["breaker"] == "open"
+    assert status(http)["status"] == "degraded"
+    metrics = http.get("/metrics").text
+    assert 'gps_breaker_transitions_total{backend="coding@local",state="open"}' in metrics
+    assert 'gps_failovers_total{backend="coding@local"}' in metrics
+    # Healthy again: the router's health probe closes the breaker.
+    probe_reset.set_faulty.remote(False).result()
+    wait_for(lambda: status(http)["backends"][CODING]["breaker"] == "closed", 30, "the breaker")
+    assert http.post("/v1/chat/completions", json=body()).headers["x-backend"] == CODING
+
+
+def test_kv_cache_pressure_sends_new_work_down_the_chain_until_it_falls(
+    http: httpx.Client, probe_reset: DeploymentHandle
+) -> None:
+    probe_reset.set_kv_cache_usage.remote(0.95).result()
+    wait_for(lambda: status(http)["backends"][CODING]["kv_cache_pressure"], 15, "pressure")
+    assert http.post("/v1/chat/completions", json=body()).headers["x-backend"] == ORCHESTRATOR
+    # Below the line but above 0.9 x 88%: hysteresis holds the pressure.
+    probe_reset.set_kv_cache_usage.remote(0.85).result()
+    time.sleep(3)
+    assert status(http)["backends"][CODING]["kv_cache_pressure"]
+    probe_reset.set_kv_cache_usage.remote(0.5).result()
+    wait_for(lambda: not status(http)["backends"][CODING]["kv_cache_pressure"], 15, "relief")
+    assert http.post("/v1/chat/completions", json=body()).headers["x-backend"] == CODING
+
+
+def test_overload_sheds_background_with_429_and_users_see_no_errors(
+    gateway: str, probe_reset: DeploymentHandle
+) -> None:
+    # Capacity at coding@local: 2 running + 24 queued. Background offers four times that.
+    background_clients, seconds = 104, 20.0
+
+    async def scenario() -> tuple[Counter[int], list[httpx.Response], list[str]]:
+        background: Counter[int] = Counter()
+        retry_after: list[str] = []
+        users: list[httpx.Response] = []
+        deadline = time.monotonic() + seconds
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(
+            base_url=gateway, headers=HEADERS, timeout=180, limits=limits
+        ) as session:
+
+            async def background_loop() -> None:
+                while time.monotonic() < deadline:
+                    r = await session.post(
+                        "/v1/chat/completions", json=body(), headers={"X-Priority": "background"}
+                    )
+                    background[r.status_code] += 1
+                    if r.status_code == 429:
+                        retry_after.append(r.headers.get("retry-after", ""))
+                        await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+
+            async def user_loop() -> None:
+                await asyncio.sleep(2)  # let the background fill the queue first
+                while time.monotonic() < deadline:
+                    r = await session.post(
+                        "/v1/chat/completions", json=body(), headers={"X-Priority": "user"}
+                    )
+                    users.append(r)
+
+            await asyncio.gather(
+                user_loop(), *(background_loop() for _ in range(background_clients))
+            )
+        return background, users, retry_after
+
+    background, users, retry_after = asyncio.run(scenario())
+    assert users, "no user request completed"
+    assert [r.status_code for r in users] == [200] * len(users)
+    assert background[429] > 0
+    assert set(background) <= {200, 429}, background
+    assert retry_after and all(value.isdigit() for value in retry_after)
+
+
+def replica_actor_names(deployment: str) -> list[str]:
+    prefix = f"SERVE_REPLICA::gateway#{deployment}#"
+    return [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve" and actor["name"].startswith(prefix)
+    ]
+
+
+def test_a_killed_replica_loses_no_request_and_its_breaker_closes_when_it_is_back(
+    gateway: str, http: httpx.Client
+) -> None:
+    deployment = f"model:{ORCHESTRATOR}"
+    [victim] = replica_actor_names(deployment)
+
+    async def load_with_a_kill() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=180) as session:
+
+            async def one() -> httpx.Response:
+                return await session.post("/v1/chat/completions", json=body("orchestrator"))
+
+            async def loop(results: list[httpx.Response], rounds: int) -> None:
+                for _ in range(rounds):
+                    results.append(await one())
+
+            results: list[httpx.Response] = []
+            loops = [asyncio.create_task(loop(results, 8)) for _ in range(4)]
+            await asyncio.sleep(1.0)
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+            await asyncio.gather(*loops)
+            return results
+
+    results = asyncio.run(load_with_a_kill())
+    assert [r.status_code for r in results] == [200] * len(results)
+    served_by = Counter(r.headers["x-backend"] for r in results)
+    assert served_by[CODING] > 0, served_by
+    assert status(http)["backends"][ORCHESTRATOR]["breaker"] != "closed"
+
+    def back() -> bool:
+        app = serve.status().applications["gateway"].deployments[deployment]
+        running = app.replica_states.get("RUNNING", 0) == 1
+        return running and status(http)["backends"][ORCHESTRATOR]["breaker"] == "closed"
+
+    wait_for(back, 480, "Serve to replace the replica and the breaker to close")
+    reply = http.post("/v1/chat/completions", json=body("orchestrator"))
+    assert (reply.status_code, reply.headers["x-backend"]) == (200, ORCHESTRATOR)

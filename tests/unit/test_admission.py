@@ -1,0 +1,193 @@
+"""Caps, queue order, aging, shedding and pause, on the pure queue and on the asyncio gate."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cluster.config import PriorityClass
+from deployments.admission import AdmissionQueue
+from deployments.gate import BackendGate, GatePolicy, Shed
+from deployments.kv_pressure import KvPolicy, KvPressure
+
+USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
+
+
+def queue(cap: int = 1, max_queue: int = 10, aging_s: float = 10.0) -> AdmissionQueue:
+    return AdmissionQueue(cap=cap, max_queue=max_queue, aging_s=aging_s)
+
+
+def test_admits_up_to_the_cap_then_queues() -> None:
+    q = queue(cap=2)
+    assert q.arrive(1, USER, 0).admitted
+    assert q.arrive(2, USER, 0).admitted
+    third = q.arrive(3, USER, 0)
+    assert not third.admitted and third.shed == ()
+    assert (q.in_flight, q.depth) == (2, 1)
+    assert q.release(1) == [3]
+    assert (q.in_flight, q.depth) == (2, 0)
+
+
+def test_higher_classes_go_first_fifo_within_a_class() -> None:
+    q = queue(cap=1)
+    q.arrive(0, USER, 0)
+    for ticket, cls in [(1, BACKGROUND), (2, AGENT), (3, USER), (4, AGENT), (5, USER)]:
+        q.arrive(ticket, cls, ticket * 0.1)
+    order = [q.release(1)[0] for _ in range(5)]
+    assert order == [3, 5, 2, 4, 1]
+
+
+def test_aging_lifts_a_long_waiting_background_request_above_newer_users() -> None:
+    q = queue(cap=1, aging_s=10)
+    q.arrive(0, USER, 0)
+    q.arrive(1, BACKGROUND, 0)
+    q.arrive(2, USER, 15)  # background has aged one class by now: agent-level
+    assert q.release(16) == [2]
+    q.arrive(3, USER, 17)
+    assert q.release(21) == [1]  # 21 s waited: two classes, user-level, and older
+
+
+def test_a_full_queue_sheds_the_lowest_class_newest_first() -> None:
+    q = queue(cap=1, max_queue=2)
+    q.arrive(0, USER, 0)
+    q.arrive(1, BACKGROUND, 1)
+    q.arrive(2, BACKGROUND, 2)
+    arrival = q.arrive(3, USER, 3)
+    assert arrival.shed == (2,) and not arrival.admitted
+    assert q.depth_by_class() == {USER: 1, AGENT: 0, BACKGROUND: 1}
+
+
+def test_a_full_queue_refuses_an_arrival_no_better_than_the_worst_waiter() -> None:
+    q = queue(cap=1, max_queue=1)
+    q.arrive(0, USER, 0)
+    q.arrive(1, AGENT, 0)
+    assert q.arrive(2, AGENT, 1).shed == (2,)
+    assert q.arrive(3, BACKGROUND, 1).shed == (3,)
+
+
+def test_aging_never_lets_background_displace_a_user() -> None:
+    q = queue(cap=1, max_queue=1, aging_s=1)
+    q.arrive(0, USER, 0)
+    q.arrive(1, BACKGROUND, 0)
+    assert q.arrive(2, USER, 100).shed == (1,)
+
+
+def test_pause_holds_new_work_and_resume_admits_it() -> None:
+    q = queue(cap=2)
+    q.pause()
+    assert not q.arrive(1, USER, 0).admitted
+    assert q.resume(1) == [1]
+
+
+def test_a_waiter_that_leaves_is_not_admitted() -> None:
+    q = queue(cap=1)
+    q.arrive(0, USER, 0)
+    q.arrive(1, USER, 0)
+    assert q.leave(1)
+    assert not q.leave(1)
+    assert q.release(1) == []
+    assert q.in_flight == 0
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["arrive", "release", "leave"]), st.sampled_from(PriorityClass)),
+        max_size=60,
+    ),
+    st.integers(1, 4),
+    st.integers(0, 5),
+)
+def test_in_flight_never_exceeds_the_cap_and_the_queue_its_bound(
+    steps: list[tuple[str, PriorityClass]], cap: int, max_queue: int
+) -> None:
+    q = queue(cap=cap, max_queue=max_queue, aging_s=3)
+    running = 0
+    for now, (action, cls) in enumerate(steps):
+        if action == "arrive":
+            running += q.arrive(now, cls, now).admitted
+        elif action == "release" and running:
+            running += len(q.release(now)) - 1
+        elif action == "leave":
+            q.leave(now - 1)
+        assert q.in_flight == running <= cap
+        assert q.depth <= max_queue
+        assert q.depth == 0 or q.in_flight == cap
+
+
+def test_kv_pressure_hysteresis_and_staleness() -> None:
+    kv = KvPressure(KvPolicy(high=0.88, resume_factor=0.9, stale_after_s=5))
+    assert not kv.pressured(0)  # no reading yet: a fresh engine is trusted
+    kv.observe(0.89, 0)
+    assert kv.pressured(0)
+    kv.observe(0.85, 1)  # below the line, above 0.792: still held
+    assert kv.pressured(1)
+    kv.observe(0.79, 2)
+    assert not kv.pressured(2)
+    assert kv.pressured(7.1)  # the reading went stale
+    kv.forget()  # a replaced engine: trusted again until it reports
+    assert not kv.pressured(100) and kv.usage is None
+
+
+def gate(cap: int = 1, max_queue: int = 4, timeout_s: float = 5.0) -> BackendGate:
+    return BackendGate(
+        queue(cap=cap, max_queue=max_queue),
+        GatePolicy(timeout_s, retry_after_s=3),
+        clock=lambda: 0.0,
+    )
+
+
+def test_gate_waits_for_a_release() -> None:
+    async def scenario() -> list[str]:
+        g = gate(cap=1)
+        events: list[str] = []
+        await g.acquire(USER)
+
+        async def second() -> None:
+            await g.acquire(USER)
+            events.append("second admitted")
+
+        task = asyncio.create_task(second())
+        await asyncio.sleep(0.01)
+        events.append("releasing")
+        g.release()
+        await task
+        return events
+
+    assert asyncio.run(scenario()) == ["releasing", "second admitted"]
+
+
+def test_gate_sheds_with_retry_after_on_timeout_and_when_displaced() -> None:
+    async def scenario() -> tuple[Shed, Shed, int]:
+        g = gate(cap=1, max_queue=1, timeout_s=0.05)
+        await g.acquire(USER)
+        background = asyncio.create_task(g.acquire(BACKGROUND))
+        await asyncio.sleep(0.01)
+        user = asyncio.create_task(g.acquire(USER))
+        with pytest.raises(Shed) as displaced:
+            await background
+        with pytest.raises(Shed) as timed_out:
+            await user
+        return displaced.value, timed_out.value, g.queue.depth
+
+    displaced, timed_out, depth = asyncio.run(scenario())
+    assert "displaced" in displaced.reason and displaced.retry_after_s == 3
+    assert "timed out" in timed_out.reason
+    assert depth == 0
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_keeps_no_slot() -> None:
+    async def scenario() -> tuple[int, int]:
+        g = gate(cap=1)
+        await g.acquire(USER)
+        waiter = asyncio.create_task(g.acquire(USER))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        g.release()
+        return g.queue.in_flight, g.queue.depth
+
+    assert asyncio.run(scenario()) == (0, 0)

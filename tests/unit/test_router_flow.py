@@ -1,0 +1,241 @@
+"""The router's request path without Ray: failover, breakers, slots, shedding, mid-stream faults.
+
+Backends are stand-ins with the shape of a Serve handle (`.options(stream=True).chat.remote(req)`
+gives an async iterator with `cancel()`); the real handles are exercised by tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ray.exceptions import RayError
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+)
+
+from cluster.config import ClusterConfig, PriorityClass, Role, parse_config
+from deployments.messages import ChatJob, Refusal, Routed
+from deployments.router import Router
+
+Behaviour = Callable[[int], list[Any]]  # call number -> items (an Exception item is raised)
+
+
+class FakeStream:
+    def __init__(self, owner: FakeBackend, items: list[Any]) -> None:
+        self._owner = owner
+        self._items = list(items)
+        self.cancelled = False
+        owner.running += 1
+        owner.max_running = max(owner.max_running, owner.running)
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.sleep(self._owner.step_s)
+        if self.cancelled or not self._items:
+            self._finish()
+            raise StopAsyncIteration
+        item = self._items.pop(0)
+        if isinstance(item, Exception):
+            self._finish()
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._finish()
+
+    def _finish(self) -> None:
+        if not getattr(self, "_done", False):
+            self._done = True
+            self._owner.running -= 1
+
+
+class FakeBackend:
+    def __init__(self, behaviour: Behaviour, step_s: float = 0.0) -> None:
+        self.behaviour = behaviour
+        self.step_s = step_s
+        self.calls = 0
+        self.running = 0
+        self.max_running = 0
+        self.streams: list[FakeStream] = []
+        self.chat = self
+
+    def options(self, **_: Any) -> FakeBackend:
+        return self
+
+    def remote(self, request: Any) -> FakeStream:
+        self.calls += 1
+        stream = FakeStream(self, self.behaviour(self.calls))
+        self.streams.append(stream)
+        return stream
+
+
+def ok(_: int) -> list[Any]:
+    return [['data: {"x": 1}\n\n'], ["data: [DONE]\n\n"]]
+
+
+def dead(_: int) -> list[Any]:
+    return [RayError("replica died")]
+
+
+def engine_error(code: int) -> Behaviour:
+    error = ErrorResponse(error=ErrorInfo(message="boom", type="x", code=code))
+    return lambda _: [error]
+
+
+def make_config(cap: int = 4, max_queue: int = 8, queue_timeout_s: float = 5.0) -> ClusterConfig:
+    raw = {
+        "pools": [{"name": "local", "kind": "local"}],
+        "models": [
+            {
+                "role": role,
+                "source": "/nonexistent/model",  # no tokenizer: the estimate counter is fine here
+                "context_window": 4096,
+                "pools": ["local"],
+                "max_concurrency": cap,
+            }
+            for role in ("orchestrator", "coding")
+        ],
+        "fallback": {"source": "fallback.gguf"},
+        "chains": {"coding": ["coding@local", "orchestrator@local", "cpu-fallback"]},
+        "router": {
+            "breaker_failures": 3,
+            "max_queue": max_queue,
+            "queue_timeout_s": queue_timeout_s,
+            "first_token_timeout_s": 1.0,
+        },
+    }
+    return parse_config(raw, base_dir=Path("."), environ={})
+
+
+def job(role: Role = Role.CODING, priority: PriorityClass = PriorityClass.USER) -> ChatJob:
+    request = ChatCompletionRequest(
+        model=role.value, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+    )
+    return ChatJob(request, role, priority, "tester")
+
+
+async def collect(router: Router, chat_job: ChatJob) -> list[Any]:
+    return [item async for item in router.chat(chat_job)]
+
+
+def make_router(config: ClusterConfig, **backends: FakeBackend) -> Router:
+    handles = {name.replace("_", "@"): b for name, b in backends.items()}
+    return Router(config, handles, watch=False)  # type: ignore[arg-type]
+
+
+def test_a_fault_before_the_first_token_moves_the_job_down_the_chain() -> None:
+    coding, orchestrator = FakeBackend(dead), FakeBackend(ok)
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    routed, *rest = asyncio.run(collect(router, job()))
+    assert isinstance(routed, Routed)
+    assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
+    assert rest == [['data: {"x": 1}\n\n'], ["data: [DONE]\n\n"]]
+
+
+def test_the_breaker_opens_after_exactly_three_faults_and_then_skips_the_backend() -> None:
+    coding, orchestrator = FakeBackend(engine_error(500)), FakeBackend(ok)
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+
+    async def five() -> list[str]:
+        return [(await collect(router, job()))[0].backend for _ in range(5)]
+
+    assert asyncio.run(five()) == ["orchestrator@local"] * 5
+    assert coding.calls == 3
+
+
+def test_client_errors_pass_through_and_never_trip_the_breaker() -> None:
+    coding = FakeBackend(engine_error(400))
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=FakeBackend(ok))
+
+    async def five() -> list[Any]:
+        return [await collect(router, job()) for _ in range(5)]
+
+    for routed, error in asyncio.run(five()):
+        assert routed.backend == "coding@local"
+        assert isinstance(error, ErrorResponse)
+    assert coding.calls == 5
+
+
+def test_a_fault_after_the_first_token_ends_the_stream_with_an_error_event() -> None:
+    coding = FakeBackend(lambda _: [['data: {"x": 1}\n\n'], RayError("died mid-way")])
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=FakeBackend(ok))
+    routed, _first, last = asyncio.run(collect(router, job()))
+    assert routed.backend == "coding@local"
+    assert "backend_failed" in last[0] and last[1] == "data: [DONE]\n\n"
+
+
+def test_no_first_token_in_time_is_a_fault() -> None:
+    slow = FakeBackend(ok, step_s=2.0)  # first_token_timeout_s is 1 s in make_config
+    router = make_router(make_config(), coding_local=slow, orchestrator_local=FakeBackend(ok))
+    routed, *_ = asyncio.run(collect(router, job()))
+    assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
+    assert slow.streams[0].cancelled
+
+
+def test_every_link_down_is_a_503_with_retry_after() -> None:
+    router = make_router(
+        make_config(), coding_local=FakeBackend(dead), orchestrator_local=FakeBackend(dead)
+    )
+    [refusal] = asyncio.run(collect(router, job()))
+    assert isinstance(refusal, Refusal)
+    assert (refusal.status, refusal.code) == (503, "backend_unavailable")
+    assert "coding@local, orchestrator@local" in refusal.message
+    assert refusal.retry_after_s is not None
+
+
+def test_the_cap_holds_under_concurrency_and_every_job_is_served() -> None:
+    coding = FakeBackend(ok, step_s=0.01)
+    router = make_router(
+        make_config(cap=2, max_queue=32), coding_local=coding, orchestrator_local=FakeBackend(ok)
+    )
+
+    async def twenty() -> list[list[Any]]:
+        return await asyncio.gather(*(collect(router, job()) for _ in range(20)))
+
+    results = asyncio.run(twenty())
+    assert all(r[0].backend == "coding@local" and len(r) == 3 for r in results)
+    assert coding.max_running == 2
+
+
+def test_a_full_queue_sheds_background_with_429_and_retry_after() -> None:
+    coding = FakeBackend(ok, step_s=0.05)
+    router = make_router(
+        make_config(cap=1, max_queue=1), coding_local=coding, orchestrator_local=FakeBackend(ok)
+    )
+
+    async def burst() -> list[list[Any]]:
+        jobs = [job(priority=PriorityClass.BACKGROUND) for _ in range(3)]
+        return await asyncio.gather(*(collect(router, j) for j in jobs))
+
+    outcomes = [r[0] for r in asyncio.run(burst())]
+    refusals = [o for o in outcomes if isinstance(o, Refusal)]
+    assert len(refusals) == 1
+    assert (refusals[0].status, refusals[0].code) == (429, "overloaded")
+    assert refusals[0].retry_after_s == 2
+
+
+def test_a_client_that_goes_away_frees_the_slot_and_aborts_the_engine_request() -> None:
+    coding = FakeBackend(lambda _: [["a"], ["b"], ["c"]], step_s=0.01)
+    router = make_router(
+        make_config(cap=1), coding_local=coding, orchestrator_local=FakeBackend(ok)
+    )
+
+    async def leave_early() -> Any:
+        stream = router.chat(job())
+        await anext(stream)  # Routed
+        await anext(stream)  # first chunk
+        await stream.aclose()
+        return await collect(router, job())  # the slot is free again
+
+    again = asyncio.run(leave_early())
+    assert again[0].backend == "coding@local"
+    assert coding.streams[0].cancelled
+    assert coding.running == 0
