@@ -21,15 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
-import ray
-from ray import serve
-from ray.serve.llm import build_openai_app
 
+from bench import stack
 from bench.load import LoadResult, run_load
-from cluster.app import build_gateway
-from cluster.backends import llm_config_for
-from cluster.config import load_config
-from cluster.ray_runtime import local_pool_resources
 
 CONFIG = Path(__file__).with_name("overhead.yaml")
 API_KEY = "bench-key"
@@ -67,31 +61,23 @@ class Side:
 
 
 def deploy() -> tuple[Side, Side]:
-    config = load_config(CONFIG, environ={})
-    ray.init(namespace="serve", num_cpus=8, resources=local_pool_resources(config))
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    backend = config.home_backends[0]
-    llm_config = llm_config_for(config, backend)
-    serve.run(
-        build_openai_app({"llm_configs": [llm_config]}), name="anchor", route_prefix="/anchor"
-    )
-    # build_llm_deployment names the anchor's deployment "LLMServer:" + our deployment_config name.
-    replicas = serve.get_deployment_handle(f"LLMServer:{backend.name}", app_name="anchor")
-    serve.run(build_gateway(config, {backend.name: replicas}), name="gateway", route_prefix="/")
-    base = f"http://127.0.0.1:{PORT}"
+    target = stack.stage(CONFIG, PORT)
     anchor = Side(
         "ray.serve.llm",
-        f"{base}/anchor/v1/chat/completions",
+        target.anchor_url,
         {},
         [],
-        front=("ServeReplica:anchor:OpenAiIngress",),
+        front=(f"ServeReplica:{stack.ANCHOR_APP}:OpenAiIngress",),
     )
     gateway = Side(
         "gateway",
-        f"{base}/v1/chat/completions",
+        target.gateway_url,
         _auth(),
         [],
-        front=("ServeReplica:gateway:ingress", "ServeReplica:gateway:router"),
+        front=(
+            f"ServeReplica:{stack.GATEWAY_APP}:ingress",
+            f"ServeReplica:{stack.GATEWAY_APP}:router",
+        ),
     )
     return anchor, gateway
 
@@ -174,8 +160,7 @@ def main() -> None:
         asyncio.run(measure(anchor, gateway, args.rounds))
         met = report(anchor, gateway)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stack.stop()
     sys.exit(0 if met else 1)
 
 

@@ -16,6 +16,7 @@ from ray.serve.deployment import Application
 from cluster.backends import build_backend
 from cluster.config import ClusterConfig, ConfigError, load_config
 from cluster.ray_runtime import RayStartError, ensure_ray
+from deployments.front_options import front_actor_options
 from deployments.ingress import build_ingress
 from deployments.router import Router
 
@@ -32,7 +33,10 @@ def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Applica
         name="router",
         num_replicas=config.gateway.router_replicas,
         max_ongoing_requests=10_000,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options=front_actor_options(),
+        # The ingress and the proxy already log every request; a third line per request costs
+        # CPU the engines need (bench/overhead.py). The router logs what it decides.
+        logging_config={"enable_access_log": False},
     )
     return build_ingress(config, router.bind(config, dict(backends)))
 

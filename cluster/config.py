@@ -260,10 +260,29 @@ class GatewayConfig(_Frozen):
     router_replicas: int = Field(1, ge=1)
 
 
+# Every request in an engine's batch slows the others (on CPU engines almost linearly): half the
+# cap for batch work bounds what users feel of it (bench/overload.py); aged waiters get more.
+DEFAULT_CLASS_SHARES = {
+    PriorityClass.USER: 1.0,
+    PriorityClass.AGENT: 0.75,
+    PriorityClass.BACKGROUND: 0.5,
+}
+
+
+def _all_class_shares(value: dict[PriorityClass, float]) -> FrozenDict:
+    return _frozen_dict({**DEFAULT_CLASS_SHARES, **value})
+
+
 class RouterConfig(_Frozen):
     """Admission, breakers and failover in the router deployment."""
 
     max_queue: int = Field(64, ge=0, description="waiting requests per backend")
+    # The share of each backend's cap a class may fill; what is left is headroom for the
+    # classes above it, so interactive work never waits behind a full load of batch work.
+    class_shares: Annotated[
+        dict[PriorityClass, Annotated[float, Field(gt=0, le=1)]],
+        AfterValidator(_all_class_shares),
+    ] = Field(default_factory=lambda: _all_class_shares({}))
     queue_timeout_s: float = Field(30.0, gt=0)
     aging_s: float = Field(10.0, gt=0, description="a waiter gains one class per aging_s")
     retry_after_s: int = Field(2, ge=1)
@@ -274,9 +293,27 @@ class RouterConfig(_Frozen):
     kv_cache_resume_factor: float = Field(0.9, gt=0, lt=1)
     kv_poll_interval_s: float = Field(1.0, gt=0)
     kv_stale_after_s: float = Field(10.0, gt=0)
+    # Serve's status costs the controller and us ~0.2 s of CPU a read: read it often only while
+    # some backend is in trouble (tripped, down, recovering), seldom while all are well.
     health_interval_s: float = Field(5.0, gt=0)
+    health_idle_interval_s: float = Field(30.0, gt=0)
     first_token_timeout_s: float = Field(120.0, gt=0)
     stream_idle_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _shares_descend(self) -> Self:
+        shares = [self.class_shares[c] for c in PriorityClass]
+        if shares[0] != 1.0:
+            raise ValueError(
+                "class_shares.user must be 1.0: the top class may always fill the whole cap"
+            )
+        if shares != sorted(shares, reverse=True):
+            raise ValueError(
+                f"class_shares must not grow down the classes (user >= agent >= background), got "
+                f"{dict(zip([c.value for c in PriorityClass], shares, strict=True))}; lower the "
+                "share of the lower class"
+            )
+        return self
 
 
 class Backend(_Frozen):

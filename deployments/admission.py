@@ -1,10 +1,14 @@
 """Admission for one backend: a concurrency cap and a bounded priority queue (pure logic).
 
-A request is admitted at once while the backend has a free slot and nobody waits; otherwise it
-waits. Who gets the next free slot: the best effective class (user > agent > background), where a
+A class may fill only its share of the cap (`shares`, from `router.class_shares`: background
+half, agent three quarters, user all by default): the rest is headroom, so a user who arrives
+while background work fills the backend starts at once instead of waiting for a background
+request to end. A request is admitted at once while its class has room; otherwise it waits.
+Who gets the next free slot: the best effective class (user > agent > background), where a
 waiter gains one class for every `aging_s` it has waited (so background work is not starved
-forever), oldest first within a class. When the queue is full, the lowest *base* class is shed
-first (newest first within it): aging orders the queue, it never lets background push a user out.
+forever; an aged waiter also gets its new class's share), oldest first within a class. When the
+queue is full, the lowest *base* class is shed first (newest first within it): aging orders the
+queue, it never lets background push a user out.
 A paused backend (KV-cache pressure) admits nobody new until it resumes; its waiters keep waiting.
 
 Callers pass the time in, so tests need no clock; `deployments.gate` wraps this in asyncio.
@@ -13,9 +17,12 @@ Callers pass the time in, so tests need no clock; `deployments.gate` wraps this 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cluster.config import PriorityClass
+
+CLASSES = tuple(PriorityClass)
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,22 @@ class Waiter:
         steps = math.floor((now - self.since) / aging_s) if aging_s > 0 else 0
         return max(0, self.priority.rank - steps)
 
+    def effective_class(self, now: float, aging_s: float) -> PriorityClass:
+        return CLASSES[self.effective_rank(now, aging_s)]
+
 
 @dataclass(frozen=True)
 class Arrival:
     admitted: bool
     # Tickets refused with 429: the arrival itself, or a lower-class waiter it displaced.
     shed: tuple[int, ...] = ()
+    # Earlier waiters admitted now: aging lifted them into a class with room.
+    granted: tuple[int, ...] = ()
+
+
+def class_limits(cap: int, shares: Mapping[PriorityClass, float]) -> dict[PriorityClass, int]:
+    """Slots each class may fill: its share of the cap, at least one."""
+    return {c: max(1, math.floor(cap * shares.get(c, 1.0))) for c in CLASSES}
 
 
 @dataclass
@@ -41,9 +58,17 @@ class AdmissionQueue:
     cap: int
     max_queue: int
     aging_s: float
+    shares: Mapping[PriorityClass, float] = field(default_factory=dict)
     in_flight: int = 0
     paused: bool = False
     _waiting: list[Waiter] = field(default_factory=list)
+    _limits: dict[PriorityClass, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._limits = class_limits(self.cap, self.shares)
+
+    def limit(self, priority: PriorityClass) -> int:
+        return self._limits[priority]
 
     @property
     def depth(self) -> int:
@@ -56,19 +81,23 @@ class AdmissionQueue:
         return counts
 
     def arrive(self, ticket: int, priority: PriorityClass, now: float) -> Arrival:
-        if not self._waiting and self._has_room():
+        # Time may have aged a waiter into a class with room since the last event: them first.
+        granted = tuple(self._admit_waiters(now))
+        # Whoever still waits has no room, and their class is no lower than any class they
+        # outrank: so the arrival goes ahead exactly when its own class has room.
+        if self._has_room(priority):
             self.in_flight += 1
-            return Arrival(admitted=True)
+            return Arrival(admitted=True, granted=granted)
         waiter = Waiter(ticket, priority, now)
         if len(self._waiting) < self.max_queue:
             self._waiting.append(waiter)
-            return Arrival(admitted=False)
+            return Arrival(admitted=False, granted=granted)
         victim = self._shed_candidate()
         if victim is None or victim.priority.rank <= priority.rank:
-            return Arrival(admitted=False, shed=(ticket,))
+            return Arrival(admitted=False, shed=(ticket,), granted=granted)
         self._waiting.remove(victim)
         self._waiting.append(waiter)
-        return Arrival(admitted=False, shed=(victim.ticket,))
+        return Arrival(admitted=False, shed=(victim.ticket,), granted=granted)
 
     def release(self, now: float) -> list[int]:
         """A request ended: free its slot and admit whoever may go next."""
@@ -90,13 +119,17 @@ class AdmissionQueue:
         self.paused = False
         return self._admit_waiters(now)
 
-    def _has_room(self) -> bool:
-        return not self.paused and self.in_flight < self.cap
+    def _has_room(self, priority: PriorityClass) -> bool:
+        return not self.paused and self.in_flight < self._limits[priority]
 
     def _admit_waiters(self, now: float) -> list[int]:
+        """Admit the best waiters while the best one's class has room (a lower class, with no
+        more room than a higher one, would not fit either)."""
         admitted = []
-        while self._waiting and self._has_room():
+        while self._waiting:
             best = min(self._waiting, key=lambda w: (w.effective_rank(now, self.aging_s), w.since))
+            if not self._has_room(best.effective_class(now, self.aging_s)):
+                break
             self._waiting.remove(best)
             self.in_flight += 1
             admitted.append(best.ticket)

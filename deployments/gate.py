@@ -45,6 +45,8 @@ class BackendGate:
     async def acquire(self, priority: PriorityClass) -> None:
         ticket = next(self._tickets)
         arrival = self._queue.arrive(ticket, priority, self._clock())
+        for earlier in arrival.granted:
+            self._grant(earlier)
         for victim in arrival.shed:
             if victim != ticket:
                 self._refuse(victim, "displaced by higher-priority work")

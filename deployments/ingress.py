@@ -24,12 +24,13 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from cluster.config import ClusterConfig, Role
+from cluster.config import ClusterConfig, PriorityClass, Role
 from deployments import metrics
 from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
 from deployments.context.tokens import message_text
 from deployments.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
 from deployments.errors import ApiError
+from deployments.front_options import front_actor_options
 from deployments.messages import ChatJob, Refusal, Routed
 
 logger = logging.getLogger("ray.serve")
@@ -61,8 +62,8 @@ class Ingress:
         self._config = config
         self._keys = KeyRing(config.api_keys, config.gateway.default_priority)
         self._served = config.served_names
-        self._router = router.options(stream=True)
-        self._status_handle = router
+        self._router = router
+        self._router_stream = router.options(stream=True)  # cached: each .options() costs
         if not self._keys.enabled:
             logger.warning("API keys: none configured, authentication is OFF")
 
@@ -89,7 +90,7 @@ class Ingress:
     @app.get("/healthz")
     async def healthz(self) -> Response:
         try:
-            status: dict[str, Any] = await self._status_handle.status.remote()
+            status: dict[str, Any] = await self._router.status.remote()
         except Exception as error:  # the router itself is unreachable: that is "down"
             logger.warning("healthz: router status failed: %s", error)
             status = {"status": "down", "backends": {}, "error": "router unavailable"}
@@ -98,7 +99,7 @@ class Ingress:
     @app.get("/v1/cluster/status")
     async def cluster_status(self, request: Request) -> Response:
         self._keys.authenticate(request.headers.get("authorization"))
-        status: dict[str, Any] = await self._status_handle.status.remote()
+        status: dict[str, Any] = await self._router.status.remote()
         pools = [p.model_dump(mode="json") for p in self._config.pools]
         placements = {b.name: b.pool for b in self._config.home_backends}
         return JSONResponse({**status, "pools": pools, "placements": placements})
@@ -107,7 +108,7 @@ class Ingress:
     async def prometheus(self) -> Response:
         # The router's queues, breakers and failovers live in its process: it renders its own.
         try:
-            routing: bytes = await self._status_handle.metrics_text.remote()
+            routing: bytes = await self._router.metrics_text.remote()
         except Exception as error:  # the gateway's own metrics still answer
             logger.warning("metrics: router unavailable: %s", error)
             routing = b""
@@ -126,31 +127,30 @@ class Ingress:
             route = self._config.depth_route(depth.depth)
             role, context_share = route.role, route.context_share
         job = ChatJob(chat_request, role, priority, caller.name, context_share)
-        stream: DeploymentResponseGenerator[Any] = self._router.chat.remote(job)
-        routed = await anext(stream)
+        first: Any = None
+        if chat_request.stream:
+            stream: DeploymentResponseGenerator[Any] = self._router_stream.chat.remote(job)
+            routed = await anext(stream)
+            if isinstance(routed, Routed):
+                first = await anext(stream)
+        else:
+            # One unary call: a whole answer needs none of the streaming machinery's per-item
+            # round trips (bench/overhead.py).
+            stream = None
+            routed, *rest = await self._router.chat_once.remote(job)
+            first = next(iter(rest), None)
         if isinstance(routed, Refusal):
             raise _refusal_error(routed)
         assert isinstance(routed, Routed)
-        headers = {
-            "X-Backend": routed.backend,
-            "X-Priority": priority.value,
-            "X-Max-Tokens": str(routed.max_tokens),
-            "X-Context-Fitted": "true" if routed.context_fitted else "false",
-            "X-Context-Dropped-Messages": str(routed.dropped_messages),
-            "X-Failovers": str(routed.failovers),
-        }
-        if depth is not None:
-            headers["X-Depth"] = depth.depth.value
-            headers["X-Depth-Reason"] = depth.reason
+        headers = _routing_headers(routed, priority, depth)
         metrics.observe_routing(routed, depth.depth.value if depth else None)
-        first = await anext(stream)
         if isinstance(first, Refusal):
             raise _refusal_error(first)
         # Streaming answers come in batches (lists); an engine error may be the first item of one.
         leading = first[0] if isinstance(first, list) and first else first
         if isinstance(leading, ErrorResponse):
             raise _engine_error(leading)
-        if not isinstance(first, list):  # one whole (non-streaming) response
+        if stream is None or not isinstance(first, list):  # one whole (non-streaming) response
             return Response(first.model_dump_json(), media_type="application/json", headers=headers)
         return StreamingResponse(
             _relay_sse(first, stream), media_type="text/event-stream", headers=headers
@@ -251,6 +251,23 @@ def _has_image_parts(payload: dict[str, Any]) -> bool:
     )
 
 
+def _routing_headers(
+    routed: Routed, priority: PriorityClass, depth: DepthDecision | None
+) -> dict[str, str]:
+    headers = {
+        "X-Backend": routed.backend,
+        "X-Priority": priority.value,
+        "X-Max-Tokens": str(routed.max_tokens),
+        "X-Context-Fitted": "true" if routed.context_fitted else "false",
+        "X-Context-Dropped-Messages": str(routed.dropped_messages),
+        "X-Failovers": str(routed.failovers),
+    }
+    if depth is not None:
+        headers["X-Depth"] = depth.depth.value
+        headers["X-Depth-Reason"] = depth.reason
+    return headers
+
+
 def _refusal_error(refusal: Refusal) -> ApiError:
     headers = {}
     if refusal.retry_after_s is not None:
@@ -303,5 +320,5 @@ def build_ingress(config: ClusterConfig, router: Any) -> Any:
         num_replicas=config.gateway.ingress_replicas,
         # Backpressure lives in the router; the ingress must never be the queue.
         max_ongoing_requests=10_000,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options=front_actor_options(),
     ).bind(config, router)

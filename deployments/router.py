@@ -16,15 +16,18 @@ of every backend, so the sum of slots never exceeds the cap; queues are then ord
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpc.aio import AioRpcError
 from ray import serve
-from ray.exceptions import ActorDiedError, RayError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import RayServeException, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
@@ -34,7 +37,7 @@ from deployments import router_metrics as metrics
 from deployments.admission import AdmissionQueue
 from deployments.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
 from deployments.context.counters import counters_by_role
-from deployments.context.fit import ContextOverflow, Fit, fit_messages
+from deployments.context.fit import ContextOverflow, Fit, fit_messages, pass_through
 from deployments.gate import BackendGate, GatePolicy, Shed
 from deployments.kv_pressure import KvPolicy, KvPressure
 from deployments.link_choice import LinkView, choose_link
@@ -42,9 +45,13 @@ from deployments.messages import ChatJob, Refusal, Routed
 
 logger = logging.getLogger("ray.serve")
 
-# Faults: the backend's, never the client's. Our own cancellation is neither.
-BACKEND_FAULTS = (RayError, RayServeException, TimeoutError)
+# Faults: the backend's, never the client's. Our own cancellation is neither. Handles on Serve's
+# gRPC data plane (deployments.front_options) raise AioRpcError for what Ray calls fail with.
+BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
+# A replica gone: ActorDiedError over Ray actor calls, ActorUnavailableError over gRPC.
+REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
 HEALTH_PROBE_TIMEOUT_S = 5.0
+DeploymentKey = tuple[str, str]  # (application, deployment)
 
 
 def stream_error_event(message: str) -> list[str]:
@@ -85,6 +92,20 @@ class Link:
     kv_observable: bool = True
     seen_transitions: int = field(default=0)
 
+    @property
+    def deployment(self) -> DeploymentKey:
+        """The Serve deployment behind the handle: ours, or one in another app."""
+        return (self.unary.app_name, self.unary.deployment_name)
+
+    @property
+    def troubled(self) -> bool:
+        """Down, recovering or tripped: worth a health check soon."""
+        return (
+            not self.running
+            or self.awaiting_recovery
+            or self.breaker.state is not BreakerState.CLOSED
+        )
+
     def view(self, now: float) -> LinkView:
         return LinkView(
             running=self.running,
@@ -106,6 +127,9 @@ class Router:
         self._clock = clock
         self._watch = watch
         self._counters = counters_by_role(config)
+        # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
+        # that off the event loop that relays every stream (and fits one at a time, in order).
+        self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
         settings = config.router
         breaker_policy = BreakerPolicy(
             failure_threshold=settings.breaker_failures,
@@ -123,7 +147,12 @@ class Router:
         for name, handle in backends.items():
             backend = by_name[name]
             cap = max(1, config.model_for(backend.role).cap // config.gateway.router_replicas)
-            queue = AdmissionQueue(cap=cap, max_queue=settings.max_queue, aging_s=settings.aging_s)
+            queue = AdmissionQueue(
+                cap=cap,
+                max_queue=settings.max_queue,
+                aging_s=settings.aging_s,
+                shares=settings.class_shares,
+            )
             self._links[name] = Link(
                 backend=backend,
                 replicas=config.model_for(backend.role).replicas,
@@ -149,7 +178,7 @@ class Router:
                 return
             link = self._links[name]
             try:
-                fit = self._fit(job, link.backend.role)
+                fit = await self._fit(job, link.backend.role)
             except ContextOverflow as overflow:
                 yield Refusal(400, "context_length_exceeded", str(overflow))
                 return
@@ -176,6 +205,11 @@ class Router:
                 logger.warning("backend %s failed before answering: %s", name, fault)
                 metrics.FAILOVERS.labels(name).inc()
                 tried.append(name)
+
+    async def chat_once(self, job: ChatJob) -> list[Any]:
+        """`chat` for a whole (non-streaming) answer, in one call: [Routed, response] or
+        [Refusal]."""
+        return [item async for item in self.chat(job)]
 
     async def _serve_on(
         self, link: Link, job: ChatJob, fit: Fit, failovers: int
@@ -256,19 +290,24 @@ class Router:
 
     # -- decisions' inputs ---------------------------------------------------------------------
 
-    def _fit(self, job: ChatJob, role: Role) -> Fit:
+    async def _fit(self, job: ChatJob, role: Role) -> Fit:
         request = job.request
         window = self._config.model_for(role).context_window
-        return fit_messages(
-            [dict(m) for m in request.messages],
-            window=max(1, int(window * job.context_share)),
-            requested_max_tokens=(
+        fit_args = {
+            "window": max(1, int(window * job.context_share)),
+            "requested_max_tokens": (
                 request.max_completion_tokens
                 if request.max_completion_tokens is not None
                 else request.max_tokens
             ),
-            counter=self._counters[role],
-        )
+            "counter": self._counters[role],
+        }
+        messages = [dict(m) for m in request.messages]
+        quick = pass_through(messages, **fit_args)
+        if quick is not None:  # most requests: proven to fit without tokenizing
+            return quick
+        work = functools.partial(fit_messages, messages, **fit_args)
+        return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
     def _unavailable(self, role: Role, tried: list[str]) -> Refusal:
         if tried:
@@ -291,7 +330,7 @@ class Router:
     def _note_dead_replica(self, link: Link, error: BaseException) -> None:
         """A backend whose only replica died takes no work until Serve has replaced it: without
         this, requests would wait on Serve's handle for a replica that is not there yet."""
-        if isinstance(error, ActorDiedError) and link.replicas == 1:
+        if isinstance(error, REPLICA_GONE) and link.replicas == 1:
             link.running = False
             link.awaiting_recovery = True
             link.breaker.trip("its only replica died")
@@ -312,19 +351,23 @@ class Router:
             ]
 
     async def _health_loop(self) -> None:
+        settings = self._config.router
         while True:
             try:
                 await self.check_health_once()
             except Exception:  # the loop must outlive any one failed check
                 logger.exception("router health check failed")
-            await asyncio.sleep(self._config.router.health_interval_s)
+            troubled = any(link.troubled for link in self._links.values())
+            await asyncio.sleep(
+                settings.health_interval_s if troubled else settings.health_idle_interval_s
+            )
 
     async def check_health_once(self) -> None:
         """Mark links without a running replica; probe tripped ones and close them if healthy."""
         deployments = await self._deployments()
         await asyncio.gather(
             *(
-                self._check_link(link, deployments.get(link.backend.deployment_name))
+                self._check_link(link, deployments.get(link.deployment))
                 for link in self._links.values()
             )
         )
@@ -359,7 +402,10 @@ class Router:
     async def _kv_loop(self) -> None:
         interval = self._config.router.kv_poll_interval_s
         while True:
-            await asyncio.gather(*(self._read_kv(link) for link in self._links.values()))
+            try:
+                await asyncio.gather(*(self._read_kv(link) for link in self._links.values()))
+            except Exception:  # the loop must outlive any one bad reading
+                logger.exception("router KV-cache reading failed")
             await asyncio.sleep(interval)
 
     async def _read_kv(self, link: Link) -> None:
@@ -386,11 +432,15 @@ class Router:
         else:
             link.gate.resume()
 
-    async def _deployments(self) -> Mapping[str, Any]:
+    async def _deployments(self) -> dict[DeploymentKey, Any]:
+        """Serve's status of every deployment, by (application, deployment)."""
         # serve.status() blocks on the controller: keep it off the routing event loop.
         overview = await asyncio.to_thread(serve.status)
-        app = overview.applications.get(serve.get_replica_context().app_name)
-        return app.deployments if app else {}
+        return {
+            (app_name, name): info
+            for app_name, app in overview.applications.items()
+            for name, info in app.deployments.items()
+        }
 
     # -- status --------------------------------------------------------------------------------
 
@@ -401,8 +451,8 @@ class Router:
         now = self._clock()
         backends = {}
         for backend in self._config.home_backends:
-            info = deployments.get(backend.deployment_name)
             link = self._links.get(backend.name)
+            info = deployments.get(link.deployment) if link else None
             backends[backend.name] = _backend_status(backend, info, link, now)
         states = [b["state"] for b in backends.values()]
         return {"status": overall_status(states), "backends": backends}

@@ -97,6 +97,51 @@ class _Draft:
     compressed: int
 
 
+@dataclass(frozen=True)
+class _Budget:
+    max_tokens: int  # the clamped output
+    margin: int
+    prompt: int  # what the prompt may use with that output
+
+
+def _budget(
+    window: int, requested_max_tokens: int | None, counter: TokenCounter, policy: FitPolicy
+) -> _Budget:
+    cap = max(1, int(window * policy.output_share))
+    max_tokens = cap if requested_max_tokens is None else max(1, min(requested_max_tokens, cap))
+    margin = policy.margin_tokens
+    if not counter.exact:
+        margin += math.ceil(window * policy.estimate_margin_share)
+    return _Budget(max_tokens, margin, window - max_tokens - margin)
+
+
+def pass_through(
+    messages: Sequence[Message],
+    *,
+    window: int,
+    requested_max_tokens: int | None,
+    counter: TokenCounter,
+    policy: FitPolicy = FitPolicy(),
+) -> Fit | None:
+    """The request as it is, output clamped, when a cheap upper bound proves the prompt fits
+    (no tokenizing: microseconds); None when only `fit_messages` can tell."""
+    budget = _budget(window, requested_max_tokens, counter, policy)
+    bound = counter.upper_bound(messages)
+    if bound is None or bound > budget.prompt:
+        return None
+    return Fit(
+        messages=list(messages),
+        sources=tuple(range(len(messages))),
+        max_tokens=budget.max_tokens,
+        prompt_tokens=bound,
+        system_compressed=False,
+        dropped_messages=0,
+        compressed_messages=0,
+        output_clamped=_clamped(requested_max_tokens, budget.max_tokens),
+        counted=False,
+    )
+
+
 def fit_messages(
     messages: Sequence[Message],
     *,
@@ -105,35 +150,27 @@ def fit_messages(
     counter: TokenCounter,
     policy: FitPolicy = FitPolicy(),
 ) -> Fit:
-    cap = max(1, int(window * policy.output_share))
-    max_tokens = cap if requested_max_tokens is None else max(1, min(requested_max_tokens, cap))
-    margin = policy.margin_tokens
-    if not counter.exact:
-        margin += math.ceil(window * policy.estimate_margin_share)
-    budget = window - max_tokens - margin
-    bound = counter.upper_bound(messages)
-    if bound is not None and bound <= budget:  # fits for sure: no tokenizing at all
-        return Fit(
-            messages=list(messages),
-            sources=tuple(range(len(messages))),
-            max_tokens=max_tokens,
-            prompt_tokens=bound,
-            system_compressed=False,
-            dropped_messages=0,
-            compressed_messages=0,
-            output_clamped=requested_max_tokens is None or max_tokens < requested_max_tokens,
-            counted=False,
-        )
+    quick = pass_through(
+        messages,
+        window=window,
+        requested_max_tokens=requested_max_tokens,
+        counter=counter,
+        policy=policy,
+    )
+    if quick is not None:
+        return quick
+    budget = _budget(window, requested_max_tokens, counter, policy)
+    max_tokens, margin = budget.max_tokens, budget.margin
     planner = _Planner(list(messages), counter, policy)
     try:
-        draft, prompt_tokens = planner.plan(budget)
+        draft, prompt_tokens = planner.plan(budget.prompt)
     except _NoRoom:
         # The tail alone needs more than the input budget: give it the output's share too.
-        budget = window - margin - min(policy.min_output_tokens, max_tokens)
+        squeezed_budget = window - margin - min(policy.min_output_tokens, max_tokens)
         try:
-            draft, prompt_tokens = planner.plan(budget)
+            draft, prompt_tokens = planner.plan(squeezed_budget)
         except _NoRoom as no_room:
-            raise ContextOverflow(max(1, no_room.needed - budget), window) from None
+            raise ContextOverflow(max(1, no_room.needed - squeezed_budget), window) from None
     final_max_tokens = min(max_tokens, window - prompt_tokens - margin)
     return Fit(
         messages=draft.messages,
@@ -143,8 +180,12 @@ def fit_messages(
         system_compressed=draft.system_compressed,
         dropped_messages=draft.dropped,
         compressed_messages=draft.compressed,
-        output_clamped=requested_max_tokens is None or final_max_tokens < requested_max_tokens,
+        output_clamped=_clamped(requested_max_tokens, final_max_tokens),
     )
+
+
+def _clamped(requested_max_tokens: int | None, max_tokens: int) -> bool:
+    return requested_max_tokens is None or max_tokens < requested_max_tokens
 
 
 def group_turns(indices: Sequence[int], messages: Sequence[Message]) -> list[list[int]]:

@@ -16,8 +16,16 @@ from deployments.kv_pressure import KvPolicy, KvPressure
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 
 
-def queue(cap: int = 1, max_queue: int = 10, aging_s: float = 10.0) -> AdmissionQueue:
-    return AdmissionQueue(cap=cap, max_queue=max_queue, aging_s=aging_s)
+SHARES = {USER: 1.0, AGENT: 0.9, BACKGROUND: 0.75}
+
+
+def queue(
+    cap: int = 1,
+    max_queue: int = 10,
+    aging_s: float = 10.0,
+    shares: dict[PriorityClass, float] | None = None,
+) -> AdmissionQueue:
+    return AdmissionQueue(cap=cap, max_queue=max_queue, aging_s=aging_s, shares=shares or {})
 
 
 def test_admits_up_to_the_cap_then_queues() -> None:
@@ -92,29 +100,58 @@ def test_a_waiter_that_leaves_is_not_admitted() -> None:
     assert q.in_flight == 0
 
 
+def test_background_fills_only_its_share_and_a_user_starts_at_once() -> None:
+    q = queue(cap=4, shares=SHARES)
+    assert [q.arrive(t, BACKGROUND, 0).admitted for t in range(4)] == [True] * 3 + [False]
+    assert q.arrive(4, USER, 1).admitted  # the headroom: no wait behind background work
+    assert not q.arrive(5, USER, 1).admitted  # the cap itself still holds
+    assert q.release(2) == [5]  # the user outranks the background waiter
+    assert q.release(3) == []  # background would be a fourth: over its share of three
+    assert q.release(4) == [3]
+
+
+def test_agent_gets_its_share_between_background_and_user() -> None:
+    q = queue(cap=10, shares=SHARES)
+    assert (q.limit(USER), q.limit(AGENT), q.limit(BACKGROUND)) == (10, 9, 7)
+    assert queue(cap=1, shares=SHARES).limit(BACKGROUND) == 1  # never below one slot
+
+
+def test_an_aged_background_waiter_gets_the_higher_share_at_the_next_event() -> None:
+    q = queue(cap=4, aging_s=10, shares=SHARES)
+    for t in range(3):
+        q.arrive(t, BACKGROUND, 0)
+    assert not q.arrive(3, BACKGROUND, 0).admitted
+    arrival = q.arrive(4, BACKGROUND, 25)  # ticket 3 has waited two classes' worth: user-level
+    assert arrival.granted == (3,) and not arrival.admitted
+    assert q.in_flight == 4
+
+
 @given(
     st.lists(
         st.tuples(st.sampled_from(["arrive", "release", "leave"]), st.sampled_from(PriorityClass)),
         max_size=60,
     ),
-    st.integers(1, 4),
+    st.integers(1, 6),
     st.integers(0, 5),
+    st.booleans(),
 )
 def test_in_flight_never_exceeds_the_cap_and_the_queue_its_bound(
-    steps: list[tuple[str, PriorityClass]], cap: int, max_queue: int
+    steps: list[tuple[str, PriorityClass]], cap: int, max_queue: int, with_shares: bool
 ) -> None:
-    q = queue(cap=cap, max_queue=max_queue, aging_s=3)
+    q = queue(cap=cap, max_queue=max_queue, aging_s=3, shares=SHARES if with_shares else None)
     running = 0
     for now, (action, cls) in enumerate(steps):
         if action == "arrive":
-            running += q.arrive(now, cls, now).admitted
+            arrival = q.arrive(now, cls, now)
+            running += arrival.admitted + len(arrival.granted)
         elif action == "release" and running:
             running += len(q.release(now)) - 1
         elif action == "leave":
             q.leave(now - 1)
         assert q.in_flight == running <= cap
         assert q.depth <= max_queue
-        assert q.depth == 0 or q.in_flight == cap
+        # Work-conserving: nobody waits while even the lowest class would have room.
+        assert q.depth == 0 or q.in_flight >= q.limit(BACKGROUND)
 
 
 def test_kv_pressure_hysteresis_and_staleness() -> None:

@@ -417,6 +417,34 @@ def test_restore_threshold_not_above_offload_is_refused(tmp_path: Path, restore:
     assert "must be greater than offload_below_gb (8.0)" in message
 
 
+def test_class_shares_default_and_merge_with_what_is_given(tmp_path: Path) -> None:
+    data = base()
+    data["router"] = {"class_shares": {"background": 0.25}}
+    shares = load_dict(tmp_path, data).router.class_shares
+    assert shares == {
+        PriorityClass.USER: 1.0,
+        PriorityClass.AGENT: 0.75,
+        PriorityClass.BACKGROUND: 0.25,
+    }
+
+
+@pytest.mark.parametrize(
+    ("shares", "expected"),
+    [
+        ({"user": 0.8}, "class_shares.user must be 1.0"),
+        ({"agent": 0.5, "background": 0.7}, "must not grow down the classes"),
+        ({"background": 0}, "greater than 0"),
+    ],
+)
+def test_bad_class_shares_are_refused(
+    tmp_path: Path, shares: dict[str, float], expected: str
+) -> None:
+    data = base()
+    data["router"] = {"class_shares": shares}
+    message = config_error(tmp_path, data)
+    assert "router" in message and expected in message
+
+
 def test_key_priority_above_its_cap_is_refused(tmp_path: Path) -> None:
     data = base()
     data["api_keys"] = [

@@ -1,0 +1,106 @@
+"""The benchmarks' stage: one Ray Serve instance with the anchor and our gateway side by side.
+
+The anchor is bare `ray.serve.llm` (`build_openai_app`) at /anchor; our gateway (Ingress ->
+Router) at / reaches the anchor's own LLMServer replicas by deployment handle, so engines, caches
+and placement are shared and only the path in front of them differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import yaml
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from ray.serve.llm import build_openai_app
+
+from cluster.app import build_gateway
+from cluster.backends import llm_config_for
+from cluster.config import ClusterConfig, parse_config
+from cluster.ray_runtime import SERVE_NAMESPACE, local_pool_resources
+
+# Logical CPUs for the local head: the engines' placement bundles and the front replicas must
+# all schedule on this 2-core machine (they share the real cores either way).
+LOGICAL_CPUS = 8
+ANCHOR_APP = "anchor"
+GATEWAY_APP = "gateway"
+
+
+@dataclass(frozen=True)
+class Stage:
+    config: ClusterConfig
+    base_url: str
+
+    @property
+    def anchor_url(self) -> str:
+        return f"{self.base_url}/{ANCHOR_APP}/v1/chat/completions"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"{self.base_url}/v1/chat/completions"
+
+
+def load(config_path: Path, overrides: Mapping[str, Any] | None = None) -> ClusterConfig:
+    """The bench's config, with `overrides` (nested keys) laid over the file's."""
+    data = merged(yaml.safe_load(config_path.read_text()), overrides or {})
+    return parse_config(data, base_dir=config_path.resolve().parent, environ={})
+
+
+def merged(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def start(
+    config_path: Path, port: int, overrides: Mapping[str, Any] | None = None
+) -> ClusterConfig:
+    config = load(config_path, overrides)
+    ray.init(
+        namespace=SERVE_NAMESPACE, num_cpus=LOGICAL_CPUS, resources=local_pool_resources(config)
+    )
+    # The proxy must be up before the engines load (DESIGN.md section 6).
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return config
+
+
+def deploy_anchor(
+    config: ClusterConfig, names: tuple[str, ...] = ()
+) -> dict[str, DeploymentHandle]:
+    """Bare ray.serve.llm over the home backends (or those named); their replica handles."""
+    backends = [b for b in config.home_backends if not names or b.name in names]
+    llm_configs = [llm_config_for(config, b) for b in backends]
+    serve.run(
+        build_openai_app({"llm_configs": llm_configs}),
+        name=ANCHOR_APP,
+        route_prefix=f"/{ANCHOR_APP}",
+    )
+    # build_llm_deployment names each deployment "LLMServer:" + our deployment_config name.
+    return {
+        b.name: serve.get_deployment_handle(f"LLMServer:{b.name}", app_name=ANCHOR_APP)
+        for b in backends
+    }
+
+
+def deploy_gateway(config: ClusterConfig, backends: Mapping[str, DeploymentHandle]) -> None:
+    serve.run(build_gateway(config, backends), name=GATEWAY_APP, route_prefix="/")
+
+
+def stage(config_path: Path, port: int, overrides: Mapping[str, Any] | None = None) -> Stage:
+    """Anchor and gateway over the same replicas of every home backend."""
+    config = start(config_path, port, overrides)
+    deploy_gateway(config, deploy_anchor(config))
+    return Stage(config, f"http://127.0.0.1:{port}")
+
+
+def stop() -> None:
+    serve.shutdown()
+    ray.shutdown()
