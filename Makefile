@@ -55,6 +55,8 @@ bench: $(INSTALLED) $(MODEL)
 	@status=0; \
 	$(PY) -m bench.context || status=1; \
 	$(PY) -m bench.overhead || status=1; \
+	$(PY) -m bench.overload || status=1; \
+	$(PY) -m bench.failover || status=1; \
 	exit $$status
 
 clean:

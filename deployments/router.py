@@ -415,10 +415,10 @@ class Router:
             usage = await asyncio.wait_for(
                 link.unary.kv_cache_usage.remote(), self._config.router.kv_stale_after_s
             )
-        except AttributeError:
-            link.kv_observable = False  # not an ObservedLLMServer (e.g. a test double)
-            return
         except Exception as error:  # unanswered readings go stale, which counts as pressure
+            if _method_missing(error):  # a plain LLMServer or a test double: stop asking
+                link.kv_observable = False
+                return
             logger.info("KV reading of %s failed: %s", link.backend.name, _describe(error))
             return
         if usage is None:
@@ -462,6 +462,13 @@ class Router:
             for priority, depth in link.gate.queue.depth_by_class().items():
                 metrics.QUEUE_DEPTH.labels(name, priority.value).set(depth)
         return metrics.render()
+
+
+def _method_missing(error: BaseException) -> bool:
+    """The backend has no such method: Serve says so in a RayServeException's text."""
+    return isinstance(error, AttributeError) or (
+        isinstance(error, RayServeException) and "that does not exist" in str(error)
+    )
 
 
 def _describe(error: BaseException) -> str:
