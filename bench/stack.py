@@ -90,7 +90,8 @@ def deploy_anchor(
     }
 
 
-def deploy_gateway(config: ClusterConfig, backends: Mapping[str, DeploymentHandle]) -> None:
+def deploy_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> None:
+    """Our gateway over `backends`: handles to running replicas, or bound deployments."""
     serve.run(build_gateway(config, backends), name=GATEWAY_APP, route_prefix="/")
 
 

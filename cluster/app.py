@@ -1,7 +1,8 @@
 """The Serve application: `serve run cluster.app:build [config=PATH]`.
 
-Ingress (HTTP, auth, schema) -> Router (backend choice) -> one LLMServer deployment per
-`role@pool` backend. With no `config`, the embedded local default (ray_configs/local.yaml).
+Ingress (HTTP, auth, schema) -> Router (admission, failover) -> one LLMServer deployment per
+`role@pool` backend, and the CPU fallback replica that ends every chain. With no `config`, the
+embedded local default (ray_configs/local.yaml).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 from ray import serve
 from ray.serve.deployment import Application
 
-from cluster.backends import build_backend
-from cluster.config import ClusterConfig, ConfigError, load_config
+from cluster.backends import build_backend, build_fallback
+from cluster.config import FALLBACK_BACKEND, ClusterConfig, ConfigError, load_config
 from cluster.ray_runtime import RayStartError, ensure_ray
 from deployments.front_options import front_actor_options
 from deployments.ingress import build_ingress
@@ -22,8 +23,10 @@ from deployments.router import Router
 
 
 def build_app(config: ClusterConfig) -> Application:
-    """The whole app: the gateway over one LLMServer deployment per home backend."""
+    """The whole app: the gateway over one LLMServer deployment per home backend and the
+    CPU fallback."""
     backends = {b.name: build_backend(config, b) for b in config.home_backends}
+    backends[FALLBACK_BACKEND] = build_fallback(config)
     return build_gateway(config, backends)
 
 

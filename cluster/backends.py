@@ -1,13 +1,16 @@
-"""Turn a `role@pool` backend of our config into a `ray.serve.llm` LLMServer deployment."""
+"""Turn our config into model deployments: a `ray.serve.llm` LLMServer per `role@pool` backend,
+and the CPU fallback replica."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ray import serve
 from ray.serve.deployment import Application
-from ray.serve.llm import LLMConfig, build_llm_deployment
+from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
 from cluster.config import DEPLOYMENT_PREFIX, Backend, ClusterConfig
+from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.llm_server import ObservedLLMServer
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
@@ -39,9 +42,42 @@ def llm_config_for(config: ClusterConfig, backend: Backend) -> LLMConfig:
     return LLMConfig(**llm_config)
 
 
-def build_backend(config: ClusterConfig, backend: Backend) -> Application:
+def build_backend(
+    config: ClusterConfig, backend: Backend, server_cls: type[LLMServer] = ObservedLLMServer
+) -> Application:
     return build_llm_deployment(
-        llm_config_for(config, backend),
-        name_prefix=DEPLOYMENT_PREFIX,
-        deployment_cls=ObservedLLMServer,
+        llm_config_for(config, backend), name_prefix=DEPLOYMENT_PREFIX, deployment_cls=server_cls
     )
+
+
+def fallback_settings(config: ClusterConfig) -> FallbackSettings:
+    fallback = config.fallback
+    return FallbackSettings(
+        engine=fallback.engine,
+        source=config.fallback_source,
+        model_id=config.fallback_target.model_id,
+        context_window=fallback.context_window,
+        threads=fallback.threads,
+        ollama_model=fallback.ollama_model,
+        keep_alive=fallback.keep_alive,
+        ollama_models_dir=fallback.ollama_models_dir,
+    )
+
+
+def build_fallback(config: ClusterConfig) -> Application:
+    """The CPU replica every chain ends on: no GPU, on its pool or (with none) the head node."""
+    fallback = config.fallback
+    actor_options: dict[str, Any] = {"num_cpus": fallback.num_cpus, "num_gpus": 0}
+    if fallback.pool is not None:
+        actor_options["resources"] = {config.pool(fallback.pool).resource: POOL_RESOURCE_SLIVER}
+    else:  # Ray's built-in resource of the node `ray start --head` ran on
+        actor_options["resources"] = {"node:__internal_head__": POOL_RESOURCE_SLIVER}
+    deployment = serve.deployment(CpuFallback).options(
+        name=config.fallback_target.deployment_name,
+        num_replicas=1,
+        # The router holds the cap; room above it keeps cancelled requests from blocking Serve.
+        max_ongoing_requests=2 * fallback.max_concurrency,
+        ray_actor_options=actor_options,
+        health_check_period_s=10,
+    )
+    return deployment.bind(fallback_settings(config))

@@ -143,10 +143,33 @@ class FallbackConfig(_Frozen):
     """The CPU replica every chain ends on: it has no GPU memory to run out of."""
 
     engine: Literal["ollama", "llama_cpp", "auto"] = "auto"
-    source: str = Field(min_length=1, description="GGUF path or Ollama model name.")
+    source: str = Field(min_length=1, description="GGUF path, or an Ollama model name to pull.")
     context_window: int = Field(2048, ge=256)
     max_concurrency: int = 8
     pool: Name | None = Field(None, description="CPU pool to run on; none means the head node.")
+    # Exact counts need the model's own tokenizer: a Hugging Face path or hub id. By default the
+    # GGUF's embedded tokenizer and chat template; an Ollama model name is counted by estimate.
+    tokenizer: str | None = None
+    threads: int = Field(2, ge=1, description="CPU threads the engine computes with")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray")
+    # Ollama: the model created from the GGUF (or pulled, when source is a model name), how
+    # long Ollama keeps it loaded after a request, and where it stores models.
+    ollama_model: ModelName = "gps-fallback"
+    keep_alive: str = Field("1h", pattern=r"^-?[0-9]+(ms|s|m|h)?$")
+    ollama_models_dir: str | None = None
+
+    @property
+    def is_gguf_file(self) -> bool:
+        return self.source.endswith(".gguf")
+
+    @model_validator(mode="after")
+    def _engine_has_a_model(self) -> Self:
+        if self.engine == "llama_cpp" and not self.is_gguf_file:
+            raise ValueError(
+                f"source {self.source!r}: the llama_cpp engine serves a GGUF file; give the path "
+                "of a .gguf file, or use engine ollama to pull a model by name"
+            )
+        return self
 
 
 class ApiKeyConfig(_Frozen):
@@ -332,6 +355,20 @@ class Backend(_Frozen):
         return f"{DEPLOYMENT_PREFIX}{self.name}"
 
 
+class Target(_Frozen):
+    """What a chain link names: a model backend `role@pool`, or the CPU fallback."""
+
+    name: str
+    deployment_name: str
+    model_id: str = Field(description="The model name its engine answers to.")
+    context_window: int
+    cap: int
+    replicas: int
+    tokenizer: str = Field(description="Where its token counter loads from.")
+    role: Role | None = Field(None, description="None for the fallback, which serves any role.")
+    pool: str | None = None
+
+
 class ClusterConfig(_Frozen):
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
     models: tuple[ModelConfig, ...] = Field(min_length=1)
@@ -491,6 +528,55 @@ class ClusterConfig(_Frozen):
     def home_backends(self) -> tuple[Backend, ...]:
         """The backends deployed at start: each model on its first pool."""
         return tuple(Backend(role=m.role, pool=m.home_pool) for m in self.models)
+
+    @property
+    def fallback_target(self) -> Target:
+        fallback = self.fallback
+        source = self.fallback_source
+        return Target(
+            name=FALLBACK_BACKEND,
+            deployment_name=f"{DEPLOYMENT_PREFIX}{FALLBACK_BACKEND}",
+            model_id=FALLBACK_BACKEND,
+            context_window=fallback.context_window,
+            cap=fallback.max_concurrency,
+            replicas=1,
+            tokenizer=self.resolve_path(fallback.tokenizer) if fallback.tokenizer else source,
+            pool=fallback.pool,
+        )
+
+    @property
+    def fallback_source(self) -> str:
+        """The fallback's GGUF as an absolute path (relative to the config), or a model name."""
+        source = self.fallback.source
+        if self.fallback.is_gguf_file:
+            return str((self.base_dir / Path(source).expanduser()).resolve())
+        return source
+
+    def backend_target(self, backend: Backend) -> Target:
+        model = self.model_for(backend.role)
+        return Target(
+            name=backend.name,
+            deployment_name=backend.deployment_name,
+            model_id=backend.role.value,
+            context_window=model.context_window,
+            cap=model.cap,
+            replicas=model.replicas,
+            tokenizer=self.resolve_path(model.source),
+            role=backend.role,
+            pool=backend.pool,
+        )
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """Every link a chain may name: each `role@pool`, and `cpu-fallback`."""
+        targets = {b.name: self.backend_target(b) for b in self.backends}
+        targets[FALLBACK_BACKEND] = self.fallback_target
+        return targets
+
+    @property
+    def home_targets(self) -> tuple[Target, ...]:
+        """What the app deploys at start: each model on its home pool, and the fallback."""
+        return (*(self.backend_target(b) for b in self.home_backends), self.fallback_target)
 
     def model_for(self, role: Role) -> ModelConfig:
         return next(m for m in self.models if m.role == role)

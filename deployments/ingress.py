@@ -32,10 +32,14 @@ from deployments.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classif
 from deployments.errors import ApiError
 from deployments.front_options import front_actor_options
 from deployments.messages import ChatJob, Refusal, Routed
+from deployments.oom import OOM_CODE
 
 logger = logging.getLogger("ray.serve")
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+# Error types our replicas set that clients see as the error's code (the fallback's too).
+PASSED_THROUGH_CODES = frozenset({OOM_CODE, "backend_unavailable", "context_length_exceeded"})
 
 
 @app.exception_handler(ApiError)
@@ -280,6 +284,8 @@ def _engine_error(response: ErrorResponse) -> ApiError:
     message = response.error.message
     if status == 400 and "context length" in message.lower():
         code = "context_length_exceeded"
+    elif response.error.type in PASSED_THROUGH_CODES:  # our own replicas' codes
+        code = response.error.type
     else:
         code = "invalid_request" if status < 500 else "backend_error"
     return ApiError(status, code, message)

@@ -1,27 +1,46 @@
-"""`ray.serve.llm`'s LLMServer, plus the engine's KV-cache usage for the router's breaker.
+"""`ray.serve.llm`'s LLMServer, plus KV-cache readings and out-of-memory containment.
 
-vLLM computes `SchedulerStats.kv_cache_usage` (0..1) in its EngineCore process and hands it to
-the frontend's stat loggers after every engine step; the Prometheus gauge
+KV-cache usage: vLLM computes `SchedulerStats.kv_cache_usage` (0..1) in its EngineCore process
+and hands it to the frontend's stat loggers after every engine step; the Prometheus gauge
 `vllm:kv_cache_usage_perc` is fed the same way but cannot be read back in-process. So we add one
 stat logger of our own to the running engine and serve its last value by handle. An idle engine
 sends no stats, and its last value (taken after its blocks were freed) stays true.
+
+Containment: an engine that runs out of memory (`torch.OutOfMemoryError`, or vLLM's
+`EngineDeadError` when its EngineCore died of it) would fail every request on the replica with a
+stack trace. Here each request gets a 503 `backend_oom` instead, which the router takes as a
+backend fault and fails over on; from then on the replica refuses work the same way and tells
+Serve it is unhealthy, so Serve replaces it. The memory-pressure guard (`kv_room`) refuses, with
+the same code, a request the KV cache has no room for now.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.serve.llm import LLMServer
+
+from deployments.context.tokens import ChatTemplateCounter, TokenCounter
+from deployments.kv_room import KvRoom, admits
+from deployments.oom import OOM_CODE, error_kind, item_kind
 
 logger = logging.getLogger("ray.serve")
 
 
-class _KvCacheUsage:
-    """A vLLM stat logger (duck-typed StatLoggerBase) that keeps the last KV-cache usage."""
+def oom_response(message: str) -> ErrorResponse:
+    return ErrorResponse(error=ErrorInfo(message=message, type=OOM_CODE, code=503))
+
+
+class _EngineStats:
+    """A vLLM stat logger (duck-typed StatLoggerBase) that keeps the last scheduler readings."""
 
     def __init__(self) -> None:
         self.usage = 0.0
+        self.running = 0
 
     def record(
         self,
@@ -32,6 +51,7 @@ class _KvCacheUsage:
     ) -> None:
         if scheduler_stats is not None:
             self.usage = float(scheduler_stats.kv_cache_usage)
+            self.running = int(scheduler_stats.num_running_reqs)
 
     def log(self) -> None:
         pass
@@ -43,18 +63,89 @@ class _KvCacheUsage:
         pass
 
 
+def _kv_capacity_tokens(engine_client: Any) -> int | None:
+    """KV blocks x block size, as the engine sized its cache at start."""
+    cache = getattr(getattr(engine_client, "vllm_config", None), "cache_config", None)
+    blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", 0)
+    return int(blocks) * int(block_size) if blocks and block_size else None
+
+
 class ObservedLLMServer(LLMServer):  # type: ignore[misc]
     async def __init__(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[misc]
         await super().__init__(*args, **kwargs)
-        self._kv_cache: _KvCacheUsage | None = None
+        self._stats: _EngineStats | None = None
+        self._failure: str | None = None  # why Serve must replace this replica, once it must
+        self._capacity: int | None = None
+        self._counter: TokenCounter | None = None
+        client = getattr(self.engine, "_engine_client", None)
         # AsyncLLM keeps its stat loggers in a plain list it walks after every step.
-        manager = getattr(getattr(self.engine, "_engine_client", None), "logger_manager", None)
+        manager = getattr(client, "logger_manager", None)
         if manager is None:
-            logger.warning("engine stats are off: KV-cache usage will not be reported")
+            logger.warning("engine stats are off: no KV-cache readings, no memory guard")
             return
-        self._kv_cache = _KvCacheUsage()
-        manager.stat_loggers.append(self._kv_cache)
+        self._stats = _EngineStats()
+        manager.stat_loggers.append(self._stats)
+        self._capacity = _kv_capacity_tokens(client)
+        source = self._llm_config.model_loading_config.model_source
+        try:
+            self._counter = await asyncio.to_thread(ChatTemplateCounter.from_pretrained, source)
+        except Exception as error:  # the guard needs exact counts; without them it stays off
+            logger.warning("memory guard off: no tokenizer for %s (%s)", source, error)
 
     async def kv_cache_usage(self) -> float | None:
         """The engine's KV-cache usage (0..1) after its last step; None if not observable."""
-        return None if self._kv_cache is None else self._kv_cache.usage
+        return None if self._stats is None else self._stats.usage
+
+    async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+        if self._failure is not None:
+            yield oom_response(f"This replica is being replaced: {self._failure}")
+            return
+        refusal = await self._guard(request)
+        if refusal is not None:
+            yield refusal
+            return
+        try:
+            stream = await super().chat(request, raw_request_info)
+            async for item in stream:
+                kind = item_kind(item)
+                if kind is not None:
+                    yield self._contain(kind, "the engine reported it")
+                    return
+                yield item
+        except Exception as error:
+            kind = error_kind(error)
+            if kind is None:
+                raise
+            yield self._contain(kind, f"{type(error).__name__}: {error}")
+
+    def _contain(self, kind: str, detail: str) -> ErrorResponse:
+        """Answer with the controlled code and mark the replica for replacement."""
+        what = "ran out of memory" if kind == "oom" else "engine died"
+        if self._failure is None:
+            self._failure = f"{what} ({detail})"
+            logger.error("replica %s: %s; refusing work until Serve replaces it", what, detail)
+        return oom_response(f"The backend {what}; the request can be retried elsewhere.")
+
+    async def _guard(self, request: Any) -> ErrorResponse | None:
+        if self._stats is None or self._capacity is None or self._counter is None:
+            return None
+        room = KvRoom(self._capacity, self._stats.usage, self._stats.running)
+        if room.running == 0:
+            return None  # an idle engine holds a whole window (vLLM checked at start)
+        max_tokens = request.max_completion_tokens or request.max_tokens or 0
+        messages = [dict(m) for m in request.messages]
+        bound = self._counter.upper_bound(messages)
+        if bound is not None and admits(room, bound + max_tokens):
+            return None  # proven to fit without tokenizing
+        prompt = await asyncio.to_thread(self._counter.count_prompt, messages)
+        if admits(room, prompt + max_tokens):
+            return None
+        return oom_response(
+            f"Not enough KV cache free for this request now: it needs {prompt + max_tokens} "
+            f"tokens ({prompt} prompt + {max_tokens} output), {room.free_tokens} are free."
+        )
+
+    async def check_health(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"replica must be replaced: {self._failure}")
+        await super().check_health()

@@ -32,16 +32,17 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import RayServeException, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
-from cluster.config import Backend, ClusterConfig, Role
+from cluster.config import ClusterConfig, Role, Target
 from deployments import router_metrics as metrics
 from deployments.admission import AdmissionQueue
 from deployments.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
-from deployments.context.counters import counters_by_role
+from deployments.context.counters import counters_for
 from deployments.context.fit import ContextOverflow, Fit, fit_messages, pass_through
 from deployments.gate import BackendGate, GatePolicy, Shed
 from deployments.kv_pressure import KvPolicy, KvPressure
 from deployments.link_choice import LinkView, choose_link
 from deployments.messages import ChatJob, Refusal, Routed
+from deployments.oom import OOM_CODE
 
 logger = logging.getLogger("ray.serve")
 
@@ -77,10 +78,9 @@ class BackendFault(Exception):
 
 @dataclass
 class Link:
-    """One backend as the router drives it."""
+    """One chain link (a backend or the fallback) as the router drives it."""
 
-    backend: Backend
-    replicas: int
+    target: Target
     stream: DeploymentHandle  # .options(stream=True), cached: each .options() builds a router
     unary: DeploymentHandle
     gate: BackendGate
@@ -126,7 +126,8 @@ class Router:
         self._config = config
         self._clock = clock
         self._watch = watch
-        self._counters = counters_by_role(config)
+        targets = config.targets
+        self._counters = counters_for(targets[name] for name in backends)
         # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
         # that off the event loop that relays every stream (and fits one at a time, in order).
         self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
@@ -142,11 +143,10 @@ class Router:
             stale_after_s=settings.kv_stale_after_s,
         )
         gate_policy = GatePolicy(settings.queue_timeout_s, settings.retry_after_s)
-        by_name = {b.name: b for b in config.backends}
         self._links: dict[str, Link] = {}
         for name, handle in backends.items():
-            backend = by_name[name]
-            cap = max(1, config.model_for(backend.role).cap // config.gateway.router_replicas)
+            target = targets[name]
+            cap = max(1, target.cap // config.gateway.router_replicas)
             queue = AdmissionQueue(
                 cap=cap,
                 max_queue=settings.max_queue,
@@ -154,8 +154,7 @@ class Router:
                 shares=settings.class_shares,
             )
             self._links[name] = Link(
-                backend=backend,
-                replicas=config.model_for(backend.role).replicas,
+                target=target,
                 stream=handle.options(stream=True),
                 unary=handle,
                 gate=BackendGate(queue, gate_policy, clock),
@@ -178,7 +177,7 @@ class Router:
                 return
             link = self._links[name]
             try:
-                fit = await self._fit(job, link.backend.role)
+                fit = await self._fit(job, link.target)
             except ContextOverflow as overflow:
                 yield Refusal(400, "context_length_exceeded", str(overflow))
                 return
@@ -215,7 +214,7 @@ class Router:
         self, link: Link, job: ChatJob, fit: Fit, failovers: int
     ) -> AsyncIterator[Any]:
         """Run the job on one backend, holding its slot; raise BackendFault before any output."""
-        name = link.backend.name
+        name = link.target.name
         settings = self._config.router
         if not link.breaker.try_acquire():  # tripped while we waited for the slot
             link.gate.release()
@@ -224,8 +223,8 @@ class Router:
         metrics.IN_FLIGHT.labels(name).set(link.in_flight)
         request = job.request.model_copy(
             update={
-                # vLLM answers to the backend's model id, which is the role name.
-                "model": link.backend.role.value,
+                # Each engine answers to its own model id (a backend's is its role name).
+                "model": link.target.model_id,
                 "messages": fit.messages,
                 "max_tokens": fit.max_tokens,
                 "max_completion_tokens": fit.max_tokens,
@@ -249,6 +248,7 @@ class Router:
             error = engine_error(first)
             if error is not None and is_server_error(error):
                 verdict = False
+                self._note_oom(link, error)
                 raise BackendFault(f"engine error {error.error.code}: {error.error.message}")
             yield Routed(
                 backend=name,
@@ -279,6 +279,7 @@ class Router:
                 late = engine_error(item)
                 if late is not None and is_server_error(late):
                     verdict = False  # the ingress turns it into an SSE error event
+                    self._note_oom(link, late)
                 yield item
         finally:
             if stream is not None:
@@ -290,9 +291,10 @@ class Router:
 
     # -- decisions' inputs ---------------------------------------------------------------------
 
-    async def _fit(self, job: ChatJob, role: Role) -> Fit:
+    async def _fit(self, job: ChatJob, target: Target) -> Fit:
+        """Fit the job to the window of the link that will serve it (windows differ)."""
         request = job.request
-        window = self._config.model_for(role).context_window
+        window = target.context_window
         fit_args = {
             "window": max(1, int(window * job.context_share)),
             "requested_max_tokens": (
@@ -300,7 +302,7 @@ class Router:
                 if request.max_completion_tokens is not None
                 else request.max_tokens
             ),
-            "counter": self._counters[role],
+            "counter": self._counters[target.tokenizer],
         }
         messages = [dict(m) for m in request.messages]
         quick = pass_through(messages, **fit_args)
@@ -321,7 +323,7 @@ class Router:
         if verdict is True:
             link.breaker.record_success()
         elif verdict is False:
-            metrics.BACKEND_FAULTS.labels(link.backend.name).inc()
+            metrics.BACKEND_FAULTS.labels(link.target.name).inc()
             link.breaker.record_failure()
         else:
             link.breaker.record_abandoned()
@@ -330,15 +332,24 @@ class Router:
     def _note_dead_replica(self, link: Link, error: BaseException) -> None:
         """A backend whose only replica died takes no work until Serve has replaced it: without
         this, requests would wait on Serve's handle for a replica that is not there yet."""
-        if isinstance(error, REPLICA_GONE) and link.replicas == 1:
+        if isinstance(error, REPLICA_GONE) and link.target.replicas == 1:
             link.running = False
             link.awaiting_recovery = True
             link.breaker.trip("its only replica died")
 
+    def _note_oom(self, link: Link, error: ErrorResponse) -> None:
+        """A replica out of memory refuses all work until Serve replaces it (llm_server.py);
+        one that only lacked KV room now recovers by itself. Either way, stop sending there:
+        the breaker opens at once, and a passed health probe closes it."""
+        if error.error.type != OOM_CODE:
+            return
+        metrics.BACKEND_OOM.labels(link.target.name).inc()
+        link.breaker.trip(f"out of memory: {error.error.message}")
+
     def _count_transitions(self, link: Link) -> None:
         for transition in link.breaker.transitions[link.seen_transitions :]:
-            _log_transition(link.backend.name, transition)
-            metrics.BREAKER_TRANSITIONS.labels(link.backend.name, transition.target.value).inc()
+            _log_transition(link.target.name, transition)
+            metrics.BREAKER_TRANSITIONS.labels(link.target.name, transition.target.value).inc()
         link.seen_transitions = len(link.breaker.transitions)
 
     # -- background loops ----------------------------------------------------------------------
@@ -378,9 +389,10 @@ class Router:
             link.breaker.trip("no running replica")
         elif link.awaiting_recovery or link.breaker.state is not BreakerState.CLOSED:
             if await self._probe(link):
-                if link.awaiting_recovery:  # a new replica: the dead one's KV readings are void
-                    link.kv.forget()
-                    link.gate.resume()
+                # Readings from before the trouble say nothing now (a replaced replica starts
+                # empty; a down one left only stale readings, which would count as pressure).
+                link.kv.forget()
+                link.gate.resume()
                 link.awaiting_recovery = False
                 link.running = True
                 link.breaker.reset("health check passed")
@@ -395,7 +407,7 @@ class Router:
         try:
             await asyncio.wait_for(link.unary.check_health.remote(), HEALTH_PROBE_TIMEOUT_S)
         except Exception as error:  # any failure: still unhealthy
-            logger.info("health probe of %s failed: %s", link.backend.name, _describe(error))
+            logger.info("health probe of %s failed: %s", link.target.name, _describe(error))
             return False
         return True
 
@@ -419,14 +431,14 @@ class Router:
             if _method_missing(error):  # a plain LLMServer or a test double: stop asking
                 link.kv_observable = False
                 return
-            logger.info("KV reading of %s failed: %s", link.backend.name, _describe(error))
+            logger.info("KV reading of %s failed: %s", link.target.name, _describe(error))
             return
         if usage is None:
             link.kv_observable = False
             return
         now = self._clock()
         link.kv.observe(float(usage), now)
-        metrics.KV_CACHE_USAGE.labels(link.backend.name).set(float(usage))
+        metrics.KV_CACHE_USAGE.labels(link.target.name).set(float(usage))
         if link.kv.pressured(now):
             link.gate.pause()
         else:
@@ -450,10 +462,12 @@ class Router:
         deployments = await self._deployments()
         now = self._clock()
         backends = {}
-        for backend in self._config.home_backends:
-            link = self._links.get(backend.name)
+        for target in self._config.home_targets:
+            link = self._links.get(target.name)
+            if link is None and target.role is None:
+                continue  # an app without the fallback (benchmarks over bare replicas)
             info = deployments.get(link.deployment) if link else None
-            backends[backend.name] = _backend_status(backend, info, link, now)
+            backends[target.name] = _backend_status(target, info, link, now)
         states = [b["state"] for b in backends.values()]
         return {"status": overall_status(states), "backends": backends}
 
@@ -485,13 +499,13 @@ def _log_transition(backend: str, transition: Transition) -> None:
     )
 
 
-def _backend_status(backend: Backend, info: Any, link: Link | None, now: float) -> dict[str, Any]:
+def _backend_status(target: Target, info: Any, link: Link | None, now: float) -> dict[str, Any]:
     running = info.replica_states.get("RUNNING", 0) if info else 0
     status = str(info.status.value) if info else "NOT_DEPLOYED"
     state = backend_state(status, running)
     report: dict[str, Any] = {
-        "role": backend.role.value,
-        "pool": backend.pool,
+        "role": target.role.value if target.role else None,  # None: the fallback, any role
+        "pool": target.pool,
         "state": state,
         "deployment_status": status,
         "running_replicas": running,

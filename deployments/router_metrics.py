@@ -50,6 +50,12 @@ BACKEND_FAULTS = Counter(
     ["backend"],
     registry=REGISTRY,
 )
+BACKEND_OOM = Counter(
+    "gps_backend_oom",
+    "Requests a backend answered with backend_oom (out of memory, or no KV-cache room).",
+    ["backend"],
+    registry=REGISTRY,
+)
 KV_CACHE_USAGE = Gauge(
     "gps_kv_cache_usage",
     "The backend engine's last reported KV-cache usage (0..1).",

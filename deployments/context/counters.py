@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
-from cluster.config import ClusterConfig, Role
+from cluster.config import Target
 from deployments.context.tokens import CharEstimateCounter, ChatTemplateCounter, TokenCounter
 
 logger = logging.getLogger("ray.serve")
 
 
 def load_counter(source: str) -> TokenCounter:
-    """The model's tokenizer and chat template; the character estimate if it cannot load."""
+    """The model's tokenizer and chat template (a model folder, a hub id, or a GGUF file's
+    embedded ones); the character estimate if none can load."""
     try:
         return ChatTemplateCounter.from_pretrained(source)
     except Exception as error:  # any loader failure leaves us counting by estimate
@@ -19,12 +21,10 @@ def load_counter(source: str) -> TokenCounter:
         return CharEstimateCounter()
 
 
-def counters_by_role(config: ClusterConfig) -> dict[Role, TokenCounter]:
-    by_source: dict[str, TokenCounter] = {}
-    counters = {}
-    for model in config.models:
-        source = config.resolve_path(model.source)
-        if source not in by_source:
-            by_source[source] = load_counter(source)
-        counters[model.role] = by_source[source]
+def counters_for(targets: Iterable[Target]) -> dict[str, TokenCounter]:
+    """A counter for each target's tokenizer source, each source loaded once."""
+    counters: dict[str, TokenCounter] = {}
+    for target in targets:
+        if target.tokenizer not in counters:
+            counters[target.tokenizer] = load_counter(target.tokenizer)
     return counters

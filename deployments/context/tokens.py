@@ -101,6 +101,9 @@ class ChatTemplateCounter:
     def from_pretrained(cls, source: str | Path) -> ChatTemplateCounter:
         from transformers import AutoTokenizer
 
+        path = Path(source)
+        if path.suffix == ".gguf":  # llama.cpp's file carries the tokenizer and chat template
+            return cls(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
         return cls(AutoTokenizer.from_pretrained(str(source)))
 
     def _encode_uncached(self, text: str) -> int:

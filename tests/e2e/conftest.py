@@ -18,8 +18,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.app import build_gateway
-from cluster.backends import build_backend
-from cluster.config import ClusterConfig, load_config
+from cluster.backends import build_backend, build_fallback
+from cluster.config import FALLBACK_BACKEND, ClusterConfig, load_config
 from cluster.ray_runtime import local_pool_resources
 
 CONFIG = Path(__file__).with_name("gateway.yaml")
@@ -27,23 +27,26 @@ API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
 PORT = int(os.environ.get("GPS_E2E_PORT", "18000"))
 PROBED_BACKEND = "coding@local"
 PROBE_DEPLOYMENT = f"probe:{PROBED_BACKEND}"
+# The vision backend has a KV cache smaller than two requests and an out-of-memory switch.
+SWITCHED_BACKEND = "vision@local"
 
 
-def _load_probe_module() -> object:
-    """probe.py, imported by path (pytest runs in importlib mode, tests are not a package)."""
+def _load_test_module(file: str) -> Any:
+    """A helper module of this folder, imported by path (pytest runs in importlib mode, tests
+    are not a package), whose code Serve replicas get by value: they cannot import this folder."""
     spec = importlib.util.spec_from_file_location(
-        "gps_e2e_probe", Path(__file__).with_name("probe.py")
+        f"gps_e2e_{Path(file).stem}", Path(__file__).with_name(file)
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    ray.cloudpickle.register_pickle_by_value(module)
     return module
 
 
-probe_module: Any = _load_probe_module()
-# Serve replicas cannot import this test folder: ship the probe's code by value.
-ray.cloudpickle.register_pickle_by_value(probe_module)
+probe_module = _load_test_module("probe.py")
+oom_switch_module = _load_test_module("oom_switch.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -67,7 +70,14 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
     # The proxy must be up before the engines load: on 2 cores it otherwise misses its
     # readiness checks and dies (DESIGN.md section 6).
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    backends = {b.name: build_backend(config, b) for b in config.home_backends}
+    backends = {
+        b.name: build_backend(config, b) for b in config.home_backends if b.name != SWITCHED_BACKEND
+    }
+    [switched] = [b for b in config.home_backends if b.name == SWITCHED_BACKEND]
+    backends[SWITCHED_BACKEND] = build_backend(
+        config, switched, oom_switch_module.OomSwitchLLMServer
+    )
+    backends[FALLBACK_BACKEND] = build_fallback(config)
     # The coding backend is reached through a probe that counts and can fail on demand.
     probe = serve.deployment(probe_module.Probe).options(
         name=PROBE_DEPLOYMENT, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
@@ -105,8 +115,11 @@ def bare_llm_url(gateway: str) -> str:
 
     replicas = serve.get_deployment_handle("model:orchestrator@local", app_name="gateway")
     card = ModelCard(id="orchestrator", object="model", owned_by="bare", permission=[], metadata={})
-    bare = serve.deployment(make_fastapi_ingress(OpenAiIngress), name="bare-ingress").bind(
-        llm_deployments={"orchestrator": replicas}, model_cards={"orchestrator": card}
-    )
+    # No CPU reserved: the engines and the fallback have booked both of this machine's cores.
+    bare = serve.deployment(
+        make_fastapi_ingress(OpenAiIngress),
+        name="bare-ingress",
+        ray_actor_options={"num_cpus": 0},
+    ).bind(llm_deployments={"orchestrator": replicas}, model_cards={"orchestrator": card})
     serve.run(bare, name="bare", route_prefix="/bare")
     return f"{gateway}/bare/v1/chat/completions"

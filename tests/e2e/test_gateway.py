@@ -36,7 +36,7 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
 
 def test_lists_roles_aliases_and_auto(client: openai.OpenAI, config: ClusterConfig) -> None:
     ids = {model.id for model in client.models.list()}
-    assert ids == {"orchestrator", "coding", "smollm2", "smollm2-coder", "auto"}
+    assert ids == {"orchestrator", "coding", "vision", "smollm2", "smollm2-coder", "auto"}
     assert ids == set(config.served_names)
 
 
@@ -196,14 +196,24 @@ def test_unknown_path_gets_openai_404(http: httpx.Client) -> None:
 def test_healthz_reports_every_backend_up(gateway: str) -> None:
     health = httpx.get(f"{gateway}/healthz").json()
     assert health["status"] == "ok"
-    assert set(health["backends"]) == {"orchestrator@local", "coding@local"}
+    assert set(health["backends"]) == {
+        "orchestrator@local",
+        "coding@local",
+        "vision@local",
+        "cpu-fallback",
+    }
+    assert health["backends"]["cpu-fallback"]["role"] is None  # it serves any role
     assert all(b["state"] == "up" for b in health["backends"].values())
 
 
 def test_cluster_status_needs_a_key_and_shows_placements(gateway: str, http: httpx.Client) -> None:
     assert httpx.get(f"{gateway}/v1/cluster/status").status_code == 401
     status = http.get("/v1/cluster/status").json()
-    assert status["placements"] == {"orchestrator@local": "local", "coding@local": "local"}
+    assert status["placements"] == {
+        "orchestrator@local": "local",
+        "coding@local": "local",
+        "vision@local": "local",
+    }
     assert [p["name"] for p in status["pools"]] == ["local"]
     assert status["backends"]["coding@local"]["running_replicas"] == 1
 

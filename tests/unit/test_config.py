@@ -103,12 +103,17 @@ def test_default_caps_per_role() -> None:
     assert caps == {Role.ORCHESTRATOR: 24, Role.REASONING: 8, Role.VISION: 4, Role.CODING: 6}
 
 
-def test_e2e_config_loads_two_roles_and_a_key() -> None:
+def test_e2e_config_loads_three_roles_and_a_key() -> None:
     config = load_config(E2E_CONFIG, environ={})
-    assert [b.name for b in config.home_backends] == ["orchestrator@local", "coding@local"]
+    assert [b.name for b in config.home_backends] == [
+        "orchestrator@local",
+        "coding@local",
+        "vision@local",
+    ]
     assert set(config.served_names) == {
         "orchestrator",
         "coding",
+        "vision",
         "smollm2",
         "smollm2-coder",
         AUTO_MODEL,
@@ -523,3 +528,41 @@ def test_bad_config_message_names_the_file(tmp_path: Path) -> None:
     data["fallback"]["max_concurrency"] = 0
     message = config_error(tmp_path, data)
     assert message.startswith(f"invalid config {tmp_path / 'cluster.yaml'}")
+
+
+# --- the CPU fallback ---------------------------------------------------------------------------
+
+
+def test_the_fallback_is_a_target_with_its_own_window_cap_and_tokenizer(tmp_path: Path) -> None:
+    data = base()
+    data["fallback"] = {"source": "./fallback.gguf", "context_window": 1024, "max_concurrency": 3}
+    config = load_dict(tmp_path, data)
+    target = config.targets[FALLBACK_BACKEND]
+    assert (target.context_window, target.cap, target.replicas) == (1024, 3, 1)
+    assert (target.role, target.model_id) == (None, FALLBACK_BACKEND)
+    assert target.tokenizer == str(tmp_path / "fallback.gguf")  # the GGUF's own tokenizer
+    assert config.home_targets[-1] == target
+    coding = config.targets["coding@local"]
+    assert (coding.context_window, coding.cap, coding.model_id) == (4096, 6, "coding")
+
+
+def test_a_fallback_tokenizer_can_be_named(tmp_path: Path) -> None:
+    data = base()
+    data["fallback"] = {"source": "llama3.2:1b", "engine": "ollama", "tokenizer": "./tok"}
+    config = load_dict(tmp_path, data)
+    assert config.fallback_source == "llama3.2:1b"
+    assert config.targets[FALLBACK_BACKEND].tokenizer == str(tmp_path / "tok")
+
+
+def test_llama_cpp_with_an_ollama_model_name_is_refused(tmp_path: Path) -> None:
+    data = base()
+    data["fallback"] = {"source": "llama3.2:1b", "engine": "llama_cpp"}
+    message = config_error(tmp_path, data)
+    assert "fallback" in message
+    assert "the llama_cpp engine serves a GGUF file" in message
+
+
+def test_a_malformed_keep_alive_is_refused(tmp_path: Path) -> None:
+    data = base()
+    data["fallback"]["keep_alive"] = "forever"
+    assert "fallback.keep_alive" in config_error(tmp_path, data)

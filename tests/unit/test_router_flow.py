@@ -65,6 +65,7 @@ class FakeBackend:
         self.running = 0
         self.max_running = 0
         self.streams: list[FakeStream] = []
+        self.requests: list[Any] = []
         self.chat = self
 
     def options(self, **_: Any) -> FakeBackend:
@@ -72,6 +73,7 @@ class FakeBackend:
 
     def remote(self, request: Any) -> FakeStream:
         self.calls += 1
+        self.requests.append(request)
         stream = FakeStream(self, self.behaviour(self.calls))
         self.streams.append(stream)
         return stream
@@ -85,12 +87,14 @@ def dead(_: int) -> list[Any]:
     return [RayError("replica died")]
 
 
-def engine_error(code: int) -> Behaviour:
-    error = ErrorResponse(error=ErrorInfo(message="boom", type="x", code=code))
+def engine_error(code: int, kind: str = "x") -> Behaviour:
+    error = ErrorResponse(error=ErrorInfo(message="boom", type=kind, code=code))
     return lambda _: [error]
 
 
-def make_config(cap: int = 4, max_queue: int = 8, queue_timeout_s: float = 5.0) -> ClusterConfig:
+def make_config(
+    cap: int = 4, max_queue: int = 8, queue_timeout_s: float = 5.0, fallback_window: int = 2048
+) -> ClusterConfig:
     raw = {
         "pools": [{"name": "local", "kind": "local"}],
         "models": [
@@ -103,7 +107,7 @@ def make_config(cap: int = 4, max_queue: int = 8, queue_timeout_s: float = 5.0) 
             }
             for role in ("orchestrator", "coding")
         ],
-        "fallback": {"source": "fallback.gguf"},
+        "fallback": {"source": "fallback.gguf", "context_window": fallback_window},
         "chains": {"coding": ["coding@local", "orchestrator@local", "cpu-fallback"]},
         "router": {
             "breaker_failures": 3,
@@ -239,3 +243,39 @@ def test_a_client_that_goes_away_frees_the_slot_and_aborts_the_engine_request() 
     assert again[0].backend == "coding@local"
     assert coding.streams[0].cancelled
     assert coding.running == 0
+
+
+def test_a_chain_whose_first_links_are_down_ends_on_the_fallback_fitted_to_its_window() -> None:
+    coding, orchestrator, fallback = FakeBackend(dead), FakeBackend(dead), FakeBackend(ok)
+    config = make_config(fallback_window=512)
+    handles = {"coding@local": coding, "orchestrator@local": orchestrator, "cpu-fallback": fallback}
+    router = Router(config, handles, watch=False)  # type: ignore[arg-type]
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 100}
+        for i in range(30)
+    ]
+    request = ChatCompletionRequest(model="coding", messages=turns, max_tokens=1000, stream=True)
+    routed, *_ = asyncio.run(
+        collect(router, ChatJob(request, Role.CODING, PriorityClass.USER, "t"))
+    )
+    assert (routed.backend, routed.failovers) == ("cpu-fallback", 2)
+    [sent] = fallback.requests
+    assert sent.model == "cpu-fallback"
+    assert routed.context_fitted and routed.dropped_messages > 0
+    assert routed.max_tokens <= int(512 * 0.6)
+    assert routed.prompt_tokens + routed.max_tokens <= 512
+    assert sent.messages[-1] == turns[-1]
+    assert sent.max_tokens == routed.max_tokens
+
+
+def test_an_out_of_memory_answer_opens_the_breaker_at_once_and_the_job_fails_over() -> None:
+    coding = FakeBackend(engine_error(503, kind="backend_oom"))
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=FakeBackend(ok))
+
+    async def two() -> list[str]:
+        return [(await collect(router, job()))[0].backend for _ in range(2)]
+
+    assert asyncio.run(two()) == ["orchestrator@local"] * 2
+    assert coding.calls == 1  # the second job skipped it: one OOM is enough
+    metrics = asyncio.run(router.metrics_text()).decode()
+    assert 'gps_backend_oom_total{backend="coding@local"} 1.0' in metrics

@@ -1,0 +1,138 @@
+"""Free VRAM on a node, read through NVML (`pynvml`), behind one small interface.
+
+`NvmlSource` reads every GPU's total/used/free memory and the processes holding it. On a node
+without an NVIDIA driver it says so (`NodeReading.error`) instead of pretending to have 0 bytes
+free. `FileSource` reads the same shape from a JSON file: that is how tests (and anyone
+rehearsing a placement) inject readings, through the interface the real probe uses.
+
+`python -m autoscale.vram` prints this node's reading as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None  # None where the driver will not say (e.g. in containers)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeReading:
+    node: str
+    gpus: tuple[GpuReading, ...] = ()
+    error: str | None = None  # why there is no reading ("no NVIDIA driver", ...)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(g.free_bytes for g in self.gpus)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(g.total_bytes for g in self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeReading:
+        gpus = tuple(
+            GpuReading(
+                **{k: v for k, v in g.items() if k != "processes"},
+                processes=tuple(GpuProcess(**p) for p in g.get("processes", ())),
+            )
+            for g in data.get("gpus", ())
+        )
+        return cls(node=str(data["node"]), gpus=gpus, error=data.get("error"))
+
+
+class VramSource(Protocol):
+    def read(self) -> NodeReading: ...
+
+
+@dataclass
+class NvmlSource:
+    """The real probe: NVML through `pynvml` (the `nvidia-ml-py` package)."""
+
+    node: str = field(default_factory=socket.gethostname)
+
+    def read(self) -> NodeReading:
+        try:
+            import pynvml
+        except ImportError:
+            return NodeReading(self.node, error="pynvml is not installed (pip nvidia-ml-py)")
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:  # no driver, no device: say so, don't guess
+            return NodeReading(self.node, error=f"no NVIDIA GPU readable: {error}")
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            return NodeReading(self.node, tuple(_read_gpu(pynvml, i) for i in range(count)))
+        except pynvml.NVMLError as error:
+            return NodeReading(self.node, error=f"NVML read failed: {error}")
+        finally:
+            pynvml.nvmlShutdown()
+
+
+def _read_gpu(pynvml: Any, index: int) -> GpuReading:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    name = pynvml.nvmlDeviceGetName(handle)
+    try:
+        running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except pynvml.NVMLError:
+        running = []
+    processes = tuple(
+        GpuProcess(int(p.pid), int(p.usedGpuMemory) if p.usedGpuMemory is not None else None)
+        for p in running
+    )
+    return GpuReading(
+        index=index,
+        name=name.decode() if isinstance(name, bytes) else str(name),
+        total_bytes=int(memory.total),
+        used_bytes=int(memory.used),
+        free_bytes=int(memory.free),
+        processes=processes,
+    )
+
+
+@dataclass
+class FileSource:
+    """Readings injected from a JSON file in `NodeReading.to_json()` shape."""
+
+    path: Path
+
+    def read(self) -> NodeReading:
+        return NodeReading.from_json(json.loads(Path(self.path).read_text()))
+
+
+def main() -> None:
+    json.dump(NvmlSource().read().to_json(), sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The CPU fallback replica that ends every failover chain: Ollama or llama.cpp in-process."""

@@ -1,0 +1,64 @@
+"""What the fallback's engines share: the request they take and the pieces they give back.
+
+Both engines (Ollama over its native API, llama.cpp in-process) turn a chat into a stream of
+text pieces and one closing `Finish`; `openai_format` turns that into OpenAI responses, so the
+router cannot tell the fallback from a vLLM replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ChatParams:
+    """A chat already fitted to the fallback's window by the router."""
+
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # "stop" or "length", as OpenAI says it
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot serve now (not started, its server died): a backend fault."""
+
+
+class PromptTooLong(Exception):
+    """The prompt does not fit the engine's window: the client's problem, not the engine's."""
+
+
+class FallbackEngine(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Load the model; on return the engine serves."""
+        ...
+
+    def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
+        """Text pieces as they are generated, then exactly one Finish."""
+        ...
+
+    async def check_health(self) -> None:
+        """Raise EngineUnavailable if the engine cannot serve."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the engine (threads, processes) without waiting: also from `__del__`."""
+        ...

@@ -1,0 +1,315 @@
+"""The Ollama engine: a supervised `ollama serve` on a loopback port, spoken to natively.
+
+We use Ollama's native API, not its OpenAI-style `/v1`, because only the native one sets
+`num_ctx` (the window) per model and per request. At start the model is made to exist: from a
+GGUF file it is created (`/api/blobs` upload, then `/api/create` with `files` and
+`parameters.num_ctx`, the API form of a Modelfile's `FROM` and `PARAMETER num_ctx`); by name it
+is pulled. The supervisor restarts `ollama serve` when it dies and makes the model exist again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from deployments.fallback.engine import (
+    ChatParams,
+    EngineUnavailable,
+    Finish,
+    Piece,
+    PromptTooLong,
+)
+
+logger = logging.getLogger("ray.serve")
+
+START_TIMEOUT_S = 60.0
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+WATCH_INTERVAL_S = 1.0
+HASH_CHUNK = 1 << 20
+
+
+class OllamaError(Exception):
+    """Ollama answered with an error."""
+
+
+def file_digest(path: Path) -> str:
+    """Ollama names blobs by the SHA-256 of their content."""
+    sha = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(HASH_CHUNK):
+            sha.update(chunk)
+    return f"sha256:{sha.hexdigest()}"
+
+
+class OllamaApi:
+    """Ollama's documented native API (docs/api.md): what the fallback uses of it."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def version(self) -> str:
+        reply = await self._client.get("/api/version")
+        _raise_for_error(reply)
+        return str(reply.json().get("version", ""))
+
+    async def has_model(self, name: str) -> bool:
+        reply = await self._client.post("/api/show", json={"model": name})
+        if reply.status_code == 404:
+            return False
+        _raise_for_error(reply)
+        return True
+
+    async def push_blob(self, path: Path) -> str:
+        """Upload a file as a blob unless Ollama has it already; its digest."""
+        digest = await asyncio.to_thread(file_digest, path)
+        exists = await self._client.head(f"/api/blobs/{digest}")
+        if exists.status_code != 200:
+            reply = await self._client.post(
+                f"/api/blobs/{digest}", content=_file_chunks(path), timeout=None
+            )
+            _raise_for_error(reply)
+        return digest
+
+    async def create(self, name: str, files: Mapping[str, str], parameters: dict[str, Any]) -> None:
+        body = {"model": name, "files": dict(files), "parameters": parameters, "stream": False}
+        reply = await self._client.post("/api/create", json=body, timeout=None)
+        _raise_for_error(reply)
+
+    async def pull(self, name: str) -> None:
+        reply = await self._client.post(
+            "/api/pull", json={"model": name, "stream": False}, timeout=None
+        )
+        _raise_for_error(reply)
+
+    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """`/api/chat` with `stream: true`: one JSON object per line."""
+        async with self._client.stream("POST", "/api/chat", json=body, timeout=None) as reply:
+            if reply.status_code >= 400:
+                await reply.aread()
+                _raise_for_error(reply)
+            async for line in reply.aiter_lines():
+                if not line.strip():
+                    continue
+                item = json.loads(line)
+                if "error" in item:
+                    raise OllamaError(str(item["error"]))
+                yield item
+
+
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as file:
+        while chunk := file.read(HASH_CHUNK):
+            yield chunk
+
+
+def _raise_for_error(reply: httpx.Response) -> None:
+    if reply.status_code < 400:
+        return
+    try:
+        message = reply.json().get("error", reply.text)
+    except ValueError:
+        message = reply.text
+    raise OllamaError(f"HTTP {reply.status_code}: {message}")
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> dict[str, Any]:
+    """An `/api/chat` request: the window and the output limit go in `options`."""
+    options: dict[str, Any] = {"num_ctx": num_ctx, "num_predict": params.max_tokens}
+    if params.temperature is not None:
+        options["temperature"] = params.temperature
+    if params.top_p is not None:
+        options["top_p"] = params.top_p
+    if params.stop:
+        options["stop"] = list(params.stop)
+    if params.seed is not None:
+        options["seed"] = params.seed
+    messages = [
+        {"role": m.get("role", "user"), "content": _text(m.get("content"))} for m in params.messages
+    ]
+    return {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "keep_alive": keep_alive,
+        "options": options,
+    }
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+class OllamaEngine:
+    """`ollama serve`, started and watched by this replica, serving one model."""
+
+    name = "ollama"
+
+    def __init__(
+        self,
+        *,
+        binary: str,
+        source: str,
+        model: str,
+        context_window: int,
+        keep_alive: str,
+        models_dir: str | None = None,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self._binary = binary
+        self._source = source
+        self._model = model
+        self._window = context_window
+        self._keep_alive = keep_alive
+        self._models_dir = models_dir
+        self._sleep = sleep
+        self._process: asyncio.subprocess.Process | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._ready = False
+        self.restarts = 0
+
+    @property
+    def base_url(self) -> str:
+        assert self._client is not None, "start() first"
+        return str(self._client.base_url)
+
+    async def start(self) -> None:
+        await self._launch()
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def _launch(self) -> None:
+        port = free_loopback_port()
+        env = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}"}
+        if self._models_dir:
+            env["OLLAMA_MODELS"] = self._models_dir
+        self._process = await asyncio.create_subprocess_exec(
+            self._binary,
+            "serve",
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        if self._client is not None:
+            await self._client.aclose()
+        self._client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        await self._wait_until_up()
+        await self._ensure_model()
+        self._ready = True
+        logger.info("ollama serve up on port %d (pid %d)", port, self._process.pid)
+
+    async def _wait_until_up(self) -> None:
+        api = self._api()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT_S
+        while True:
+            assert self._process is not None
+            if self._process.returncode is not None:
+                raise EngineUnavailable(f"ollama serve exited with {self._process.returncode}")
+            try:
+                await api.version()
+                return
+            except (httpx.HTTPError, OllamaError):
+                if loop.time() > deadline:
+                    raise EngineUnavailable("ollama serve did not answer in time") from None
+                await asyncio.sleep(0.1)
+
+    async def _ensure_model(self) -> None:
+        api = self._api()
+        if self._source.endswith(".gguf"):
+            digest = await api.push_blob(Path(self._source))
+            # Created every start: cheap once the blob is there, and it keeps num_ctx current.
+            files = {Path(self._source).name: digest}
+            await api.create(self._model, files, {"num_ctx": self._window})
+        elif not await api.has_model(self._source):
+            await api.pull(self._source)
+
+    @property
+    def _served_model(self) -> str:
+        return self._model if self._source.endswith(".gguf") else self._source
+
+    def _api(self) -> OllamaApi:
+        assert self._client is not None, "start() first"
+        return OllamaApi(self._client)
+
+    async def _watch(self) -> None:
+        """Restart `ollama serve` whenever it dies, backing off while it keeps dying."""
+        failures = 0
+        while True:
+            assert self._process is not None
+            await self._process.wait()
+            self._ready = False
+            logger.warning("ollama serve exited with %s: restarting", self._process.returncode)
+            await self._sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
+            try:
+                await self._launch()
+                self.restarts += 1
+                failures = 0
+            except Exception as error:  # keep trying: the replica reports unhealthy meanwhile
+                failures += 1
+                logger.warning("ollama restart failed: %s", error)
+                if self._process is not None and self._process.returncode is None:
+                    self._process.kill()
+
+    async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
+        if not self._ready:
+            raise EngineUnavailable("ollama serve is not running")
+        body = chat_body(self._served_model, params, self._window, self._keep_alive)
+        try:
+            async for item in self._api().chat(body):
+                text = item.get("message", {}).get("content", "")
+                if text:
+                    yield Piece(text)
+                if item.get("done"):
+                    yield Finish(
+                        reason="length" if item.get("done_reason") == "length" else "stop",
+                        prompt_tokens=int(item.get("prompt_eval_count", 0)),
+                        completion_tokens=int(item.get("eval_count", 0)),
+                    )
+                    return
+        except httpx.HTTPError as error:
+            raise EngineUnavailable(f"ollama unreachable: {error}") from error
+        except OllamaError as error:
+            if "context" in str(error).lower() and "exceed" in str(error).lower():
+                raise PromptTooLong(str(error)) from error
+            raise EngineUnavailable(str(error)) from error
+        raise EngineUnavailable("ollama ended the stream without done")
+
+    async def check_health(self) -> None:
+        if not self._ready:
+            raise EngineUnavailable("ollama serve is not running")
+        try:
+            await self._api().version()
+        except (httpx.HTTPError, OllamaError) as error:
+            raise EngineUnavailable(f"ollama serve does not answer: {error}") from error
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.terminate()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None

@@ -1,0 +1,108 @@
+"""The fallback's answers in the shapes a ray.serve.llm LLMServer gives: the router and the
+ingress handle them exactly as they handle a vLLM replica's."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    ErrorInfo,
+    ErrorResponse,
+)
+
+from deployments.fallback.engine import ChatParams, Finish
+
+DONE = "data: [DONE]\n\n"
+
+
+def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> ChatParams:
+    """What the engines need of an OpenAI request (the router has fitted and clamped it)."""
+    max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
+    stop = (
+        request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
+    )
+    return ChatParams(
+        messages=[_plain(m) for m in request.messages],
+        max_tokens=int(max_tokens),
+        temperature=request.temperature,
+        top_p=request.top_p,
+        stop=[str(s) for s in stop],
+        seed=request.seed,
+    )
+
+
+def _plain(original: Any) -> dict[str, Any]:
+    """A message as a plain dict with text content (image parts cannot be read here)."""
+    message: dict[str, Any] = dict(original)
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = "\n".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    elif content is None:
+        message["content"] = ""
+    return message
+
+
+def error_response(status: int, kind: str, message: str) -> ErrorResponse:
+    return ErrorResponse(error=ErrorInfo(message=message, type=kind, code=status))
+
+
+class ChatShaper:
+    """One response's chunks (streaming) or whole answer, with one id and creation time."""
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self._model = model
+        self._include_usage = include_usage
+        self._id = f"chatcmpl-{uuid.uuid4().hex}"
+        self._created = int(time.time())
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = ChatCompletionStreamResponse(
+            id=self._id, created=self._created, model=self._model, choices=choices, **extra
+        )
+        return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+    def opening(self, text: str) -> list[str]:
+        """The role chunk and the first text, sent together once the engine has answered."""
+        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        return [self._chunk([role]), self.text(text)]
+
+    def text(self, text: str) -> str:
+        return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
+
+    def closing(self, finish: Finish) -> list[str]:
+        lines = [self._chunk([{"index": 0, "delta": {}, "finish_reason": finish.reason}])]
+        if self._include_usage:
+            lines.append(self._chunk([], usage=_usage(finish)))
+        return [*lines, DONE]
+
+    def whole(self, text: str, finish: Finish) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=[
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish.reason,
+                }
+            ],
+            usage=_usage(finish),
+        )
+
+
+def _usage(finish: Finish) -> dict[str, int]:
+    return {
+        "prompt_tokens": finish.prompt_tokens,
+        "completion_tokens": finish.completion_tokens,
+        "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+    }

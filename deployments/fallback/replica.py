@@ -1,0 +1,176 @@
+"""The CPU fallback replica: a Serve deployment with no GPU, at the end of every chain.
+
+It answers `chat` in the shapes a ray.serve.llm LLMServer does, so the router drives it as any
+other link. Nothing is sent until the engine has produced its first piece: a failure before
+that is a 503 the router fails over on; a failure after it ends the stream with an error event.
+The engine is chosen on the node the replica runs on: `auto` takes Ollama where its binary is
+on PATH, llama.cpp in-process otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+
+from deployments.fallback.engine import (
+    FallbackEngine,
+    Finish,
+    Piece,
+    PromptTooLong,
+)
+from deployments.fallback.openai_format import ChatShaper, chat_params, error_response
+
+logger = logging.getLogger("ray.serve")
+
+
+class NoEngine(Exception):
+    """The configured engine cannot run on this node; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class FallbackSettings:
+    """What the replica needs of the config, resolved where the app is built."""
+
+    engine: str  # ollama | llama_cpp | auto
+    source: str  # absolute GGUF path, or an Ollama model name
+    model_id: str  # the name it answers as
+    context_window: int
+    threads: int
+    ollama_model: str
+    keep_alive: str
+    ollama_models_dir: str | None = None
+
+
+def choose_engine(requested: str, ollama_binary: str | None, source_is_file: bool) -> str:
+    """`auto` prefers Ollama; llama.cpp needs a GGUF file, Ollama needs its binary."""
+    if requested == "ollama" and ollama_binary is None:
+        raise NoEngine(
+            "fallback.engine is ollama but there is no `ollama` binary on this node's PATH; "
+            "install Ollama there or use engine llama_cpp (or auto)"
+        )
+    if requested == "auto":
+        requested = "ollama" if ollama_binary is not None else "llama_cpp"
+    if requested == "llama_cpp" and not source_is_file:
+        raise NoEngine(
+            "fallback.source names an Ollama model, which llama.cpp cannot load, and there is "
+            "no `ollama` binary on this node's PATH; point source at a .gguf file"
+        )
+    return requested
+
+
+def make_engine(settings: FallbackSettings) -> FallbackEngine:
+    binary = shutil.which("ollama")
+    chosen = choose_engine(settings.engine, binary, settings.source.endswith(".gguf"))
+    if chosen == "ollama":
+        from deployments.fallback.ollama import OllamaEngine
+
+        assert binary is not None
+        return OllamaEngine(
+            binary=binary,
+            source=settings.source,
+            model=settings.ollama_model,
+            context_window=settings.context_window,
+            keep_alive=settings.keep_alive,
+            models_dir=settings.ollama_models_dir,
+        )
+    from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+
+    return LlamaCppEngine(
+        model_path=settings.source,
+        context_window=settings.context_window,
+        threads=settings.threads,
+    )
+
+
+class CpuFallback:
+    async def __init__(  # type: ignore[misc]  # Serve awaits an async __init__
+        self,
+        settings: FallbackSettings,
+        engine_factory: Callable[[FallbackSettings], FallbackEngine] = make_engine,
+    ) -> None:
+        self._settings = settings
+        self._engine = engine_factory(settings)
+        await self._engine.start()
+        logger.info("CPU fallback serving %s with %s", settings.source, self._engine.name)
+
+    async def engine(self) -> str:
+        """Which engine serves (ollama or llama_cpp)."""
+        return self._engine.name
+
+    async def chat(self, request: ChatCompletionRequest) -> AsyncIterator[Any]:
+        if (request.n or 1) > 1:
+            yield error_response(400, "invalid_request", "The CPU fallback answers n=1 only.")
+            return
+        default_max = max(1, self._settings.context_window // 4)
+        pieces = self._engine.chat(chat_params(request, default_max))
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        shaper = ChatShaper(self._settings.model_id, include_usage)
+        try:
+            try:
+                first = await anext(pieces)
+            except PromptTooLong as error:
+                yield error_response(400, "context_length_exceeded", str(error))
+                return
+            except (Exception, StopAsyncIteration) as error:  # nothing sent: the router fails over
+                yield error_response(503, "backend_unavailable", f"CPU fallback: {error!r}")
+                return
+            if request.stream:
+                async for item in self._stream(first, pieces, shaper):
+                    yield item
+            else:
+                yield await self._whole(first, pieces, shaper)
+        finally:
+            await pieces.aclose()  # a client that left stops the engine now, not at collection
+
+    async def _stream(
+        self,
+        first: Piece | Finish,
+        pieces: AsyncGenerator[Piece | Finish, None],
+        shaper: ChatShaper,
+    ) -> AsyncIterator[Any]:
+        if isinstance(first, Finish):  # nothing generated at all
+            yield [*shaper.opening(""), *shaper.closing(first)]
+            return
+        yield shaper.opening(first.text)
+        try:
+            async for piece in pieces:
+                if isinstance(piece, Finish):
+                    yield shaper.closing(piece)
+                    return
+                yield [shaper.text(piece.text)]
+        except Exception as error:  # after the first token: an error event, never a hang
+            logger.warning("CPU fallback failed mid-stream: %s", error)
+            yield [error_response(503, "backend_unavailable", f"CPU fallback: {error}")]
+
+    async def _whole(
+        self,
+        first: Piece | Finish,
+        pieces: AsyncGenerator[Piece | Finish, None],
+        shaper: ChatShaper,
+    ) -> Any:
+        text: list[str] = []
+        item: Piece | Finish = first
+        try:
+            while isinstance(item, Piece):
+                text.append(item.text)
+                item = await anext(pieces)
+        except Exception as error:  # nothing was sent yet: a fault the router fails over on
+            return error_response(503, "backend_unavailable", f"CPU fallback: {error}")
+        return shaper.whole("".join(text), item)
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def kv_cache_usage(self) -> float | None:
+        """No KV-cache reading: the router's pressure breaker leaves the fallback alone."""
+        return None
+
+    def __del__(self) -> None:  # Serve calls it when the replica is shut down
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.close()

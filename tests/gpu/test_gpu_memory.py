@@ -1,0 +1,104 @@
+"""Checks for a lent NVIDIA machine (`device` tool): real NVML readings while another process
+holds memory, and a real CUDA out-of-memory error as the replicas' containment sees it.
+
+Needs torch with CUDA and nvidia-ml-py, nothing else of ours but two pure modules. Run there as
+`PYTHONPATH=. python3 -m pytest -c /dev/null -s tests/gpu`; skipped anywhere without a GPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from autoscale.vram import GIB, NvmlSource
+from deployments.oom import error_kind
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
+]
+
+HOLDER = """
+import sys, time, torch
+held = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device="cuda")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def hold(gib: float) -> subprocess.Popen[str]:
+    """Another process holding `gib` of GPU memory, as a second tenant of the GPU would."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(gib)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+@pytest.fixture
+def holder() -> Iterator[list[subprocess.Popen[str]]]:
+    held: list[subprocess.Popen[str]] = []
+    yield held
+    for process in held:
+        process.kill()
+        process.wait()
+
+
+def test_nvml_sees_another_process_take_memory_and_give_it_back(
+    holder: list[subprocess.Popen[str]],
+) -> None:
+    before = NvmlSource().read()
+    assert before.has_gpu, before.error
+    timed = time.perf_counter()
+    for _ in range(10):
+        NvmlSource().read()
+    per_read_ms = (time.perf_counter() - timed) * 100
+    print(f"\none NVML reading (init, read, shutdown) takes {per_read_ms:.1f} ms")
+    started = time.perf_counter()
+    holder.append(hold(20))
+    during = NvmlSource().read()
+    read_s = time.perf_counter() - started
+    holder[0].kill()
+    holder[0].wait()
+    time.sleep(1)
+    after = NvmlSource().read()
+    print(
+        f"\nNVML {before.gpus[0].name}: free {before.free_bytes / GIB:.2f} GiB before, "
+        f"{during.free_bytes / GIB:.2f} while another process held 20 GiB, "
+        f"{after.free_bytes / GIB:.2f} after; processes while held: "
+        f"{[(p.pid, p.used_bytes) for p in during.gpus[0].processes]}; "
+        f"allocate+read took {read_s:.2f} s"
+    )
+    assert before.free_bytes - during.free_bytes >= 20 * GIB
+    assert after.free_bytes >= during.free_bytes + 19 * GIB
+    pids = {p.pid for p in during.gpus[0].processes}
+    assert holder[0].pid in pids or not pids  # some containers hide other processes' pids
+
+
+def test_a_real_cuda_out_of_memory_is_recognised_as_oom(
+    holder: list[subprocess.Popen[str]],
+) -> None:
+    free = NvmlSource().read().free_bytes
+    holder.append(hold(free / GIB - 2))  # leave about 2 GiB
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        torch.empty(8 * GIB, dtype=torch.uint8, device="cuda")
+    print(
+        f"\nreal CUDA OOM: {type(caught.value).__module__}.{type(caught.value).__name__}: "
+        f"{str(caught.value).splitlines()[0]}"
+    )
+    assert error_kind(caught.value) == "oom"
+    # vLLM's engine dies of it in its EngineCore process; the frontend raises EngineDeadError
+    # with the OOM as its cause: still an OOM to the containment.
+    dead = type("EngineDeadError", (Exception,), {})("EngineCore encountered an issue.")
+    dead.__cause__ = caught.value
+    assert error_kind(dead) == "oom"
+    # The process that hit it still works once memory is back: containment can answer.
+    holder[0].kill()
+    holder[0].wait()
+    assert torch.ones(4, device="cuda").sum().item() == 4

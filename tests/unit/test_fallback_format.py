@@ -1,0 +1,83 @@
+"""The fallback's request reading, response shapes and engine choice (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+
+from deployments.fallback.engine import Finish
+from deployments.fallback.openai_format import ChatShaper, chat_params
+from deployments.fallback.replica import NoEngine, choose_engine
+
+
+def test_chat_params_take_the_fitted_limits_and_flatten_text_parts() -> None:
+    request = ChatCompletionRequest(
+        model="cpu-fallback",
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        ],
+        max_completion_tokens=12,
+        temperature=0.0,
+        stop="END",
+        seed=7,
+    )
+    params = chat_params(request, default_max_tokens=500)
+    assert params.max_tokens == 12
+    assert params.messages[1] == {"role": "user", "content": "Hi"}
+    assert (params.temperature, params.stop, params.seed) == (0.0, ["END"], 7)
+    bare = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}])
+    assert chat_params(bare, default_max_tokens=500).max_tokens == 500
+
+
+def lines_json(lines: list[str]) -> list[dict[str, object] | str]:
+    out: list[dict[str, object] | str] = []
+    for line in lines:
+        assert line.startswith("data: ") and line.endswith("\n\n")
+        body = line[len("data: ") : -2]
+        out.append(body if body == "[DONE]" else json.loads(body))
+    return out
+
+
+def test_a_stream_opens_with_the_role_and_closes_with_reason_usage_and_done() -> None:
+    shaper = ChatShaper("cpu-fallback", include_usage=True)
+    opening = lines_json(shaper.opening("Hel"))
+    closing = lines_json(shaper.closing(Finish("length", prompt_tokens=9, completion_tokens=4)))
+    role, first = opening
+    assert isinstance(role, dict) and isinstance(first, dict)
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # type: ignore[index]
+    assert first["choices"][0]["delta"] == {"content": "Hel"}  # type: ignore[index]
+    assert role["id"] == first["id"] and str(role["id"]).startswith("chatcmpl-")
+    end, usage, done = closing
+    assert end["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 13  # type: ignore[index]
+    assert done == "[DONE]"
+
+
+def test_without_include_usage_there_is_no_usage_chunk() -> None:
+    closing = ChatShaper("m", include_usage=False).closing(Finish("stop", 1, 1))
+    assert len(closing) == 2
+
+
+def test_a_whole_answer_is_a_chat_completion_with_usage() -> None:
+    whole = ChatShaper("cpu-fallback", include_usage=False).whole("Hi there", Finish("stop", 5, 2))
+    body = json.loads(whole.model_dump_json())
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {**body["choices"][0]["message"], "content": "Hi there"}
+    assert body["usage"] == {**body["usage"], "prompt_tokens": 5, "completion_tokens": 2}
+
+
+def test_auto_prefers_ollama_and_falls_back_to_llama_cpp() -> None:
+    assert choose_engine("auto", "/usr/bin/ollama", source_is_file=True) == "ollama"
+    assert choose_engine("auto", None, source_is_file=True) == "llama_cpp"
+    assert choose_engine("llama_cpp", "/usr/bin/ollama", source_is_file=True) == "llama_cpp"
+    assert choose_engine("ollama", "/usr/bin/ollama", source_is_file=False) == "ollama"
+
+
+def test_an_engine_that_cannot_run_here_says_what_to_change() -> None:
+    with pytest.raises(NoEngine, match="no `ollama` binary"):
+        choose_engine("ollama", None, source_is_file=True)
+    with pytest.raises(NoEngine, match=r"point source at a \.gguf file"):
+        choose_engine("auto", None, source_is_file=False)

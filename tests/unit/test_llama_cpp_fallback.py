@@ -1,0 +1,133 @@
+"""The CPU fallback on the real llama.cpp engine and the demo model's GGUF, without Serve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorResponse,
+)
+
+from deployments.context.tokens import ChatTemplateCounter
+from deployments.fallback.engine import ChatParams, Finish, Piece
+from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+from deployments.fallback.replica import CpuFallback, FallbackSettings
+
+GGUF = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+WINDOW = 512
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Count from one to fifty, in words."},
+]
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    if not GGUF.is_file():
+        pytest.fail(f"{GGUF} is missing: run `make model` (make test does it)")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is part of the cpu extra")
+    event_loop = asyncio.new_event_loop()
+    yield event_loop
+    event_loop.close()
+
+
+@pytest.fixture(scope="module")
+def fallback(loop: asyncio.AbstractEventLoop) -> Iterator[CpuFallback]:
+    settings = FallbackSettings(
+        engine="llama_cpp",
+        source=str(GGUF),
+        model_id="cpu-fallback",
+        context_window=WINDOW,
+        threads=1,
+        ollama_model="unused",
+        keep_alive="1m",
+    )
+    replica = CpuFallback.__new__(CpuFallback)
+    loop.run_until_complete(replica.__init__(settings))  # Serve awaits its async __init__
+    yield replica
+    replica.__del__()
+
+
+def ask(loop: asyncio.AbstractEventLoop, replica: CpuFallback, **fields: Any) -> list[Any]:
+    request = ChatCompletionRequest(model="cpu-fallback", messages=MESSAGES, **fields)
+
+    async def run() -> list[Any]:
+        return [item async for item in replica.chat(request)]
+
+    return loop.run_until_complete(run())
+
+
+def test_a_whole_answer_has_text_and_the_exact_prompt_count(
+    loop: asyncio.AbstractEventLoop, fallback: CpuFallback
+) -> None:
+    [response] = ask(loop, fallback, max_tokens=8, temperature=0.0)
+    body = json.loads(response.model_dump_json())
+    assert body["model"] == "cpu-fallback"
+    assert body["choices"][0]["message"]["content"].strip()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 8
+    # The router counts with the GGUF's own tokenizer and template: the same number.
+    counter = ChatTemplateCounter.from_pretrained(GGUF)
+    assert body["usage"]["prompt_tokens"] == counter.count_prompt(MESSAGES)
+
+
+def test_a_stream_is_sse_lines_with_usage_and_done(
+    loop: asyncio.AbstractEventLoop, fallback: CpuFallback
+) -> None:
+    items = ask(
+        loop,
+        fallback,
+        max_tokens=6,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    lines = [line for item in items for line in item]
+    assert lines[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(line[len("data: ") :]) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text.strip()
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_prompt_over_the_window_is_a_400_not_a_crash(
+    loop: asyncio.AbstractEventLoop, fallback: CpuFallback
+) -> None:
+    request = ChatCompletionRequest(
+        model="cpu-fallback", messages=[{"role": "user", "content": "word " * 2000}], max_tokens=4
+    )
+
+    async def run() -> list[Any]:
+        return [item async for item in fallback.chat(request)]
+
+    [error] = loop.run_until_complete(run())
+    assert isinstance(error, ErrorResponse)
+    assert (error.error.code, error.error.type) == (400, "context_length_exceeded")
+    assert ask(loop, fallback, max_tokens=2)  # and the replica still serves
+
+
+def test_a_client_that_leaves_stops_its_generation(loop: asyncio.AbstractEventLoop) -> None:
+    engine = LlamaCppEngine(model_path=str(GGUF), context_window=WINDOW, threads=1)
+    loop.run_until_complete(engine.start())
+
+    async def leave_then_ask() -> tuple[list[Piece | Finish], float]:
+        stream = engine.chat(ChatParams(messages=MESSAGES, max_tokens=400))
+        await anext(stream)
+        await stream.aclose()  # the client went away after one piece
+        started = time.perf_counter()
+        pieces = [p async for p in engine.chat(ChatParams(messages=MESSAGES, max_tokens=2))]
+        return pieces, time.perf_counter() - started
+
+    pieces, seconds = loop.run_until_complete(leave_then_ask())
+    engine.close()
+    assert isinstance(pieces[-1], Finish) and pieces[-1].completion_tokens == 2
+    # Had the first generation run on, 400 tokens would stand before this one in the queue.
+    assert seconds < 3.0, seconds
