@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit e2e lint format bench clean
+.PHONY: install model run test unit e2e placement lint format bench clean
 
 install: $(INSTALLED)
 model: $(MODEL)
@@ -48,8 +48,13 @@ unit: $(INSTALLED) $(MODEL)
 e2e: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/e2e -q
 
+# Its own Ray cluster of three nodes: a pytest session of its own, after the shared e2e app's.
+placement: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/placement -q -s
+
 test: lint $(MODEL)
-	$(VENV)/bin/pytest tests -q
+	$(VENV)/bin/pytest tests -q --ignore=tests/placement
+	$(VENV)/bin/pytest tests/placement -q -s
 
 # Every benchmark runs even when an earlier one misses its target; the exit status says if any did.
 bench: $(INSTALLED) $(MODEL)

@@ -77,7 +77,7 @@ def deploy_anchor(
 ) -> dict[str, DeploymentHandle]:
     """Bare ray.serve.llm over the home backends (or those named); their replica handles."""
     backends = [b for b in config.home_backends if not names or b.name in names]
-    llm_configs = [llm_config_for(config, b) for b in backends]
+    llm_configs = [llm_config_for(config, b, placed=False) for b in backends]
     serve.run(
         build_openai_app({"llm_configs": llm_configs}),
         name=ANCHOR_APP,

@@ -23,9 +23,10 @@ from deployments.router import Router
 
 
 def build_app(config: ClusterConfig) -> Application:
-    """The whole app: the gateway over one LLMServer deployment per home backend and the
-    CPU fallback."""
-    backends = {b.name: build_backend(config, b) for b in config.home_backends}
+    """The whole app: the gateway over one LLMServer deployment per backend (those off their
+    model's home pool start with no replica, for the placement actor to raise) and the CPU
+    fallback."""
+    backends = {b.name: build_backend(config, b) for b in config.backends}
     backends[FALLBACK_BACKEND] = build_fallback(config)
     return build_gateway(config, backends)
 

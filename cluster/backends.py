@@ -9,6 +9,8 @@ from ray import serve
 from ray.serve.deployment import Application
 from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
+from autoscale.placer import placement_matters
+from autoscale.policy import placement_policy
 from cluster.config import DEPLOYMENT_PREFIX, Backend, ClusterConfig
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.llm_server import ObservedLLMServer
@@ -18,15 +20,30 @@ from deployments.llm_server import ObservedLLMServer
 POOL_RESOURCE_SLIVER = 0.001
 
 
-def llm_config_for(config: ClusterConfig, backend: Backend) -> LLMConfig:
+def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True) -> LLMConfig:
+    """The backend's LLMConfig. `placed` (and some model may use more than one pool): its
+    replica count follows the placement actor, home backends starting with the model's replicas
+    and the others at zero; otherwise it is fixed."""
     model = config.model_for(backend.role)
     pool_resource = {config.pool(backend.pool).resource: POOL_RESOURCE_SLIVER}
     options: dict[str, Any] = {
         "name": backend.name,
-        "num_replicas": model.replicas,
         # The replica actor itself needs no CPU of its own: the engine's bundle carries it.
         "ray_actor_options": {"num_cpus": 0, "resources": pool_resource},
     }
+    if placed and placement_matters(config):
+        home = backend.pool == model.home_pool
+        options["autoscaling_config"] = {
+            "min_replicas": 0,
+            "max_replicas": model.replicas,
+            "initial_replicas": model.replicas if home else 0,
+            # Serve's delays would hold a placement decision back; the actor already waited.
+            "upscale_delay_s": 0,
+            "downscale_delay_s": 0,
+            "policy": {"policy_function": placement_policy},
+        }
+    else:
+        options["num_replicas"] = model.replicas
     llm_config: dict[str, Any] = {
         "model_loading_config": {
             # The id vLLM answers to; the router rewrites `model` to it.

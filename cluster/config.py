@@ -210,6 +210,10 @@ class PlacementConfig(_Frozen):
     restore_above_gb: float = Field(12.0, ge=0)
     cooldown_s: float = Field(120.0, ge=0)
     min_away_s: float = Field(60.0, ge=0)
+    # A move's target must be running and healthy within this long, or the move is abandoned
+    # (the source keeps serving); the source's in-flight requests get this long to finish.
+    move_timeout_s: float = Field(600.0, gt=0)
+    drain_timeout_s: float = Field(120.0, gt=0)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Self:

@@ -105,8 +105,8 @@ class Ingress:
         self._keys.authenticate(request.headers.get("authorization"))
         status: dict[str, Any] = await self._router.status.remote()
         pools = [p.model_dump(mode="json") for p in self._config.pools]
-        placements = {b.name: b.pool for b in self._config.home_backends}
-        return JSONResponse({**status, "pools": pools, "placements": placements})
+        # The router's status carries the placements (backend -> pool, as moved) and moves.
+        return JSONResponse({**status, "pools": pools})
 
     @app.get("/metrics")
     async def prometheus(self) -> Response:

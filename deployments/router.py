@@ -20,11 +20,13 @@ import functools
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 from grpc.aio import AioRpcError
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
@@ -32,6 +34,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import RayServeException, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
+from autoscale.placer import ensure_placer, placement_matters
 from cluster.config import ClusterConfig, Role, Target
 from deployments import router_metrics as metrics
 from deployments.admission import AdmissionQueue
@@ -52,6 +55,7 @@ BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
 # A replica gone: ActorDiedError over Ray actor calls, ActorUnavailableError over gRPC.
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
 HEALTH_PROBE_TIMEOUT_S = 5.0
+MOVES_KEPT = 20  # placement moves shown in /v1/cluster/status
 DeploymentKey = tuple[str, str]  # (application, deployment)
 
 
@@ -91,6 +95,9 @@ class Link:
     in_flight: int = 0
     kv_observable: bool = True
     seen_transitions: int = field(default=0)
+    # Deliberately at zero replicas: a model's non-home pool until placement moves it there, or
+    # the pool it was moved away from. Not down, not worth health checks, never chosen.
+    parked: bool = False
 
     @property
     def deployment(self) -> DeploymentKey:
@@ -99,8 +106,8 @@ class Link:
 
     @property
     def troubled(self) -> bool:
-        """Down, recovering or tripped: worth a health check soon."""
-        return (
+        """Down, recovering or tripped (and not parked): worth a health check soon."""
+        return not self.parked and (
             not self.running
             or self.awaiting_recovery
             or self.breaker.state is not BreakerState.CLOSED
@@ -108,7 +115,7 @@ class Link:
 
     def view(self, now: float) -> LinkView:
         return LinkView(
-            running=self.running,
+            running=self.running and not self.parked,  # a parked link only drains
             breaker_passes=self.breaker.can_pass(),
             kv_pressured=self.kv.pressured(now),
         )
@@ -161,13 +168,22 @@ class Router:
                 breaker=CircuitBreaker(breaker_policy, clock),
                 kv=KvPressure(kv_policy),
             )
+        # Where each role serves now (placement may move it off its home pool), and the moves.
+        self._placement: dict[Role, str] = {b.role: b.name for b in config.home_backends}
+        self._moves: deque[dict[str, Any]] = deque(maxlen=MOVES_KEPT)
+        for link in self._links.values():
+            role = link.target.role
+            link.parked = role is not None and self._placement.get(role) != link.target.name
         self._loops: list[asyncio.Task[None]] = []
+        if watch and placement_matters(config):
+            context = serve.get_replica_context()
+            ensure_placer(config, context.app_name, ray.get_runtime_context().namespace)
 
     # -- the request path ----------------------------------------------------------------------
 
     async def chat(self, job: ChatJob) -> AsyncIterator[Any]:
         self._start_loops()
-        chain = self._config.chain(job.role)
+        chain = self._chain(job.role)
         tried: list[str] = []
         while True:
             now = self._clock()
@@ -204,6 +220,14 @@ class Router:
                 logger.warning("backend %s failed before answering: %s", name, fault)
                 metrics.FAILOVERS.labels(name).inc()
                 tried.append(name)
+
+    def _chain(self, role: Role) -> tuple[str, ...]:
+        """The role's chain, led by the backend it is placed on now."""
+        chain = self._config.chain(role)
+        placed = self._placement.get(role)
+        if placed is None or (chain and chain[0] == placed):
+            return chain
+        return (placed, *(link for link in chain if link != placed))
 
     async def chat_once(self, job: ChatJob) -> list[Any]:
         """`chat` for a whole (non-streaming) answer, in one call: [Routed, response] or
@@ -454,6 +478,33 @@ class Router:
             for name, info in app.deployments.items()
         }
 
+    # -- placement (called by the placement actor) ---------------------------------------------
+
+    async def prefer(self, role: str, backend: str) -> None:
+        """Send the role's new work to `backend` first: the placement actor has seen its
+        replicas RUNNING and healthy, so its link is up now, without waiting for a probe."""
+        link = self._links[backend]
+        link.parked = False
+        link.running = True
+        link.awaiting_recovery = False
+        link.kv.forget()
+        link.gate.resume()
+        if link.breaker.state is not BreakerState.CLOSED:
+            link.breaker.reset("placed here: running and healthy")
+            self._count_transitions(link)
+        self._placement[Role(role)] = backend
+        logger.info("placement: %s now served by %s", role, backend)
+
+    async def park(self, backend: str) -> None:
+        """`backend` is being scaled to zero on purpose: no health checks, no new work."""
+        self._links[backend].parked = True
+
+    async def in_flight(self, backend: str) -> int:
+        return self._links[backend].in_flight
+
+    async def record_move(self, move: dict[str, Any]) -> None:
+        self._moves.append(move)
+
     # -- status --------------------------------------------------------------------------------
 
     async def status(self) -> dict[str, Any]:
@@ -462,14 +513,21 @@ class Router:
         deployments = await self._deployments()
         now = self._clock()
         backends = {}
-        for target in self._config.home_targets:
+        homes = {t.name for t in self._config.home_targets}
+        for target in self._config.targets.values():
             link = self._links.get(target.name)
-            if link is None and target.role is None:
-                continue  # an app without the fallback (benchmarks over bare replicas)
+            if link is None and (target.role is None or target.name not in homes):
+                continue  # not part of this app (benchmarks over bare replicas)
             info = deployments.get(link.deployment) if link else None
             backends[target.name] = _backend_status(target, info, link, now)
-        states = [b["state"] for b in backends.values()]
-        return {"status": overall_status(states), "backends": backends}
+        states = [b["state"] for b in backends.values() if b["state"] != "parked"]
+        placements = {name: self._links[name].target.pool for name in self._placement.values()}
+        return {
+            "status": overall_status(states),
+            "backends": backends,
+            "placements": placements,
+            "moves": list(self._moves),
+        }
 
     async def metrics_text(self) -> bytes:
         for name, link in self._links.items():
@@ -512,7 +570,9 @@ def _backend_status(target: Target, info: Any, link: Link | None, now: float) ->
     }
     if link is not None:
         breaker = link.breaker.state
-        if state == "up" and breaker is not BreakerState.CLOSED:
+        if link.parked:  # at zero replicas on purpose, or on its way there
+            report["state"] = "draining" if running else "parked"
+        elif state == "up" and breaker is not BreakerState.CLOSED:
             report["state"] = "degraded"
         queue = link.gate.queue
         report.update(

@@ -102,3 +102,39 @@ def test_a_real_cuda_out_of_memory_is_recognised_as_oom(
     holder[0].kill()
     holder[0].wait()
     assert torch.ones(4, device="cuda").sum().item() == 4
+
+
+def test_a_real_vram_drop_decides_an_offload_and_recovery_a_restore(
+    holder: list[subprocess.Popen[str]],
+) -> None:
+    from autoscale.placement import History, ModelPlacement, PlacementPolicy, decide
+    from autoscale.probe import pool_free_bytes
+
+    policy = PlacementPolicy.from_gb(6, 12, cooldown_s=120, min_away_s=60)
+    reasoning = ModelPlacement("reasoning", 3, ("local", "cloud"), "local")
+    cloud_free = {"cloud": 40 * GIB}  # the other pool, as its own probe would report it
+
+    def free_now() -> dict[str, int | None]:
+        reading = NvmlSource(node="gpu-node").read()
+        return {**pool_free_bytes([reading], {"gpu-node": {"local"}}), **cloud_free}
+
+    calm = decide(free_now(), [reasoning], History(), 0, policy)
+    started = time.perf_counter()
+    holder.append(hold(NvmlSource().read().free_bytes / GIB - 3))  # leave about 3 GiB
+    squeezed = free_now()
+    [move] = decide(squeezed, [reasoning], History(), 0, policy).moves
+    decided_s = time.perf_counter() - started
+    holder[0].kill()
+    holder[0].wait()
+    time.sleep(1)
+    away = ModelPlacement("reasoning", 3, ("local", "cloud"), "cloud")
+    back = decide(free_now(), [away], History({}, {"reasoning": 0}), 120, policy)
+    print(
+        f"\nplacement on real NVML: local free {squeezed['local'] / GIB:.2f} GiB while held -> "
+        f"{move.kind} {move.role} {move.source}->{move.target} ({move.reason}); "
+        f"allocation to decision {decided_s:.2f} s; after release: "
+        f"{[(m.kind, m.source, m.target) for m in back.moves]}"
+    )
+    assert calm.moves == ()
+    assert (move.kind, move.source, move.target) == ("offload", "local", "cloud")
+    assert [(m.kind, m.target) for m in back.moves] == [("restore", "local")]

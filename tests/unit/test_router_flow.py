@@ -279,3 +279,45 @@ def test_an_out_of_memory_answer_opens_the_breaker_at_once_and_the_job_fails_ove
     assert coding.calls == 1  # the second job skipped it: one OOM is enough
     metrics = asyncio.run(router.metrics_text()).decode()
     assert 'gps_backend_oom_total{backend="coding@local"} 1.0' in metrics
+
+
+def placed_config() -> ClusterConfig:
+    raw = {
+        "pools": [{"name": "local", "kind": "local"}, {"name": "cloud", "kind": "cloud"}],
+        "models": [
+            {
+                "role": "reasoning",
+                "source": "/nonexistent/model",
+                "context_window": 4096,
+                "pools": ["local", "cloud"],
+                "placement_priority": "P3",
+            }
+        ],
+        "fallback": {"source": "fallback.gguf"},
+    }
+    return parse_config(raw, base_dir=Path("."), environ={})
+
+
+def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
+    local, cloud, fallback = FakeBackend(ok), FakeBackend(ok), FakeBackend(ok)
+    handles = {"reasoning@local": local, "reasoning@cloud": cloud, "cpu-fallback": fallback}
+    router = Router(placed_config(), handles, watch=False)  # type: ignore[arg-type]
+    reasoning = job(role=Role.REASONING)
+
+    async def served_by() -> str:
+        routed = (await collect(router, reasoning))[0]
+        assert isinstance(routed, Routed)
+        return routed.backend
+
+    async def scenario() -> list[str]:
+        seen = [await served_by()]  # home pool; cloud starts parked
+        await router.prefer("reasoning", "reasoning@cloud")
+        await router.park("reasoning@local")
+        seen.append(await served_by())
+        local.behaviour = dead  # the parked source is never a failover target while it drains
+        cloud.behaviour = dead
+        seen.append(await served_by())
+        return seen
+
+    assert asyncio.run(scenario()) == ["reasoning@local", "reasoning@cloud", "cpu-fallback"]
+    assert local.calls == 1

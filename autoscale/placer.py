@@ -1,0 +1,201 @@
+"""The placement actor: reads free VRAM, decides (`placement.decide`), and carries moves out.
+
+One detached, named actor per app, started by the router. Every `placement.interval_s` it reads
+the node probes (`probe.py`), sums free VRAM per pool and asks `decide` what to change. A move is
+make-before-break, so no request is lost:
+
+1. ask for the model's replicas on the target pool (`policy.set_replicas`: Serve's autoscaling
+   policy scales that deployment alone; nothing else restarts);
+2. wait until they are RUNNING and the deployment HEALTHY (past `move_timeout_s` the move is
+   abandoned, the target asked back to zero, and the source keeps serving);
+3. tell the router to send the role's new work there;
+4. wait for the source's in-flight requests to finish (up to `drain_timeout_s`);
+5. ask for zero replicas on the source.
+
+Every move (done or abandoned) is logged, counted and recorded in the router's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autoscale.placement import Decision, History, ModelPlacement, Move, PlacementPolicy, decide
+from autoscale.policy import set_replicas
+from autoscale.probe import node_pools, pool_free_bytes, start_probes
+from autoscale.vram import NodeReading
+from cluster.config import DEPLOYMENT_PREFIX, ClusterConfig
+
+logger = logging.getLogger("ray.serve")
+
+PLACER_NAME = "gps-placement"
+PROBE_READ_TIMEOUT_S = 10.0
+POLL_S = 1.0
+
+
+def placement_matters(config: ClusterConfig) -> bool:
+    """Only a model allowed on more than one pool can move."""
+    return any(len(m.pools) > 1 for m in config.models)
+
+
+class Placer:
+    def __init__(
+        self, config: ClusterConfig, app: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock
+        self._app = app
+        self._task: asyncio.Task[None] | None = None
+        self._configure(config)
+
+    def _configure(self, config: ClusterConfig) -> None:
+        settings = config.placement
+        self._config = config
+        self._policy = PlacementPolicy.from_gb(
+            settings.offload_below_gb,
+            settings.restore_above_gb,
+            settings.cooldown_s,
+            settings.min_away_s,
+        )
+        self._current = {m.role.value: m.home_pool for m in config.models}
+        self._last_change: dict[str, float] = {}
+        self._left_home_at: dict[str, float] = {}
+        self.last_decision = Decision()
+
+    async def start(self, config: ClusterConfig) -> None:
+        """Run the loop (again, with this config: a detached actor outlives app redeploys)."""
+        if self._task is not None:
+            self._task.cancel()
+        self._configure(config)
+        # The app starts on its home pools: asks left in the store by an earlier run must not
+        # scale the fresh deployments.
+        for backend in config.backends:
+            home = backend.pool == config.model_for(backend.role).home_pool
+            replicas = config.model_for(backend.role).replicas if home else 0
+            set_replicas(self._app, backend.deployment_name, replicas)
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except Exception:  # the loop must outlive any one bad round
+                logger.exception("placement round failed")
+            await asyncio.sleep(self._config.placement.interval_s)
+
+    async def run_once(self) -> list[dict[str, Any]]:
+        """One round: read, decide, carry out; the moves' records."""
+        free = await self._free_bytes()
+        models = [
+            ModelPlacement(
+                m.role.value, int(m.placement_priority[1]), m.pools, self._current[m.role.value]
+            )
+            for m in self._config.models
+        ]
+        history = History(dict(self._last_change), dict(self._left_home_at))
+        self.last_decision = decide(free, models, history, self._clock(), self._policy)
+        for hold in self.last_decision.holds:
+            logger.info("placement: %s holds (%s): %s", hold.pool, hold.role, hold.reason)
+        return [await self._carry_out(move) for move in self.last_decision.moves]
+
+    async def _free_bytes(self) -> dict[str, int | None]:
+        import ray
+
+        probes = start_probes(namespace=ray.get_runtime_context().namespace)
+        replies = await asyncio.gather(
+            *(asyncio.wait_for(p.read.remote(), PROBE_READ_TIMEOUT_S) for p in probes.values()),
+            return_exceptions=True,
+        )
+        readings = [NodeReading.from_json(r) for r in replies if isinstance(r, dict)]
+        return pool_free_bytes(readings, node_pools())
+
+    async def _carry_out(self, move: Move) -> dict[str, Any]:
+        from ray import serve
+
+        model = next(m for m in self._config.models if m.role.value == move.role)
+        source, target = f"{move.role}@{move.source}", f"{move.role}@{move.target}"
+        router = serve.get_deployment_handle("router", app_name=self._app)
+        started = self._clock()
+        record: dict[str, Any] = {
+            "at": time.time(),
+            "role": move.role,
+            "from": source,
+            "to": target,
+            "kind": move.kind,
+            "reason": move.reason,
+        }
+        logger.warning(
+            "placement: moving %s from %s to %s (%s)", move.role, source, target, move.reason
+        )
+        set_replicas(self._app, DEPLOYMENT_PREFIX + target, model.replicas)
+        ready = await self._wait_running(DEPLOYMENT_PREFIX + target, model.replicas)
+        if not ready:
+            set_replicas(self._app, DEPLOYMENT_PREFIX + target, 0)
+            record.update(outcome="abandoned", seconds=round(self._clock() - started, 1))
+            logger.warning(
+                "placement: %s did not come up on %s in time: move abandoned; %s keeps serving",
+                move.role,
+                target,
+                source,
+            )
+        else:
+            await router.prefer.remote(move.role, target)
+            await router.park.remote(source)
+            await self._drain(router, source)
+            set_replicas(self._app, DEPLOYMENT_PREFIX + source, 0)
+            self._current[move.role] = move.target
+            now = self._clock()
+            self._last_change[move.source] = self._last_change[move.target] = now
+            if move.kind == "offload":
+                self._left_home_at.setdefault(move.role, now)
+            else:
+                self._left_home_at.pop(move.role, None)
+            record.update(outcome="done", seconds=round(now - started, 1))
+            logger.warning("placement: %s now on %s (%.1f s)", move.role, target, record["seconds"])
+        await router.record_move.remote(record)
+        return record
+
+    async def _wait_running(self, deployment: str, replicas: int) -> bool:
+        from ray import serve
+
+        deadline = self._clock() + self._config.placement.move_timeout_s
+        while self._clock() < deadline:
+            status = await asyncio.to_thread(serve.status)
+            app = status.applications.get(self._app)
+            info = app.deployments.get(deployment) if app else None
+            if (
+                info
+                and info.replica_states.get("RUNNING", 0) >= replicas
+                and (str(info.status.value) == "HEALTHY")
+            ):
+                return True
+            await asyncio.sleep(POLL_S)
+        return False
+
+    async def _drain(self, router: Any, backend: str) -> None:
+        deadline = self._clock() + self._config.placement.drain_timeout_s
+        while self._clock() < deadline:
+            if await router.in_flight.remote(backend) == 0:
+                return
+            await asyncio.sleep(POLL_S / 4)  # the router has no drain event to wait on
+
+    async def placements(self) -> dict[str, str]:
+        return dict(self._current)
+
+
+def ensure_placer(config: ClusterConfig, app: str, namespace: str) -> Any:
+    """The app's placement actor, started (or restarted with this config) if it matters."""
+    import ray
+
+    remote_placer = ray.remote(num_cpus=0)(Placer)
+    actor = remote_placer.options(
+        name=f"{PLACER_NAME}:{app}",
+        namespace=namespace,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=-1,
+    ).remote(config, app)
+    actor.start.remote(config)
+    return actor

@@ -1,0 +1,78 @@
+"""One small VRAM probe actor per node, and free VRAM per pool from their readings.
+
+A probe is pinned to its node (node affinity, no CPU, no GPU reserved: it only reads NVML, and
+reserving a GPU would hide the memory it is meant to watch). `inject` replaces its readings
+until cleared: tests and rehearsals drive placement through the same interface as real NVML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from autoscale.vram import NodeReading, NvmlSource
+
+PROBE_NAME_PREFIX = "gps-vram-probe:"
+
+
+class VramProbe:
+    def __init__(self, node_id: str) -> None:
+        self._source = NvmlSource(node=node_id)
+        self._injected: NodeReading | None = None
+
+    def read(self) -> dict[str, Any]:
+        reading = self._injected if self._injected is not None else self._source.read()
+        return reading.to_json()
+
+    def inject(self, reading: dict[str, Any] | None) -> None:
+        """Report `reading` (NodeReading JSON) instead of NVML's, until called with None."""
+        self._injected = None if reading is None else NodeReading.from_json(reading)
+
+
+def pool_free_bytes(
+    readings: Iterable[NodeReading], node_pools: Mapping[str, Iterable[str]]
+) -> dict[str, int | None]:
+    """Free VRAM per pool: the sum over its nodes' GPUs. A pool none of whose nodes reported a
+    GPU gets None (unknown): placement never moves a model there."""
+    free: dict[str, int | None] = {}
+    for pools in node_pools.values():
+        for pool in pools:
+            free.setdefault(pool, None)
+    for reading in readings:
+        if not reading.has_gpu:
+            continue
+        for pool in node_pools.get(reading.node, ()):
+            free[pool] = (free[pool] or 0) + reading.free_bytes
+    return free
+
+
+def start_probes(namespace: str) -> dict[str, Any]:
+    """A detached probe on every alive node (an existing one is reused); handles by node id."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote_probe = ray.remote(num_cpus=0, num_gpus=0)(VramProbe)
+    probes = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        node_id = node["NodeID"]
+        probes[node_id] = remote_probe.options(
+            name=f"{PROBE_NAME_PREFIX}{node_id}",
+            namespace=namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(node_id)
+    return probes
+
+
+def node_pools(prefix: str = "pool_") -> dict[str, set[str]]:
+    """Each alive node's pools, from the `pool_<name>` resources it was started with."""
+    import ray
+
+    return {
+        node["NodeID"]: {r[len(prefix) :] for r in node["Resources"] if r.startswith(prefix)}
+        for node in ray.nodes()
+        if node.get("Alive")
+    }

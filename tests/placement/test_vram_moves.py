@@ -1,0 +1,137 @@
+"""Placement on a multi-node Ray cluster on this machine, with real demo-model replicas.
+
+Nodes carry `pool_local` and `pool_cloud` (`ray.cluster_utils.Cluster`); this machine has no GPU,
+so the test injects VRAM readings through the probes' own interface (`VramProbe.inject`). A
+drop on the local pool moves the reasoning model to the cloud pool while a steady request stream
+runs; recovery brings it back after the away time. No request may fail; each move is timed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray import serve
+from ray.cluster_utils import Cluster
+
+from autoscale.probe import start_probes
+from autoscale.vram import GIB, GpuReading, NodeReading
+from cluster.app import build_app
+from cluster.config import load_config
+
+CONFIG = Path(__file__).with_name("placed.yaml")
+PORT = 18600
+NAMESPACE = "serve"
+LOCAL, CLOUD = "reasoning@local", "reasoning@cloud"
+
+
+def reading(node_id: str, free_gb: float) -> dict[str, Any]:
+    gpu = GpuReading(0, "injected", int(80 * GIB), int((80 - free_gb) * GIB), int(free_gb * GIB))
+    return NodeReading(node_id, (gpu,)).to_json()
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    local = nodes.add_node(num_cpus=1, resources={"pool_local": 1})
+    cloud = nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
+    ray.init(address=nodes.address, namespace=NAMESPACE)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    ids = {"local": local.node_id, "cloud": cloud.node_id, "head": nodes.head_node.node_id}
+    probes = start_probes(NAMESPACE)
+    # Before the app starts: both pools with plenty of VRAM, the head with no GPU.
+    ray.get(probes[ids["local"]].inject.remote(reading(ids["local"], 30)))
+    ray.get(probes[ids["cloud"]].inject.remote(reading(ids["cloud"], 40)))
+    serve.run(build_app(load_config(CONFIG, environ={})), name="placed", route_prefix="/")
+    yield ids
+    serve.shutdown()
+    ray.shutdown()
+    nodes.shutdown()
+
+
+class Stream:
+    """Requests every 0.25 s in a thread: status and backend of each."""
+
+    def __init__(self) -> None:
+        self.results: list[tuple[float, int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = {
+            "model": "reasoning",
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 4,
+        }
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
+            while not self._stop.is_set():
+                reply = client.post("/v1/chat/completions", json=body)
+                self.results.append(
+                    (time.monotonic(), reply.status_code, reply.headers.get("x-backend", ""))
+                )
+                time.sleep(0.25)
+
+    def __enter__(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def first_from(self, backend: str, after: float) -> float | None:
+        return next((t for t, _, b in self.results if b == backend and t >= after), None)
+
+
+def status() -> dict[str, Any]:
+    reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{PORT}/v1/cluster/status").json()
+    return reply
+
+
+def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
+    cluster: dict[str, str],
+) -> None:
+    probes = start_probes(NAMESPACE)
+    assert status()["placements"] == {LOCAL: "local"}
+    assert status()["backends"][CLOUD]["state"] == "parked"
+    with Stream() as stream:
+        wait_for(lambda: len(stream.results) >= 4, 60, "the stream to start")
+        dropped = time.monotonic()
+        ray.get(probes[cluster["local"]].inject.remote(reading(cluster["local"], 2)))
+        wait_for(lambda: stream.first_from(CLOUD, dropped) is not None, 420, "reasoning@cloud")
+        out_s = (stream.first_from(CLOUD, dropped) or 0) - dropped
+        wait_for(lambda: status()["backends"][LOCAL]["state"] == "parked", 120, "local parked")
+        assert status()["placements"] == {CLOUD: "cloud"}
+
+        recovered = time.monotonic()
+        ray.get(probes[cluster["local"]].inject.remote(reading(cluster["local"], 30)))
+        wait_for(lambda: stream.first_from(LOCAL, recovered) is not None, 420, "reasoning back")
+        back_s = (stream.first_from(LOCAL, recovered) or 0) - recovered
+        wait_for(lambda: status()["backends"][CLOUD]["state"] == "parked", 120, "cloud parked")
+    failed = [(t, code, b) for t, code, b in stream.results if code != 200]
+    moves = status()["moves"]
+    print(
+        f"\nmove out: {out_s:.1f} s from the drop to the first answer on cloud; move back: "
+        f"{back_s:.1f} s from recovery to the first answer on local; {len(stream.results)} "
+        f"requests, {len(failed)} failed; moves: "
+        f"{[(m['kind'], m['from'], m['to'], m['outcome'], m['seconds']) for m in moves]}"
+    )
+    assert failed == []
+    assert [(m["kind"], m["outcome"]) for m in moves] == [("offload", "done"), ("restore", "done")]
+    served = [b for _, _, b in stream.results]
+    assert served[0] == LOCAL and CLOUD in served and served[-1] == LOCAL
