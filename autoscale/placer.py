@@ -181,9 +181,6 @@ class Placer:
                 return
             await asyncio.sleep(POLL_S / 4)  # the router has no drain event to wait on
 
-    async def placements(self) -> dict[str, str]:
-        return dict(self._current)
-
 
 def ensure_placer(config: ClusterConfig, app: str, namespace: str) -> Any:
     """The app's placement actor, started (or restarted with this config) if it matters."""

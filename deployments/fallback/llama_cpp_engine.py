@@ -47,6 +47,7 @@ class LlamaCppEngine:
         self._window = context_window
         self._threads = threads
         self._llama: Any = None
+        self.cancelled = 0  # generations stopped early because their client left
         # One thread: the context is not shareable, and queued requests keep their order.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-cpp")
 
@@ -116,6 +117,7 @@ class LlamaCppEngine:
             for chunk in chunks:
                 if cancelled.is_set():
                     chunks.close()  # stops decoding now
+                    self.cancelled += 1
                     return
                 choice = chunk["choices"][0]
                 text = choice.get("delta", {}).get("content")
