@@ -64,6 +64,7 @@ bench: $(INSTALLED) $(MODEL)
 	$(PY) -m bench.overload || status=1; \
 	$(PY) -m bench.failover || status=1; \
 	$(PY) -m bench.fallback || status=1; \
+	$(PY) -m bench.placement || status=1; \
 	exit $$status
 
 clean:

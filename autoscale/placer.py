@@ -1,18 +1,20 @@
 """The placement actor: reads free VRAM, decides (`placement.decide`), and carries moves out.
 
 One detached, named actor per app, started by the router. Every `placement.interval_s` it reads
-the node probes (`probe.py`), sums free VRAM per pool and asks `decide` what to change. A move is
-make-before-break, so no request is lost:
+the node probes (`probe.py`), sums free VRAM per pool and asks `decide` what to change. Router
+replicas pull where each model serves from it (`broadcast.py`). A move is make-before-break, so
+no request is lost:
 
 1. ask for the model's replicas on the target pool (`policy.set_replicas`: Serve's autoscaling
    policy scales that deployment alone; nothing else restarts);
 2. wait until they are RUNNING and the deployment HEALTHY (past `move_timeout_s` the move is
    abandoned, the target asked back to zero, and the source keeps serving);
-3. tell the router to send the role's new work there;
-4. wait for the source's in-flight requests to finish (up to `drain_timeout_s`);
+3. publish the new view (the role's new work goes to the target, the source is parked) and wait
+   until every router replica has applied it;
+4. wait until no router replica has requests in flight on the source (up to `drain_timeout_s`);
 5. ask for zero replicas on the source.
 
-Every move (done or abandoned) is logged, counted and recorded in the router's status.
+Every move (done or abandoned) is logged, counted and recorded in the routers' status.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from autoscale.broadcast import SYNC_INTERVAL_S, Broadcast
 from autoscale.placement import Decision, History, ModelPlacement, Move, PlacementPolicy, decide
 from autoscale.policy import set_replicas
 from autoscale.probe import node_pools, pool_free_bytes, start_probes
+from autoscale.saved import config_fingerprint, save_placements, saved_placements
 from autoscale.vram import NodeReading
-from cluster.config import DEPLOYMENT_PREFIX, ClusterConfig
+from cluster.config import DEPLOYMENT_PREFIX, ClusterConfig, Role
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,9 +52,17 @@ class Placer:
         self._clock = clock
         self._app = app
         self._task: asyncio.Task[None] | None = None
+        self._read_at = 0.0
         self._configure(config)
 
-    def _configure(self, config: ClusterConfig) -> None:
+    def _configure(
+        self,
+        config: ClusterConfig,
+        saved: tuple[dict[str, str], list[dict[str, Any]]] | None = None,
+    ) -> None:
+        """Placements (role -> pool) and moves from `saved`, as recorded under this config, or
+        every model home."""
+        saved_pools, saved_moves = saved or ({}, [])
         settings = config.placement
         self._config = config
         self._policy = PlacementPolicy.from_gb(
@@ -59,22 +71,48 @@ class Placer:
             settings.cooldown_s,
             settings.min_away_s,
         )
-        self._current = {m.role.value: m.home_pool for m in config.models}
-        self._last_change: dict[str, float] = {}
-        self._left_home_at: dict[str, float] = {}
+        self._fingerprint = config_fingerprint(config)
+        homes = {m.role.value: m.home_pool for m in config.models}
+        self._current = {
+            role: pool
+            for role, pool in {**homes, **saved_pools}.items()
+            if role in homes and pool in config.model_for(Role(role)).pools
+        }
+        now = self._clock()
+        away = {role for role, pool in self._current.items() if pool != homes[role]}
+        # Carrying on after a restart: the history is gone, so every cooldown starts again.
+        self._left_home_at: dict[str, float] = dict.fromkeys(away, now)
+        self._last_change: dict[str, float] = {
+            pool: now for role in away for pool in (homes[role], self._current[role])
+        }
+        self._broadcast = Broadcast.starting(
+            {role: f"{role}@{pool}" for role, pool in self._current.items()},
+            (b.name for b in config.backends),
+            self._clock,
+            version=time.time_ns() // 1_000_000,  # later than any view of an earlier incarnation
+        )
+        for move in saved_moves:
+            self._broadcast.record(move)
         self.last_decision = Decision()
 
     async def start(self, config: ClusterConfig) -> None:
-        """Run the loop (again, with this config: a detached actor outlives app redeploys)."""
+        """Run the loop; again, from the home pools, if the config changed (a detached actor
+        outlives app redeploys). Every router replica calls this as it starts: with the same
+        config (a second replica, one restarted) the moves made so far stand."""
+        if self._task is not None and not self._task.done() and config == self._config:
+            return
         if self._task is not None:
             self._task.cancel()
-        self._configure(config)
-        # The app starts on its home pools: asks left in the store by an earlier run must not
-        # scale the fresh deployments.
-        for backend in config.backends:
-            home = backend.pool == config.model_for(backend.role).home_pool
-            replicas = config.model_for(backend.role).replicas if home else 0
-            set_replicas(self._app, backend.deployment_name, replicas)
+        saved = saved_placements(self._app, config_fingerprint(config))
+        self._configure(config, saved)
+        if saved is None:
+            # A new config starts on its home pools: asks left in the store by an earlier run
+            # must not scale the fresh deployments.
+            for backend in config.backends:
+                home = backend.pool == config.model_for(backend.role).home_pool
+                replicas = config.model_for(backend.role).replicas if home else 0
+                set_replicas(self._app, backend.deployment_name, replicas)
+            save_placements(self._app, self._fingerprint, self._current)
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
@@ -85,9 +123,16 @@ class Placer:
                 logger.exception("placement round failed")
             await asyncio.sleep(self._config.placement.interval_s)
 
+    async def sync(self, replica: str, version: int, in_flight: dict[str, int]) -> dict[str, Any]:
+        """A router replica's pull: what it applied and holds in; the current view."""
+        if self._task is None:  # this actor was restarted: carry on where it was
+            await self.start(self._config)
+        return self._broadcast.report(replica, version, in_flight).to_json()
+
     async def run_once(self) -> list[dict[str, Any]]:
         """One round: read, decide, carry out; the moves' records."""
         free = await self._free_bytes()
+        self._read_at = time.time()  # wall clock: the move records are read off this actor
         models = [
             ModelPlacement(
                 m.role.value, int(m.placement_priority[1]), m.pools, self._current[m.role.value]
@@ -112,14 +157,12 @@ class Placer:
         return pool_free_bytes(readings, node_pools())
 
     async def _carry_out(self, move: Move) -> dict[str, Any]:
-        from ray import serve
-
         model = next(m for m in self._config.models if m.role.value == move.role)
         source, target = f"{move.role}@{move.source}", f"{move.role}@{move.target}"
-        router = serve.get_deployment_handle("router", app_name=self._app)
         started = self._clock()
         record: dict[str, Any] = {
             "at": time.time(),
+            "read_at": self._read_at,  # when the reading behind this move was taken
             "role": move.role,
             "from": source,
             "to": target,
@@ -141,9 +184,9 @@ class Placer:
                 source,
             )
         else:
-            await router.prefer.remote(move.role, target)
-            await router.park.remote(source)
-            await self._drain(router, source)
+            version = self._broadcast.move(move.role, source, target)
+            await self._until(lambda: self._broadcast.applied(version), f"routers on {target}")
+            await self._until(lambda: self._broadcast.in_flight(source) == 0, f"{source} drained")
             set_replicas(self._app, DEPLOYMENT_PREFIX + source, 0)
             self._current[move.role] = move.target
             now = self._clock()
@@ -154,7 +197,8 @@ class Placer:
                 self._left_home_at.pop(move.role, None)
             record.update(outcome="done", seconds=round(now - started, 1))
             logger.warning("placement: %s now on %s (%.1f s)", move.role, target, record["seconds"])
-        await router.record_move.remote(record)
+        self._broadcast.record(record)
+        save_placements(self._app, self._fingerprint, self._current, self._broadcast.view.moves)
         return record
 
     async def _wait_running(self, deployment: str, replicas: int) -> bool:
@@ -174,12 +218,14 @@ class Placer:
             await asyncio.sleep(POLL_S)
         return False
 
-    async def _drain(self, router: Any, backend: str) -> None:
+    async def _until(self, done: Callable[[], bool], what: str) -> None:
+        """Wait for the router replicas' reports to show `done`, up to `drain_timeout_s`."""
         deadline = self._clock() + self._config.placement.drain_timeout_s
-        while self._clock() < deadline:
-            if await router.in_flight.remote(backend) == 0:
+        while not done():
+            if self._clock() >= deadline:
+                logger.warning("placement: gave up waiting for %s; going on", what)
                 return
-            await asyncio.sleep(POLL_S / 4)  # the router has no drain event to wait on
+            await asyncio.sleep(SYNC_INTERVAL_S / 2)
 
 
 def ensure_placer(config: ClusterConfig, app: str, namespace: str) -> Any:

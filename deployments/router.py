@@ -11,6 +11,8 @@ each engine's KV-cache usage.
 
 State is in memory. With `gateway.router_replicas` > 1, each replica enforces `cap // replicas`
 of every backend, so the sum of slots never exceeds the cap; queues are then ordered per replica.
+Where each model serves now every replica pulls from the placement actor (autoscale/broadcast.py),
+so all of them follow each move, and one that starts late or restarts routes by it at once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import functools
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import RayServeException, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
+from autoscale.broadcast import SYNC_INTERVAL_S, PlacementView
 from autoscale.placer import ensure_placer, placement_matters
 from cluster.config import ClusterConfig, Role, Target
 from deployments import router_metrics as metrics
@@ -55,7 +57,7 @@ BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
 # A replica gone: ActorDiedError over Ray actor calls, ActorUnavailableError over gRPC.
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
 HEALTH_PROBE_TIMEOUT_S = 5.0
-MOVES_KEPT = 20  # placement moves shown in /v1/cluster/status
+FIRST_SYNC_WAIT_S = 5.0  # a new router replica waits this long for where models serve now
 DeploymentKey = tuple[str, str]  # (application, deployment)
 
 
@@ -168,21 +170,33 @@ class Router:
                 breaker=CircuitBreaker(breaker_policy, clock),
                 kv=KvPressure(kv_policy),
             )
-        # Where each role serves now (placement may move it off its home pool), and the moves.
+        # Where each role serves now (placement may move it off its home pool), and the moves:
+        # the placement actor's view, pulled by `_placement_loop` (autoscale/broadcast.py).
         self._placement: dict[Role, str] = {b.role: b.name for b in config.home_backends}
-        self._moves: deque[dict[str, Any]] = deque(maxlen=MOVES_KEPT)
+        self._moves: list[dict[str, Any]] = []
+        self._moves_counted = 0  # the `seq` of the last move counted in the metrics
+        self._view_version = 0
+        self._synced = asyncio.Event()
         for link in self._links.values():
             role = link.target.role
             link.parked = role is not None and self._placement.get(role) != link.target.name
+        for role, backend in self._placement.items():
+            if backend in self._links:
+                metrics.MODEL_POOL.labels(role.value, self._links[backend].target.pool).set(1)
         self._loops: list[asyncio.Task[None]] = []
+        self._placer: Any = None
         if watch and placement_matters(config):
             context = serve.get_replica_context()
-            ensure_placer(config, context.app_name, ray.get_runtime_context().namespace)
+            self._replica = context.replica_id.unique_id
+            self._placer = ensure_placer(
+                config, context.app_name, ray.get_runtime_context().namespace
+            )
 
     # -- the request path ----------------------------------------------------------------------
 
     async def chat(self, job: ChatJob) -> AsyncIterator[Any]:
         self._start_loops()
+        await self._first_sync()
         chain = self._chain(job.role)
         tried: list[str] = []
         while True:
@@ -384,6 +398,8 @@ class Router:
                 asyncio.create_task(self._health_loop()),
                 asyncio.create_task(self._kv_loop()),
             ]
+            if self._placer is not None:
+                self._loops.append(asyncio.create_task(self._placement_loop()))
 
     async def _health_loop(self) -> None:
         settings = self._config.router
@@ -478,13 +494,50 @@ class Router:
             for name, info in app.deployments.items()
         }
 
-    # -- placement (called by the placement actor) ---------------------------------------------
+    # -- placement (pulled from the placement actor) -------------------------------------------
 
-    async def prefer(self, role: str, backend: str) -> None:
-        """Send the role's new work to `backend` first: the placement actor has seen its
-        replicas RUNNING and healthy, so its link is up now, without waiting for a probe."""
-        link = self._links[backend]
-        link.parked = False
+    async def _first_sync(self) -> None:
+        """Route on the placement actor's view, not the config's home pools, from the start."""
+        if self._placer is None or self._synced.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._synced.wait(), FIRST_SYNC_WAIT_S)
+        except TimeoutError:
+            logger.warning("no placement view in %.0f s: routing to home pools", FIRST_SYNC_WAIT_S)
+            self._synced.set()
+
+    async def _placement_loop(self) -> None:
+        while True:
+            in_flight = {name: link.in_flight for name, link in self._links.items()}
+            try:
+                reply = await asyncio.wait_for(
+                    self._placer.sync.remote(self._replica, self._view_version, in_flight),
+                    HEALTH_PROBE_TIMEOUT_S,
+                )
+                self.apply_placement(PlacementView.from_json(reply))
+            except Exception as error:  # the actor restarting: keep routing on the last view
+                logger.info("placement sync failed: %s", _describe(error))
+            await asyncio.sleep(SYNC_INTERVAL_S)
+
+    def apply_placement(self, view: PlacementView) -> None:
+        """Send each role's new work where `view` places it; parked backends take none."""
+        for role, backend in view.placements.items():
+            if backend in self._links and self._placement.get(Role(role)) != backend:
+                self._prefer(Role(role), self._links[backend])
+        for link in self._links.values():
+            if link.target.role is not None:
+                link.parked = link.target.name in view.parked
+        for move in view.moves:
+            if move["seq"] > self._moves_counted:
+                metrics.PLACEMENT_MOVES.labels(move["role"], move["kind"], move["outcome"]).inc()
+                self._moves_counted = move["seq"]
+        self._moves = list(view.moves)
+        self._view_version = view.version
+        self._synced.set()
+
+    def _prefer(self, role: Role, link: Link) -> None:
+        """The placement actor saw `link`'s replicas RUNNING and healthy before it published
+        the move, so the link is up now, without waiting for a probe."""
         link.running = True
         link.awaiting_recovery = False
         link.kv.forget()
@@ -492,18 +545,12 @@ class Router:
         if link.breaker.state is not BreakerState.CLOSED:
             link.breaker.reset("placed here: running and healthy")
             self._count_transitions(link)
-        self._placement[Role(role)] = backend
-        logger.info("placement: %s now served by %s", role, backend)
-
-    async def park(self, backend: str) -> None:
-        """`backend` is being scaled to zero on purpose: no health checks, no new work."""
-        self._links[backend].parked = True
-
-    async def in_flight(self, backend: str) -> int:
-        return self._links[backend].in_flight
-
-    async def record_move(self, move: dict[str, Any]) -> None:
-        self._moves.append(move)
+        previous = self._links.get(self._placement.get(role, ""))
+        if previous is not None:
+            metrics.MODEL_POOL.labels(role.value, previous.target.pool).set(0)
+        metrics.MODEL_POOL.labels(role.value, link.target.pool).set(1)
+        self._placement[role] = link.target.name
+        logger.info("placement: %s now served by %s", role.value, link.target.name)
 
     # -- status --------------------------------------------------------------------------------
 

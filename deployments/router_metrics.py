@@ -62,6 +62,19 @@ KV_CACHE_USAGE = Gauge(
     ["backend"],
     registry=REGISTRY,
 )
+PLACEMENT_MOVES = Counter(
+    "gps_placement_moves",
+    "Placement moves recorded by the placement actor, by role, kind (offload, restore) and "
+    "outcome (done, abandoned); a router replica counts the recorded ones it had not seen.",
+    ["role", "kind", "outcome"],
+    registry=REGISTRY,
+)
+MODEL_POOL = Gauge(
+    "gps_model_pool",
+    "1 for the pool each role serves on now (placement may move it off its home pool).",
+    ["role", "pool"],
+    registry=REGISTRY,
+)
 
 
 def render() -> bytes:

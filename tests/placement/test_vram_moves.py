@@ -3,11 +3,14 @@
 Nodes carry `pool_local` and `pool_cloud` (`ray.cluster_utils.Cluster`); this machine has no GPU,
 so the test injects VRAM readings through the probes' own interface (`VramProbe.inject`). A
 drop on the local pool moves the reasoning model to the cloud pool while a steady request stream
-runs; recovery brings it back after the away time. No request may fail; each move is timed.
+runs; recovery brings it back after the away time. No request may fail; each move is timed. Two
+router replicas must both follow each move, and a restart of the placement actor between the
+moves must change nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +23,7 @@ import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 
+from autoscale.placer import PLACER_NAME
 from autoscale.probe import start_probes
 from autoscale.vram import GIB, GpuReading, NodeReading
 from cluster.app import build_app
@@ -65,7 +69,8 @@ def cluster() -> Iterator[dict[str, str]]:
 
 
 class Stream:
-    """Requests every 0.25 s in a thread: status and backend of each."""
+    """Requests every 0.25 s in a thread, streamed and whole in turn: status and backend of each.
+    A stream counts as a success only if it ends with [DONE] and carries no error event."""
 
     def __init__(self) -> None:
         self.results: list[tuple[float, int, str]] = []
@@ -78,12 +83,22 @@ class Stream:
             "messages": [{"role": "user", "content": "Say OK."}],
             "max_tokens": 4,
         }
+        streamed = {**body, "stream": True, "max_tokens": 24, "ignore_eos": True}
         with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
-            while not self._stop.is_set():
-                reply = client.post("/v1/chat/completions", json=body)
-                self.results.append(
-                    (time.monotonic(), reply.status_code, reply.headers.get("x-backend", ""))
-                )
+            for n in itertools.count():
+                if self._stop.is_set():
+                    return
+                if n % 2:
+                    with client.stream("POST", "/v1/chat/completions", json=streamed) as reply:
+                        lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
+                        whole = lines[-1:] == ["data: [DONE]"] and not any(
+                            '"error"' in line for line in lines
+                        )
+                        code = reply.status_code if whole else 599
+                else:
+                    reply = client.post("/v1/chat/completions", json=body)
+                    code = reply.status_code
+                self.results.append((time.monotonic(), code, reply.headers.get("x-backend", "")))
                 time.sleep(0.25)
 
     def __enter__(self) -> Stream:
@@ -96,6 +111,14 @@ class Stream:
 
     def first_from(self, backend: str, after: float) -> float | None:
         return next((t for t, _, b in self.results if b == backend and t >= after), None)
+
+
+def answers(actor: Any) -> bool:
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=10)
+    except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+        return False  # still restarting
+    return True
 
 
 def status() -> dict[str, Any]:
@@ -117,6 +140,15 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
         out_s = (stream.first_from(CLOUD, dropped) or 0) - dropped
         wait_for(lambda: status()["backends"][LOCAL]["state"] == "parked", 120, "local parked")
         assert status()["placements"] == {CLOUD: "cloud"}
+
+        # The placement actor dies and Ray restarts it: it carries on from the cloud (the
+        # placements it recorded), it does not send the model home at once.
+        placer = ray.get_actor(f"{PLACER_NAME}:placed", namespace=NAMESPACE)
+        ray.kill(placer, no_restart=False)
+        wait_for(lambda: answers(placer), 120, "the placement actor to be back")
+        time.sleep(3)  # several router syncs, each of which gets the restarted actor's view
+        assert status()["placements"] == {CLOUD: "cloud"}
+        assert status()["backends"][LOCAL]["state"] == "parked"
 
         recovered = time.monotonic()
         ray.get(probes[cluster["local"]].inject.remote(reading(cluster["local"], 30)))

@@ -18,6 +18,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorResponse,
 )
 
+from autoscale.broadcast import PlacementView
 from cluster.config import ClusterConfig, PriorityClass, Role, parse_config
 from deployments.messages import ChatJob, Refusal, Routed
 from deployments.router import Router
@@ -311,8 +312,11 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
 
     async def scenario() -> list[str]:
         seen = [await served_by()]  # home pool; cloud starts parked
-        await router.prefer("reasoning", "reasoning@cloud")
-        await router.park("reasoning@local")
+        moved = {"reasoning": "reasoning@cloud"}
+        record = {"seq": 1, "role": "reasoning", "kind": "offload", "outcome": "done"}
+        view = PlacementView(2, moved, frozenset({"reasoning@local"}), (record,))
+        router.apply_placement(view)
+        router.apply_placement(view)  # the next sync: the same move is not counted again
         seen.append(await served_by())
         local.behaviour = dead  # the parked source is never a failover target while it drains
         cloud.behaviour = dead
@@ -321,3 +325,8 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
 
     assert asyncio.run(scenario()) == ["reasoning@local", "reasoning@cloud", "cpu-fallback"]
     assert local.calls == 1
+    metrics = asyncio.run(router.metrics_text()).decode()
+    moves = 'gps_placement_moves_total{kind="offload",outcome="done",role="reasoning"}'
+    assert f"{moves} 1.0" in metrics
+    assert 'gps_model_pool{pool="cloud",role="reasoning"} 1.0' in metrics
+    assert 'gps_model_pool{pool="local",role="reasoning"} 0.0' in metrics

@@ -1,0 +1,112 @@
+"""Where each model serves, as every router replica must see it: published by the placement actor,
+pulled by the routers.
+
+A Serve handle call reaches one replica, so the placement actor cannot tell "the router" to switch;
+with `gateway.router_replicas` > 1 (or a router replica restarted after a move) some replica
+would keep sending work to a pool being scaled to zero. Instead each router replica asks the
+actor every `SYNC_INTERVAL_S` for the current view, applies it, and reports the version it
+applied and its in-flight requests per backend. A move goes on only when every router replica
+that reported recently has applied the new view, and drains until they all report nothing in
+flight on the source.
+
+Pure: no Ray here; the actor (`placer.py`) and the router carry it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SYNC_INTERVAL_S = 0.5  # a router replica's pull; a move waits about this long for every ack
+STALE_AFTER_S = 5.0  # a replica silent this long is gone (restarted, scaled down)
+
+
+@dataclass(frozen=True)
+class PlacementView:
+    """Where each role's new work goes (`placements`: role -> backend) and which backends take
+    none (`parked`: at zero replicas on purpose, or draining on the way there)."""
+
+    version: int
+    placements: Mapping[str, str]
+    parked: frozenset[str]
+    moves: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "placements": dict(self.placements),
+            "parked": sorted(self.parked),
+            "moves": list(self.moves),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlacementView:
+        return cls(
+            int(data["version"]),
+            dict(data["placements"]),
+            frozenset(data["parked"]),
+            tuple(data.get("moves", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    version: int  # the latest view the replica applied
+    in_flight: Mapping[str, int]  # per backend, when it reported
+    at: float
+
+
+@dataclass
+class Broadcast:
+    """The placement actor's side: the view to publish and what the router replicas reported."""
+
+    view: PlacementView
+    clock: Callable[[], float]
+    moves_kept: int = 20
+    reports: dict[str, Report] = field(default_factory=dict)
+
+    @classmethod
+    def starting(
+        cls,
+        placements: Mapping[str, str],
+        backends: Iterable[str],
+        clock: Callable[[], float],
+        version: int = 1,
+    ) -> Broadcast:
+        """Each role on its backend in `placements`; every other backend parked (the CPU
+        fallback is not a role's backend: leave it out of `backends`)."""
+        parked = frozenset(b for b in backends if b not in placements.values())
+        return cls(PlacementView(version, dict(placements), parked), clock)
+
+    def move(self, role: str, source: str, target: str) -> int:
+        """Publish: the role's new work goes to `target`, `source` is parked. The new version."""
+        placements = {**self.view.placements, role: target}
+        parked = (self.view.parked - {target}) | {source}
+        self.view = PlacementView(self.view.version + 1, placements, parked, self.view.moves)
+        return self.view.version
+
+    def record(self, move: dict[str, Any]) -> None:
+        """Add a move's record to what the routers show and count (its `seq` numbers the moves
+        from 1); not a new version (nothing to apply)."""
+        seq = self.view.moves[-1]["seq"] + 1 if self.view.moves else 1
+        moves = (*self.view.moves, {**move, "seq": move.get("seq", seq)})[-self.moves_kept :]
+        self.view = PlacementView(self.view.version, self.view.placements, self.view.parked, moves)
+
+    def report(self, replica: str, version: int, in_flight: Mapping[str, int]) -> PlacementView:
+        """A router replica's sync: note what it applied and holds; answer the current view."""
+        self.reports[replica] = Report(version, dict(in_flight), self.clock())
+        return self.view
+
+    def _live(self) -> list[Report]:
+        now = self.clock()
+        return [r for r in self.reports.values() if now - r.at <= STALE_AFTER_S]
+
+    def applied(self, version: int) -> bool:
+        """Every live router replica has applied `version`. With none live, nobody routes on
+        an older view: a router replica waits for its first sync before it routes."""
+        return all(r.version >= version for r in self._live())
+
+    def in_flight(self, backend: str) -> int:
+        """Requests the live router replicas last said they had on `backend`."""
+        return sum(r.in_flight.get(backend, 0) for r in self._live())
