@@ -5,9 +5,9 @@ A Serve handle call reaches one replica, so the placement actor cannot tell "the
 with `gateway.router_replicas` > 1 (or a router replica restarted after a move) some replica
 would keep sending work to a pool being scaled to zero. Instead each router replica asks the
 actor every `SYNC_INTERVAL_S` for the current view, applies it, and reports the version it
-applied and its in-flight requests per backend. A move goes on only when every router replica
-that reported recently has applied the new view, and drains until they all report nothing in
-flight on the source.
+applied and the jobs it holds per backend (being fitted, queued or in flight). A move goes on
+only when every router replica that reported recently has applied the new view, and drains until
+they all report nothing held on the source.
 
 Pure: no Ray here; the actor (`placer.py`) and the router carry it out.
 """
@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SYNC_INTERVAL_S = 0.5  # a router replica's pull; a move waits about this long for every ack
-STALE_AFTER_S = 5.0  # a replica silent this long is gone (restarted, scaled down)
+# A replica silent this long is gone (restarted, scaled down): three times a sync's own timeout,
+# so a slow replica still counts. The actor also waits this long after (re)starting before it
+# moves anything, so every router replica has reported to it.
+STALE_AFTER_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class PlacementView:
 @dataclass(frozen=True)
 class Report:
     version: int  # the latest view the replica applied
-    in_flight: Mapping[str, int]  # per backend, when it reported
+    in_flight: Mapping[str, int]  # jobs held per backend, when it reported
     at: float
 
 
@@ -103,10 +106,11 @@ class Broadcast:
         return [r for r in self.reports.values() if now - r.at <= STALE_AFTER_S]
 
     def applied(self, version: int) -> bool:
-        """Every live router replica has applied `version`. With none live, nobody routes on
-        an older view: a router replica waits for its first sync before it routes."""
+        """Every live router replica has applied `version`. With none live (none has routed
+        since the actor started `STALE_AFTER_S` ago), nobody holds an older view: a router
+        replica waits for its first sync before it routes."""
         return all(r.version >= version for r in self._live())
 
     def in_flight(self, backend: str) -> int:
-        """Requests the live router replicas last said they had on `backend`."""
+        """Jobs the live router replicas last said they held on `backend`."""
         return sum(r.in_flight.get(backend, 0) for r in self._live())

@@ -10,8 +10,10 @@ no request is lost:
 2. wait until they are RUNNING and the deployment HEALTHY (past `move_timeout_s` the move is
    abandoned, the target asked back to zero, and the source keeps serving);
 3. publish the new view (the role's new work goes to the target, the source is parked) and wait
-   until every router replica has applied it;
-4. wait until no router replica has requests in flight on the source (up to `drain_timeout_s`);
+   until every router replica has applied it (past `drain_timeout_s` the view is switched back
+   and the move abandoned);
+4. wait until no router replica holds requests on the source, queued or in flight (up to
+   `drain_timeout_s`);
 5. ask for zero replicas on the source.
 
 Every move (done or abandoned) is logged, counted and recorded in the routers' status.
@@ -20,16 +22,22 @@ Every move (done or abandoned) is logged, counted and recorded in the routers' s
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from autoscale.broadcast import SYNC_INTERVAL_S, Broadcast
+from autoscale.broadcast import STALE_AFTER_S, SYNC_INTERVAL_S, Broadcast
 from autoscale.placement import Decision, History, ModelPlacement, Move, PlacementPolicy, decide
-from autoscale.policy import set_replicas
+from autoscale.policy import asked_replicas, set_replicas
 from autoscale.probe import node_pools, pool_free_bytes, start_probes
-from autoscale.saved import config_fingerprint, save_placements, saved_placements
+from autoscale.saved import (
+    SavedPlacements,
+    config_fingerprint,
+    save_placements,
+    saved_placements,
+)
 from autoscale.vram import NodeReading
 from cluster.config import DEPLOYMENT_PREFIX, ClusterConfig, Role
 
@@ -56,13 +64,11 @@ class Placer:
         self._configure(config)
 
     def _configure(
-        self,
-        config: ClusterConfig,
-        saved: tuple[dict[str, str], list[dict[str, Any]]] | None = None,
+        self, config: ClusterConfig, saved: SavedPlacements | None = None, version: int = 1
     ) -> None:
-        """Placements (role -> pool) and moves from `saved`, as recorded under this config, or
-        every model home."""
-        saved_pools, saved_moves = saved or ({}, [])
+        """Placements (role -> pool) and moves from `saved` (made under this config), or every
+        model home; the view starts at `version`."""
+        saved_pools, saved_moves = (saved.pools, saved.moves) if saved else ({}, [])
         settings = config.placement
         self._config = config
         self._policy = PlacementPolicy.from_gb(
@@ -89,30 +95,39 @@ class Placer:
             {role: f"{role}@{pool}" for role, pool in self._current.items()},
             (b.name for b in config.backends),
             self._clock,
-            version=time.time_ns() // 1_000_000,  # later than any view of an earlier incarnation
+            version=version,
         )
         for move in saved_moves:
             self._broadcast.record(move)
         self.last_decision = Decision()
+        self._started_at = now
+        self._settle_pending = saved is not None
+
+    def _save(self) -> None:
+        view = self._broadcast.view
+        saved = SavedPlacements(self._fingerprint, self._current, view.version, list(view.moves))
+        save_placements(self._app, saved)
 
     async def start(self, config: ClusterConfig) -> None:
         """Run the loop; again, from the home pools, if the config changed (a detached actor
-        outlives app redeploys). Every router replica calls this as it starts: with the same
-        config (a second replica, one restarted) the moves made so far stand."""
+        outlives app redeploys). Every router replica calls this as it starts, and again when
+        this actor was restarted (Ray restarts it with the config it was first created with,
+        which may be older): with the same config the moves made so far stand."""
         if self._task is not None and not self._task.done() and config == self._config:
             return
         if self._task is not None:
             self._task.cancel()
-        saved = saved_placements(self._app, config_fingerprint(config))
-        self._configure(config, saved)
-        if saved is None:
+        saved = saved_placements(self._app)
+        carried = saved if saved and saved.config == config_fingerprint(config) else None
+        self._configure(config, carried, version=saved.version + 1 if saved else 1)
+        if carried is None:
             # A new config starts on its home pools: asks left in the store by an earlier run
             # must not scale the fresh deployments.
             for backend in config.backends:
                 home = backend.pool == config.model_for(backend.role).home_pool
                 replicas = config.model_for(backend.role).replicas if home else 0
                 set_replicas(self._app, backend.deployment_name, replicas)
-            save_placements(self._app, self._fingerprint, self._current)
+        self._save()
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
@@ -123,14 +138,22 @@ class Placer:
                 logger.exception("placement round failed")
             await asyncio.sleep(self._config.placement.interval_s)
 
-    async def sync(self, replica: str, version: int, in_flight: dict[str, int]) -> dict[str, Any]:
-        """A router replica's pull: what it applied and holds in; the current view."""
-        if self._task is None:  # this actor was restarted: carry on where it was
-            await self.start(self._config)
-        return self._broadcast.report(replica, version, in_flight).to_json()
+    async def sync(self, replica: str, version: int, claims: dict[str, int]) -> dict[str, Any]:
+        """A router replica's pull: the view it applied and the jobs it holds per backend; the
+        current view, with `config` null while this actor waits for `start` (restarted: the
+        router then starts it with its own config and does not apply this view)."""
+        view = self._broadcast.report(replica, version, claims).to_json()
+        return {**view, "config": self._fingerprint if self._task is not None else None}
 
     async def run_once(self) -> list[dict[str, Any]]:
         """One round: read, decide, carry out; the moves' records."""
+        if self._clock() - self._started_at < STALE_AFTER_S:
+            # Just (re)started: the router replicas have not all reported to this incarnation,
+            # and an ack or drain judged on no reports would be empty.
+            return []
+        if self._settle_pending:
+            self._settle_pending = False
+            await self._settle()
         free = await self._free_bytes()
         self._read_at = time.time()  # wall clock: the move records are read off this actor
         models = [
@@ -183,10 +206,17 @@ class Placer:
                 target,
                 source,
             )
+        elif not await self._switch(move.role, source, target):
+            record.update(outcome="abandoned", seconds=round(self._clock() - started, 1))
+            logger.warning(
+                "placement: not every router replica switched %s to %s: move abandoned; %s "
+                "keeps serving",
+                move.role,
+                target,
+                source,
+            )
         else:
-            version = self._broadcast.move(move.role, source, target)
-            await self._until(lambda: self._broadcast.applied(version), f"routers on {target}")
-            await self._until(lambda: self._broadcast.in_flight(source) == 0, f"{source} drained")
+            await self._until(functools.partial(self._drained, source), f"{source} drained")
             set_replicas(self._app, DEPLOYMENT_PREFIX + source, 0)
             self._current[move.role] = move.target
             now = self._clock()
@@ -197,9 +227,51 @@ class Placer:
                 self._left_home_at.pop(move.role, None)
             record.update(outcome="done", seconds=round(now - started, 1))
             logger.warning("placement: %s now on %s (%.1f s)", move.role, target, record["seconds"])
+        if record["outcome"] == "abandoned":
+            # A failed attempt rests the pools too: the next try costs another engine start.
+            self._last_change[move.source] = self._last_change[move.target] = self._clock()
         self._broadcast.record(record)
-        save_placements(self._app, self._fingerprint, self._current, self._broadcast.view.moves)
+        self._save()
         return record
+
+    async def _switch(self, role: str, source: str, target: str) -> bool:
+        """Publish that `role` serves on `target`; False (and switched back, the target asked
+        back to zero) if not every router replica applied it in time."""
+        version = self._broadcast.move(role, source, target)
+        self._save()  # a restart must publish later versions than this one
+        if await self._until(lambda: self._broadcast.applied(version), f"routers on {target}"):
+            return True
+        back = self._broadcast.move(role, target, source)
+        self._save()
+        await self._until(lambda: self._broadcast.applied(back), f"routers back on {source}")
+        await self._until(functools.partial(self._drained, target), f"{target} drained")
+        set_replicas(self._app, DEPLOYMENT_PREFIX + target, 0)
+        return False
+
+    async def _settle(self) -> None:
+        """After a restart: a move cut short may have left replicas asked for on a backend the
+        model is not placed on. Once the routers follow this view and hold nothing there, ask
+        for zero."""
+        leftovers = []
+        for backend in self._config.backends:
+            name = backend.deployment_name
+            if self._current[backend.role.value] == backend.pool:
+                set_replicas(self._app, name, self._config.model_for(backend.role).replicas)
+            elif asked_replicas(self._app, name):
+                leftovers.append(backend)
+        if not leftovers:
+            return
+        version = self._broadcast.view.version
+        await self._until(lambda: self._broadcast.applied(version), "routers on this view")
+        for backend in leftovers:
+            await self._until(functools.partial(self._drained, backend.name), backend.name)
+            set_replicas(self._app, backend.deployment_name, 0)
+            logger.warning(
+                "placement: %s was left up by a cut-short move: scaled to zero", backend.name
+            )
+
+    def _drained(self, backend: str) -> bool:
+        return self._broadcast.in_flight(backend) == 0
 
     async def _wait_running(self, deployment: str, replicas: int) -> bool:
         from ray import serve
@@ -218,14 +290,15 @@ class Placer:
             await asyncio.sleep(POLL_S)
         return False
 
-    async def _until(self, done: Callable[[], bool], what: str) -> None:
+    async def _until(self, done: Callable[[], bool], what: str) -> bool:
         """Wait for the router replicas' reports to show `done`, up to `drain_timeout_s`."""
         deadline = self._clock() + self._config.placement.drain_timeout_s
         while not done():
             if self._clock() >= deadline:
-                logger.warning("placement: gave up waiting for %s; going on", what)
-                return
+                logger.warning("placement: gave up waiting for %s", what)
+                return False
             await asyncio.sleep(SYNC_INTERVAL_S / 2)
+        return True
 
 
 def ensure_placer(config: ClusterConfig, app: str, namespace: str) -> Any:

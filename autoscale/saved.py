@@ -3,15 +3,17 @@
 The actor is detached and restartable; Serve keeps running the replica counts it asked for
 (`policy.py`) whatever happens to it. A restarted actor, or one started again by a new router
 replica, must carry on from those placements, not send every model home at once: that would
-scale the serving deployments to zero before their home pools are up. The record is tied to the
-config it was made under; a different config starts from the home pools.
+scale the serving deployments to zero before their home pools are up. The placements are tied to
+the config they were made under (a different config starts from the home pools); the view's
+version is kept whatever the config, so a new incarnation never publishes a version a router
+replica has already applied.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autoscale.policy import KV_NAMESPACE
@@ -26,31 +28,27 @@ def config_fingerprint(config: ClusterConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class SavedPlacements:
+    config: str  # the fingerprint of the config the placements were made under
+    pools: dict[str, str]  # role -> the pool it serves on
+    version: int  # the latest view version published
+    moves: list[dict[str, Any]] = field(default_factory=list)
+
+
 def _key(app: str) -> bytes:
     return f"placements/{app}".encode()
 
 
-def save_placements(
-    app: str, fingerprint: str, pools: dict[str, str], moves: Sequence[dict[str, Any]] = ()
-) -> None:
-    """Record each role's pool (role -> pool name), and the moves' records, under the config's
-    fingerprint."""
+def save_placements(app: str, saved: SavedPlacements) -> None:
     from ray.experimental.internal_kv import _internal_kv_put
 
-    record = json.dumps({"config": fingerprint, "pools": pools, "moves": list(moves)}).encode()
+    record = json.dumps(asdict(saved)).encode()
     _internal_kv_put(_key(app), record, overwrite=True, namespace=KV_NAMESPACE)
 
 
-def saved_placements(
-    app: str, fingerprint: str
-) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
-    """The recorded placements and moves, if recorded under this config."""
+def saved_placements(app: str) -> SavedPlacements | None:
     from ray.experimental.internal_kv import _internal_kv_get
 
     raw = _internal_kv_get(_key(app), namespace=KV_NAMESPACE)
-    if raw is None:
-        return None
-    record = json.loads(raw)
-    if record.get("config") != fingerprint:
-        return None
-    return dict(record["pools"]), list(record.get("moves", []))
+    return None if raw is None else SavedPlacements(**json.loads(raw))

@@ -7,13 +7,15 @@ A Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`: a hea
 - Gateway: the local pool's VRAM probe is made to report 2 GB free (`VramProbe.inject`, the
   probes' own interface: this machine has no GPU); the placement actor reads it, moves the model
   to the cloud pool make-before-break, and later, once the probe reports 30 GB again and the
-  away time has passed, back. Measured from the reading that crossed the threshold (the move
-  record's `read_at`) to the first answer served by the target deployment.
+  away time has passed, back. Measured from the probe reading that crossed the threshold (the
+  move record's `read_at`; the reading comes at most `placement.interval_s` after the change,
+  shown apart) to the first answer served by the target deployment.
 - Anchor: bare `ray.serve.llm` on the same nodes can move a model only by redeploying it with
   the other pool's resource, which restarts its replica. Measured from the redeploy call to the
   first answer that ends after Serve reports the app running again.
 
-For both: requests failed (target for the gateway: 0) and the longest any request waited.
+For both, over the requests in flight from that start to that first answer: how many failed
+(target for the gateway: 0) and the longest any of them waited.
 
 Run with `make bench` (or `python -m bench.placement`).
 """
@@ -35,6 +37,7 @@ from ray import serve
 from ray.cluster_utils import Cluster
 from ray.serve.llm import build_openai_app
 
+from autoscale.placer import PLACER_NAME
 from autoscale.probe import start_probes
 from autoscale.vram import GIB, GpuReading, NodeReading
 from bench import stack
@@ -70,7 +73,8 @@ class Move:
     direction: str
     started: float  # the reading that crossed the threshold, or the redeploy call
     serving_s: float  # from `started` to the first answer from the moved model
-    answers: list[Answer]
+    answers: list[Answer]  # those in flight between `started` and that first answer
+    detected_s: float | None = None  # from the VRAM change to the reading that saw it
 
     @property
     def failed(self) -> int:
@@ -204,10 +208,13 @@ async def measure_gateway(stage: Stage) -> list[Move]:
                     direction,
                     record["read_at"],
                     first - record["read_at"],
-                    load.between(injected, time.time()),
+                    load.between(record["read_at"], first),
+                    record["read_at"] - injected,
                 )
             )
     serve.delete(GATEWAY_APP)
+    # The detached placement actor outlives the app: it must not take CPU from the anchor's run.
+    ray.kill(ray.get_actor(f"{PLACER_NAME}:{GATEWAY_APP}", namespace=SERVE_NAMESPACE))
     return moves
 
 
@@ -239,7 +246,7 @@ async def measure_anchor(stage: Stage) -> list[Move]:
                     direction,
                     started,
                     first - started,
-                    load.between(started, running),
+                    load.between(started, first),
                 )
             )
     serve.delete(stack.ANCHOR_APP)
@@ -248,16 +255,18 @@ async def measure_anchor(stage: Stage) -> list[Move]:
 
 def report(moves: list[Move]) -> bool:
     print(
-        "| path | move | to serving on the new pool (s) | ratio to anchor "
-        "| requests during the move | failed | longest wait (s) |"
+        "| path | move | VRAM change seen after (s) | to serving on the new pool (s) "
+        "| ratio to anchor | requests during the move | failed | longest wait (s) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     anchor = {m.direction: m for m in moves if m.path == "ray.serve.llm"}
     for move in moves:
         base = anchor.get(move.direction)
         ratio = f"{move.serving_s / base.serving_s:.2f}" if base else "-"
         print(
-            f"| {move.path} | {move.direction} | {move.serving_s:.1f} | {ratio} "
+            f"| {move.path} | {move.direction} "
+            f"| {'-' if move.detected_s is None else f'{move.detected_s:.1f}'} "
+            f"| {move.serving_s:.1f} | {ratio} "
             f"| {len(move.answers)} | {move.failed} | {move.longest_wait_s:.1f} |"
         )
     gateway = [m for m in moves if m.path == "gateway"]

@@ -18,11 +18,12 @@ so all of them follow each move, and one that starts late or restarts routes by 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,11 +96,22 @@ class Link:
     running: bool = True  # until the first health check says otherwise
     awaiting_recovery: bool = False  # its only replica died: out until a health probe passes
     in_flight: int = 0
+    # Jobs that chose this link and have not finished: being fitted, queued for a slot or in
+    # flight. A placement move drains the source until no router replica holds any.
+    claims: int = 0
     kv_observable: bool = True
     seen_transitions: int = field(default=0)
     # Deliberately at zero replicas: a model's non-home pool until placement moves it there, or
     # the pool it was moved away from. Not down, not worth health checks, never chosen.
     parked: bool = False
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        self.claims += 1
+        try:
+            yield
+        finally:
+            self.claims -= 1
 
     @property
     def deployment(self) -> DeploymentKey:
@@ -206,34 +218,37 @@ class Router:
                 yield self._unavailable(job.role, tried)
                 return
             link = self._links[name]
-            try:
-                fit = await self._fit(job, link.target)
-            except ContextOverflow as overflow:
-                yield Refusal(400, "context_length_exceeded", str(overflow))
-                return
-            except Exception as error:  # a chat template that rejects the messages
-                yield Refusal(400, "invalid_request", f"The messages cannot be rendered: {error}")
-                return
-            waited_from = self._clock()
-            try:
-                await link.gate.acquire(job.priority)
-            except Shed as shed:
-                metrics.SHED.labels(job.priority.value, shed.reason).inc()
-                message = f"The backend {name} is overloaded ({shed.reason}); retry later."
-                yield Refusal(429, "overloaded", message, shed.retry_after_s)
-                return
-            finally:
-                metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
-                    self._clock() - waited_from
-                )
-            try:
-                async for item in self._serve_on(link, job, fit, failovers=len(tried)):
-                    yield item
-                return
-            except BackendFault as fault:
-                logger.warning("backend %s failed before answering: %s", name, fault)
-                metrics.FAILOVERS.labels(name).inc()
-                tried.append(name)
+            with link.claimed():
+                try:
+                    fit = await self._fit(job, link.target)
+                except ContextOverflow as overflow:
+                    yield Refusal(400, "context_length_exceeded", str(overflow))
+                    return
+                except Exception as error:  # a chat template that rejects the messages
+                    yield Refusal(
+                        400, "invalid_request", f"The messages cannot be rendered: {error}"
+                    )
+                    return
+                waited_from = self._clock()
+                try:
+                    await link.gate.acquire(job.priority)
+                except Shed as shed:
+                    metrics.SHED.labels(job.priority.value, shed.reason).inc()
+                    message = f"The backend {name} is overloaded ({shed.reason}); retry later."
+                    yield Refusal(429, "overloaded", message, shed.retry_after_s)
+                    return
+                finally:
+                    metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
+                        self._clock() - waited_from
+                    )
+                try:
+                    async for item in self._serve_on(link, job, fit, failovers=len(tried)):
+                        yield item
+                    return
+                except BackendFault as fault:
+                    logger.warning("backend %s failed before answering: %s", name, fault)
+                    metrics.FAILOVERS.labels(name).inc()
+                    tried.append(name)
 
     def _chain(self, role: Role) -> tuple[str, ...]:
         """The role's chain, led by the backend it is placed on now."""
@@ -508,16 +523,25 @@ class Router:
 
     async def _placement_loop(self) -> None:
         while True:
-            in_flight = {name: link.in_flight for name, link in self._links.items()}
+            claims = self.held()
             try:
                 reply = await asyncio.wait_for(
-                    self._placer.sync.remote(self._replica, self._view_version, in_flight),
+                    self._placer.sync.remote(self._replica, self._view_version, claims),
                     HEALTH_PROBE_TIMEOUT_S,
                 )
-                self.apply_placement(PlacementView.from_json(reply))
+                if reply["config"] is None:
+                    # Restarted by Ray with the config it was first made with, maybe older than
+                    # ours: start it with ours, and keep routing on the last view meanwhile.
+                    await self._placer.start.remote(self._config)
+                else:
+                    self.apply_placement(PlacementView.from_json(reply))
             except Exception as error:  # the actor restarting: keep routing on the last view
                 logger.info("placement sync failed: %s", _describe(error))
             await asyncio.sleep(SYNC_INTERVAL_S)
+
+    def held(self) -> dict[str, int]:
+        """Jobs this replica holds per backend: being fitted, queued for a slot or in flight."""
+        return {name: link.claims for name, link in self._links.items()}
 
     def apply_placement(self, view: PlacementView) -> None:
         """Send each role's new work where `view` places it; parked backends take none."""
@@ -528,9 +552,11 @@ class Router:
             if link.target.role is not None:
                 link.parked = link.target.name in view.parked
         for move in view.moves:
-            if move["seq"] > self._moves_counted:
+            if move["seq"] <= self._moves_counted:
+                continue
+            if self._view_version:  # on the first view, moves made before this replica are not new
                 metrics.PLACEMENT_MOVES.labels(move["role"], move["kind"], move["outcome"]).inc()
-                self._moves_counted = move["seq"]
+            self._moves_counted = move["seq"]
         self._moves = list(view.moves)
         self._view_version = view.version
         self._synced.set()

@@ -121,6 +121,12 @@ def answers(actor: Any) -> bool:
     return True
 
 
+def every_router_places(backend: str, pool: str) -> bool:
+    """Each status call reaches one of the two router replicas, picked at random: 16 calls miss
+    one of them with odds of 1 in 32768."""
+    return all(status()["placements"] == {backend: pool} for _ in range(16))
+
+
 def status() -> dict[str, Any]:
     reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{PORT}/v1/cluster/status").json()
     return reply
@@ -139,7 +145,7 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
         wait_for(lambda: stream.first_from(CLOUD, dropped) is not None, 420, "reasoning@cloud")
         out_s = (stream.first_from(CLOUD, dropped) or 0) - dropped
         wait_for(lambda: status()["backends"][LOCAL]["state"] == "parked", 120, "local parked")
-        assert status()["placements"] == {CLOUD: "cloud"}
+        assert every_router_places(CLOUD, "cloud")
 
         # The placement actor dies and Ray restarts it: it carries on from the cloud (the
         # placements it recorded), it does not send the model home at once.
@@ -147,7 +153,7 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
         ray.kill(placer, no_restart=False)
         wait_for(lambda: answers(placer), 120, "the placement actor to be back")
         time.sleep(3)  # several router syncs, each of which gets the restarted actor's view
-        assert status()["placements"] == {CLOUD: "cloud"}
+        assert every_router_places(CLOUD, "cloud")
         assert status()["backends"][LOCAL]["state"] == "parked"
 
         recovered = time.monotonic()
@@ -155,6 +161,7 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
         wait_for(lambda: stream.first_from(LOCAL, recovered) is not None, 420, "reasoning back")
         back_s = (stream.first_from(LOCAL, recovered) or 0) - recovered
         wait_for(lambda: status()["backends"][CLOUD]["state"] == "parked", 120, "cloud parked")
+        assert every_router_places(LOCAL, "local")
     failed = [(t, code, b) for t, code, b in stream.results if code != 200]
     moves = status()["moves"]
     print(

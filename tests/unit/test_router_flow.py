@@ -210,6 +210,24 @@ def test_the_cap_holds_under_concurrency_and_every_job_is_served() -> None:
     assert coding.max_running == 2
 
 
+def test_a_backend_holds_its_queued_jobs_too_until_they_are_served() -> None:
+    """What a placement move drains by: a job waiting for a slot still belongs to the backend."""
+    coding = FakeBackend(ok, step_s=0.1)
+    router = make_router(
+        make_config(cap=1), coding_local=coding, orchestrator_local=FakeBackend(ok)
+    )
+
+    async def three() -> tuple[int, int]:
+        jobs = [asyncio.create_task(collect(router, job())) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        held_while_running = router.held()["coding@local"]
+        await asyncio.gather(*jobs)
+        return held_while_running, router.held()["coding@local"]
+
+    assert asyncio.run(three()) == (3, 0)
+    assert coding.max_running == 1
+
+
 def test_a_full_queue_sheds_background_with_429_and_retry_after() -> None:
     coding = FakeBackend(ok, step_s=0.05)
     router = make_router(
@@ -312,9 +330,13 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
 
     async def scenario() -> list[str]:
         seen = [await served_by()]  # home pool; cloud starts parked
+        homes = {"reasoning": "reasoning@local"}
+        # The first view carries a move made before this replica: shown, not counted.
+        earlier = {"seq": 1, "role": "reasoning", "kind": "restore", "outcome": "done"}
+        router.apply_placement(PlacementView(1, homes, frozenset({"reasoning@cloud"}), (earlier,)))
         moved = {"reasoning": "reasoning@cloud"}
-        record = {"seq": 1, "role": "reasoning", "kind": "offload", "outcome": "done"}
-        view = PlacementView(2, moved, frozenset({"reasoning@local"}), (record,))
+        record = {"seq": 2, "role": "reasoning", "kind": "offload", "outcome": "done"}
+        view = PlacementView(2, moved, frozenset({"reasoning@local"}), (earlier, record))
         router.apply_placement(view)
         router.apply_placement(view)  # the next sync: the same move is not counted again
         seen.append(await served_by())
@@ -328,5 +350,6 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
     metrics = asyncio.run(router.metrics_text()).decode()
     moves = 'gps_placement_moves_total{kind="offload",outcome="done",role="reasoning"}'
     assert f"{moves} 1.0" in metrics
+    assert 'kind="restore"' not in metrics
     assert 'gps_model_pool{pool="cloud",role="reasoning"} 1.0' in metrics
     assert 'gps_model_pool{pool="local",role="reasoning"} 0.0' in metrics
