@@ -56,7 +56,7 @@ class PlacementView:
 @dataclass(frozen=True)
 class Report:
     version: int  # the latest view the replica applied
-    in_flight: Mapping[str, int]  # jobs held per backend, when it reported
+    held: Mapping[str, int]  # jobs per backend (fitted, queued or in flight) when it reported
     at: float
 
 
@@ -96,9 +96,9 @@ class Broadcast:
         moves = (*self.view.moves, {**move, "seq": move.get("seq", seq)})[-self.moves_kept :]
         self.view = PlacementView(self.view.version, self.view.placements, self.view.parked, moves)
 
-    def report(self, replica: str, version: int, in_flight: Mapping[str, int]) -> PlacementView:
+    def report(self, replica: str, version: int, held: Mapping[str, int]) -> PlacementView:
         """A router replica's sync: note what it applied and holds; answer the current view."""
-        self.reports[replica] = Report(version, dict(in_flight), self.clock())
+        self.reports[replica] = Report(version, dict(held), self.clock())
         return self.view
 
     def _live(self) -> list[Report]:
@@ -111,6 +111,6 @@ class Broadcast:
         replica waits for its first sync before it routes."""
         return all(r.version >= version for r in self._live())
 
-    def in_flight(self, backend: str) -> int:
+    def held(self, backend: str) -> int:
         """Jobs the live router replicas last said they held on `backend`."""
-        return sum(r.in_flight.get(backend, 0) for r in self._live())
+        return sum(r.held.get(backend, 0) for r in self._live())

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-GB = 1024**3
+from autoscale.vram import GIB
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class PlacementPolicy:
     def from_gb(
         cls, offload_below_gb: float, restore_above_gb: float, cooldown_s: float, min_away_s: float
     ) -> PlacementPolicy:
-        return cls(int(offload_below_gb * GB), int(restore_above_gb * GB), cooldown_s, min_away_s)
+        return cls(int(offload_below_gb * GIB), int(restore_above_gb * GIB), cooldown_s, min_away_s)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Decision:
 
 
 def _gb(value: int | None) -> str:
-    return "unknown" if value is None else f"{value / GB:.1f} GB"
+    return "unknown" if value is None else f"{value / GIB:.1f} GB"
 
 
 def decide(

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autoscale.broadcast import STALE_AFTER_S, SYNC_INTERVAL_S, Broadcast
-from autoscale.placement import Decision, History, ModelPlacement, Move, PlacementPolicy, decide
+from autoscale.placement import History, ModelPlacement, Move, PlacementPolicy, decide
 from autoscale.policy import asked_replicas, set_replicas
 from autoscale.probe import node_pools, pool_free_bytes, start_probes
 from autoscale.saved import (
@@ -60,7 +60,6 @@ class Placer:
         self._clock = clock
         self._app = app
         self._task: asyncio.Task[None] | None = None
-        self._read_at = 0.0
         self._configure(config)
 
     def _configure(
@@ -99,7 +98,6 @@ class Placer:
         )
         for move in saved_moves:
             self._broadcast.record(move)
-        self.last_decision = Decision()
         self._started_at = now
         self._settle_pending = saved is not None
 
@@ -138,11 +136,11 @@ class Placer:
                 logger.exception("placement round failed")
             await asyncio.sleep(self._config.placement.interval_s)
 
-    async def sync(self, replica: str, version: int, claims: dict[str, int]) -> dict[str, Any]:
+    async def sync(self, replica: str, version: int, held: dict[str, int]) -> dict[str, Any]:
         """A router replica's pull: the view it applied and the jobs it holds per backend; the
         current view, with `config` null while this actor waits for `start` (restarted: the
         router then starts it with its own config and does not apply this view)."""
-        view = self._broadcast.report(replica, version, claims).to_json()
+        view = self._broadcast.report(replica, version, held).to_json()
         return {**view, "config": self._fingerprint if self._task is not None else None}
 
     async def run_once(self) -> list[dict[str, Any]]:
@@ -155,7 +153,7 @@ class Placer:
             self._settle_pending = False
             await self._settle()
         free = await self._free_bytes()
-        self._read_at = time.time()  # wall clock: the move records are read off this actor
+        read_at = time.time()  # wall clock: the move records are read off this actor
         models = [
             ModelPlacement(
                 m.role.value, int(m.placement_priority[1]), m.pools, self._current[m.role.value]
@@ -163,10 +161,10 @@ class Placer:
             for m in self._config.models
         ]
         history = History(dict(self._last_change), dict(self._left_home_at))
-        self.last_decision = decide(free, models, history, self._clock(), self._policy)
-        for hold in self.last_decision.holds:
+        decision = decide(free, models, history, self._clock(), self._policy)
+        for hold in decision.holds:
             logger.info("placement: %s holds (%s): %s", hold.pool, hold.role, hold.reason)
-        return [await self._carry_out(move) for move in self.last_decision.moves]
+        return [await self._carry_out(move, read_at) for move in decision.moves]
 
     async def _free_bytes(self) -> dict[str, int | None]:
         import ray
@@ -179,13 +177,13 @@ class Placer:
         readings = [NodeReading.from_json(r) for r in replies if isinstance(r, dict)]
         return pool_free_bytes(readings, node_pools())
 
-    async def _carry_out(self, move: Move) -> dict[str, Any]:
+    async def _carry_out(self, move: Move, read_at: float) -> dict[str, Any]:
         model = next(m for m in self._config.models if m.role.value == move.role)
         source, target = f"{move.role}@{move.source}", f"{move.role}@{move.target}"
         started = self._clock()
         record: dict[str, Any] = {
             "at": time.time(),
-            "read_at": self._read_at,  # when the reading behind this move was taken
+            "read_at": read_at,  # when the reading behind this move was taken
             "role": move.role,
             "from": source,
             "to": target,
@@ -271,7 +269,7 @@ class Placer:
             )
 
     def _drained(self, backend: str) -> bool:
-        return self._broadcast.in_flight(backend) == 0
+        return self._broadcast.held(backend) == 0
 
     async def _wait_running(self, deployment: str, replicas: int) -> bool:
         from ray import serve

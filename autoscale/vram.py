@@ -54,6 +54,12 @@ class NodeReading:
     def total_bytes(self) -> int:
         return sum(g.total_bytes for g in self.gpus)
 
+    @classmethod
+    def rehearsal(cls, node: str, free_gb: float, total_gb: float = 80.0) -> NodeReading:
+        """One GPU with `free_gb` of `total_gb` free: a reading to inject into a probe."""
+        free, total = int(free_gb * GIB), int(total_gb * GIB)
+        return cls(node, (GpuReading(0, "rehearsal", total, total - free, free),))
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

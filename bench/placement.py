@@ -39,7 +39,7 @@ from ray.serve.llm import build_openai_app
 
 from autoscale.placer import PLACER_NAME
 from autoscale.probe import start_probes
-from autoscale.vram import GIB, GpuReading, NodeReading
+from autoscale.vram import NodeReading
 from bench import stack
 from cluster.app import build_app
 from cluster.backends import llm_config_for
@@ -142,11 +142,6 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
     raise TimeoutError(f"timed out after {MOVE_TIMEOUT_S} s waiting for {what}")
 
 
-def reading(node_id: str, free_gb: float) -> dict[str, Any]:
-    gpu = GpuReading(0, "injected", int(80 * GIB), int((80 - free_gb) * GIB), int(free_gb * GIB))
-    return NodeReading(node_id, (gpu,)).to_json()
-
-
 class Stage:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
@@ -160,7 +155,7 @@ class Stage:
 
     def report_free(self, local_gb: float, cloud_gb: float) -> None:
         for node, free_gb in ((self.local, local_gb), (self.cloud, cloud_gb)):
-            ray.get(self.probes[node].inject.remote(reading(node, free_gb)))
+            ray.get(self.probes[node].inject.remote(NodeReading.rehearsal(node, free_gb).to_json()))
 
     def stop(self) -> None:
         serve.shutdown()

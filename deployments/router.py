@@ -523,10 +523,9 @@ class Router:
 
     async def _placement_loop(self) -> None:
         while True:
-            claims = self.held()
             try:
                 reply = await asyncio.wait_for(
-                    self._placer.sync.remote(self._replica, self._view_version, claims),
+                    self._placer.sync.remote(self._replica, self._view_version, self.held()),
                     HEALTH_PROBE_TIMEOUT_S,
                 )
                 if reply["config"] is None:

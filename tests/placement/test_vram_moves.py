@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster
 
 from autoscale.placer import PLACER_NAME
 from autoscale.probe import start_probes
-from autoscale.vram import GIB, GpuReading, NodeReading
+from autoscale.vram import NodeReading
 from cluster.app import build_app
 from cluster.config import load_config
 
@@ -33,11 +33,6 @@ CONFIG = Path(__file__).with_name("placed.yaml")
 PORT = 18600
 NAMESPACE = "serve"
 LOCAL, CLOUD = "reasoning@local", "reasoning@cloud"
-
-
-def reading(node_id: str, free_gb: float) -> dict[str, Any]:
-    gpu = GpuReading(0, "injected", int(80 * GIB), int((80 - free_gb) * GIB), int(free_gb * GIB))
-    return NodeReading(node_id, (gpu,)).to_json()
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> float:
@@ -57,10 +52,9 @@ def cluster() -> Iterator[dict[str, str]]:
     ray.init(address=nodes.address, namespace=NAMESPACE)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     ids = {"local": local.node_id, "cloud": cloud.node_id, "head": nodes.head_node.node_id}
-    probes = start_probes(NAMESPACE)
     # Before the app starts: both pools with plenty of VRAM, the head with no GPU.
-    ray.get(probes[ids["local"]].inject.remote(reading(ids["local"], 30)))
-    ray.get(probes[ids["cloud"]].inject.remote(reading(ids["cloud"], 40)))
+    report_free(ids["local"], 30)
+    report_free(ids["cloud"], 40)
     serve.run(build_app(load_config(CONFIG, environ={})), name="placed", route_prefix="/")
     yield ids
     serve.shutdown()
@@ -132,20 +126,32 @@ def status() -> dict[str, Any]:
     return reply
 
 
+def report_free(node: str, free_gb: float) -> None:
+    """The node's probe reports `free_gb` free from now on."""
+    probe = start_probes(NAMESPACE)[node]
+    ray.get(probe.inject.remote(NodeReading.rehearsal(node, free_gb).to_json()))
+
+
+def move_by_vram(stream: Stream, node: str, free_gb: float, target: str, source: str) -> float:
+    """Report `free_gb` on `node`; wait until `target` answers, `source` is parked and every
+    router replica places the role on `target`. Seconds from the report to that first answer."""
+    reported = time.monotonic()
+    report_free(node, free_gb)
+    wait_for(lambda: stream.first_from(target, reported) is not None, 420, target)
+    seconds = (stream.first_from(target, reported) or 0) - reported
+    wait_for(lambda: status()["backends"][source]["state"] == "parked", 120, f"{source} parked")
+    assert every_router_places(target, target.split("@")[1])
+    return seconds
+
+
 def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
     cluster: dict[str, str],
 ) -> None:
-    probes = start_probes(NAMESPACE)
     assert status()["placements"] == {LOCAL: "local"}
     assert status()["backends"][CLOUD]["state"] == "parked"
     with Stream() as stream:
         wait_for(lambda: len(stream.results) >= 4, 60, "the stream to start")
-        dropped = time.monotonic()
-        ray.get(probes[cluster["local"]].inject.remote(reading(cluster["local"], 2)))
-        wait_for(lambda: stream.first_from(CLOUD, dropped) is not None, 420, "reasoning@cloud")
-        out_s = (stream.first_from(CLOUD, dropped) or 0) - dropped
-        wait_for(lambda: status()["backends"][LOCAL]["state"] == "parked", 120, "local parked")
-        assert every_router_places(CLOUD, "cloud")
+        out_s = move_by_vram(stream, cluster["local"], 2, CLOUD, LOCAL)
 
         # The placement actor dies and Ray restarts it: it carries on from the cloud (the
         # placements it recorded), it does not send the model home at once.
@@ -156,12 +162,7 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
         assert every_router_places(CLOUD, "cloud")
         assert status()["backends"][LOCAL]["state"] == "parked"
 
-        recovered = time.monotonic()
-        ray.get(probes[cluster["local"]].inject.remote(reading(cluster["local"], 30)))
-        wait_for(lambda: stream.first_from(LOCAL, recovered) is not None, 420, "reasoning back")
-        back_s = (stream.first_from(LOCAL, recovered) or 0) - recovered
-        wait_for(lambda: status()["backends"][CLOUD]["state"] == "parked", 120, "cloud parked")
-        assert every_router_places(LOCAL, "local")
+        back_s = move_by_vram(stream, cluster["local"], 30, LOCAL, CLOUD)
     failed = [(t, code, b) for t, code, b in stream.results if code != 200]
     moves = status()["moves"]
     print(

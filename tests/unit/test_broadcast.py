@@ -52,11 +52,11 @@ def test_a_replica_silent_past_the_stale_time_holds_nothing_up() -> None:
     clock.now += 1
     broadcast.report("alive", version, {"reasoning@local": 1})
     assert not broadcast.applied(version)
-    assert broadcast.in_flight("reasoning@local") == 4
+    assert broadcast.held("reasoning@local") == 4
     clock.now += STALE_AFTER_S
     broadcast.report("alive", version, {"reasoning@local": 0})
     assert broadcast.applied(version)
-    assert broadcast.in_flight("reasoning@local") == 0
+    assert broadcast.held("reasoning@local") == 0
 
 
 def test_the_source_drains_by_the_latest_report_of_each_replica() -> None:
@@ -64,11 +64,11 @@ def test_the_source_drains_by_the_latest_report_of_each_replica() -> None:
     version = broadcast.move("reasoning", "reasoning@local", "reasoning@cloud")
     broadcast.report("router-a", version, {"reasoning@local": 2, "coding@local": 5})
     broadcast.report("router-b", version, {"reasoning@local": 1})
-    assert broadcast.in_flight("reasoning@local") == 3
+    assert broadcast.held("reasoning@local") == 3
     broadcast.report("router-a", version, {"reasoning@local": 0, "coding@local": 5})
-    assert broadcast.in_flight("reasoning@local") == 1
+    assert broadcast.held("reasoning@local") == 1
     broadcast.report("router-b", version, {"reasoning@local": 0})
-    assert broadcast.in_flight("reasoning@local") == 0
+    assert broadcast.held("reasoning@local") == 0
 
 
 def test_moving_back_unparks_the_home_and_parks_the_other_pool() -> None:

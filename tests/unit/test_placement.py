@@ -7,7 +7,6 @@ import itertools
 from collections.abc import Mapping
 
 from autoscale.placement import (
-    GB,
     Decision,
     History,
     ModelPlacement,
@@ -15,6 +14,7 @@ from autoscale.placement import (
     PlacementPolicy,
     decide,
 )
+from autoscale.vram import GIB
 
 POLICY = PlacementPolicy.from_gb(6, 12, cooldown_s=120, min_away_s=60)
 POOLS = ("local", "cloud")
@@ -30,7 +30,7 @@ def models(**current: str) -> list[ModelPlacement]:
 
 def free(local: float | None, cloud: float | None = 40) -> Mapping[str, int | None]:
     def to_bytes(gb: float | None) -> int | None:
-        return None if gb is None else int(gb * GB)
+        return None if gb is None else int(gb * GIB)
 
     return {"local": to_bytes(local), "cloud": to_bytes(cloud)}
 
