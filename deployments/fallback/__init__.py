@@ -1,1 +1,1 @@
-"""The CPU fallback replica that ends every failover chain: Ollama or llama.cpp in-process."""
+"""The CPU fallback replica that ends every chain: Ollama or llama.cpp, in a child process."""

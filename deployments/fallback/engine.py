@@ -1,6 +1,6 @@
 """What the fallback's engines share: the request they take and the pieces they give back.
 
-Both engines (Ollama over its native API, llama.cpp in-process) turn a chat into a stream of
+Both engines (Ollama over its native API, llama.cpp in a child process) turn a chat into a stream of
 text pieces and one closing `Finish`; `openai_format` turns that into OpenAI responses, so the
 router cannot tell the fallback from a vLLM replica.
 """
@@ -22,6 +22,8 @@ class ChatParams:
     top_p: float | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    # An answer cut short elsewhere, to be continued (its text counts toward max_tokens).
+    continue_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class EngineUnavailable(Exception):
 
 class PromptTooLong(Exception):
     """The prompt does not fit the engine's window: the client's problem, not the engine's."""
+
+
+class InvalidChat(Exception):
+    """The engine cannot render the conversation (its chat template rejects it): the client's."""
 
 
 class FallbackEngine(Protocol):

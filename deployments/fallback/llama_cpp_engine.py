@@ -1,142 +1,156 @@
-"""The llama.cpp engine, in-process (`llama-cpp-python`, the engine Ollama itself wraps).
+"""The llama.cpp engine: `llama_server` as a supervised child process, spoken to over loopback.
 
-For nodes without an `ollama` binary. One llama.cpp context decodes one sequence at a time, so
-requests run one after another on a single worker thread (the router's cap bounds how many wait
-here); each streams its tokens back to the event loop as they come. A client that goes away
-stops its generation at the next token.
+For nodes without an `ollama` binary. llama.cpp is native code: run inside the Serve replica, a
+crash of it (ggml's AMX kernels segfault on some CPUs) took the replica, the last link of every
+chain, down with it. In a child process a crash costs one restart. A request that was in flight
+when the child died is tried once more on the restarted child, continuing from the text already
+produced, so its client sees one answer; a second death fails it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncGenerator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import json
+import sys
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
+
+import httpx
 
 from deployments.fallback.engine import (
     ChatParams,
     EngineUnavailable,
     Finish,
+    InvalidChat,
     Piece,
     PromptTooLong,
 )
+from deployments.fallback.supervisor import START_TIMEOUT_S, Supervisor
 
-_END = object()
-
-
-class _TokenTally:
-    """A llama.cpp logits processor that counts: it sees the prompt plus every sampled token."""
-
-    def __init__(self) -> None:
-        self.prompt_tokens = 0
-        self.samples = 0
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if self.samples == 0:
-            self.prompt_tokens = len(input_ids)
-        self.samples += 1
-        return scores
+SELF_TEST = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
 
 class LlamaCppEngine:
     name = "llama_cpp"
 
-    def __init__(self, *, model_path: str, context_window: int, threads: int) -> None:
-        self._model_path = model_path
-        self._window = context_window
-        self._threads = threads
-        self._llama: Any = None
-        self.cancelled = 0  # generations stopped early because their client left
-        # One thread: the context is not shareable, and queued requests keep their order.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-cpp")
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        context_window: int,
+        threads: int,
+        n_gpu_layers: int = 0,
+        sleep: Callable[[float], Awaitable[Any]] | None = None,
+    ) -> None:
+        def command(port: int) -> list[str]:
+            return [
+                sys.executable,
+                "-m",
+                "deployments.fallback.llama_server",
+                f"--model={model_path}",
+                f"--port={port}",
+                f"--n-ctx={context_window}",
+                f"--threads={threads}",
+                f"--n-gpu-layers={n_gpu_layers}",
+            ]
+
+        self._server = Supervisor(
+            name="llama.cpp server",
+            command=command,
+            ready_check=self_test,
+            sleep=sleep or asyncio.sleep,
+        )
+        self.retried = 0  # requests continued on a restarted server
+
+    @property
+    def pid(self) -> int | None:
+        return self._server.pid
+
+    @property
+    def restarts(self) -> int:
+        return self._server.restarts
 
     async def start(self) -> None:
-        from llama_cpp import Llama
-
-        def load() -> Any:
-            return Llama(
-                model_path=self._model_path,
-                n_ctx=self._window,
-                n_threads=self._threads,
-                n_threads_batch=self._threads,
-                verbose=False,
-            )
-
-        self._llama = await asyncio.get_running_loop().run_in_executor(self._worker, load)
+        await self._server.start()
 
     async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
-        if self._llama is None:
-            raise EngineUnavailable("the llama.cpp model is not loaded")
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue[Any] = asyncio.Queue()
-        cancelled = threading.Event()
-
-        def emit(item: Any) -> None:
-            loop.call_soon_threadsafe(out.put_nowait, item)
-
-        def generate() -> None:
+        produced: list[str] = []
+        for attempt in (1, 2):
+            body = _body(params, params.continue_text + "".join(produced))
             try:
-                if not cancelled.is_set():  # the client left while it waited its turn
-                    for item in self._generate(params, cancelled):
-                        emit(item)
-            except BaseException as error:  # handed to the caller, never lost in the thread
-                emit(error)
-            finally:
-                emit(_END)
+                async for item in self._chat_once(body):
+                    if isinstance(item, Piece):
+                        produced.append(item.text)
+                    yield item
+                return
+            except EngineUnavailable:
+                self._server.mark_down()
+                if attempt == 2 or not await self._server.wait_ready(START_TIMEOUT_S):
+                    raise
+                self.retried += 1
 
-        loop.run_in_executor(self._worker, generate)  # it reports through `out`
+    async def _chat_once(self, body: dict[str, Any]) -> AsyncGenerator[Piece | Finish, None]:
+        if not self._server.ready:
+            raise EngineUnavailable("the llama.cpp server is not running")
         try:
-            while (item := await out.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            cancelled.set()
-
-    def _generate(self, params: ChatParams, cancelled: threading.Event) -> Iterator[Piece | Finish]:
-        from llama_cpp import LogitsProcessorList
-
-        tally = _TokenTally()
-        options: dict[str, Any] = {"stop": list(params.stop)}
-        if params.temperature is not None:
-            options["temperature"] = params.temperature
-        if params.top_p is not None:
-            options["top_p"] = params.top_p
-        if params.seed is not None:
-            options["seed"] = params.seed
-        try:
-            chunks = self._llama.create_chat_completion(
-                messages=params.messages,
-                max_tokens=params.max_tokens,
-                stream=True,
-                logits_processor=LogitsProcessorList([tally]),
-                **options,
-            )
-            reason = "stop"
-            for chunk in chunks:
-                if cancelled.is_set():
-                    chunks.close()  # stops decoding now
-                    self.cancelled += 1
-                    return
-                choice = chunk["choices"][0]
-                text = choice.get("delta", {}).get("content")
-                if text:
-                    yield Piece(text)
-                if choice.get("finish_reason"):
-                    reason = "length" if choice["finish_reason"] == "length" else "stop"
-        except ValueError as error:  # "Requested tokens (N) exceed context window of M"
-            if "context window" in str(error):
-                raise PromptTooLong(str(error)) from error
-            raise
-        # A stop ends on a sampled end token that is not output; a length limit does not.
-        completion = tally.samples - 1 if reason == "stop" and tally.samples else tally.samples
-        yield Finish(reason, tally.prompt_tokens, completion)
+            async with self._server.client.stream("POST", "/chat", json=body, timeout=None) as r:
+                if r.status_code == 400:
+                    error = json.loads(await r.aread())
+                    kind = PromptTooLong if error.get("kind") == "prompt_too_long" else InvalidChat
+                    raise kind(str(error.get("error")))
+                if r.status_code != 200:
+                    raise EngineUnavailable(f"llama.cpp server: HTTP {r.status_code}")
+                async for line in r.aiter_lines():
+                    if not line.strip():
+                        continue
+                    item = json.loads(line)
+                    if "error" in item:
+                        raise EngineUnavailable(f"llama.cpp: {item['error']}")
+                    if item.get("done"):
+                        yield Finish(
+                            item["reason"], item["prompt_tokens"], item["completion_tokens"]
+                        )
+                        return
+                    yield Piece(item["text"])
+        except httpx.HTTPError as error:  # the server died, or never answered
+            raise EngineUnavailable(f"llama.cpp server unreachable: {error!r}") from error
+        raise EngineUnavailable("the llama.cpp server ended the answer without done")
 
     async def check_health(self) -> None:
-        if self._llama is None:
-            raise EngineUnavailable("the llama.cpp model is not loaded")
+        if not self._server.ready:
+            raise EngineUnavailable("the llama.cpp server is not running")
+        try:
+            reply = await self._server.client.get("/health", timeout=5)
+        except httpx.HTTPError as error:
+            raise EngineUnavailable(f"the llama.cpp server does not answer: {error!r}") from error
+        if reply.status_code != 200:
+            raise EngineUnavailable(f"the llama.cpp server answers HTTP {reply.status_code}")
+
+    async def stats(self) -> dict[str, Any]:
+        """The server's own figures (`cancelled`: generations stopped by a client leaving)."""
+        reply = await self._server.client.get("/health", timeout=5)
+        figures: dict[str, Any] = reply.json()
+        return figures
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
-        self._llama = None
+        self._server.close()
+
+
+async def self_test(client: httpx.AsyncClient) -> None:
+    """Ready means one real token was generated, not merely that the port is open."""
+    reply = await client.post("/chat", json=SELF_TEST, timeout=30)
+    lines = [json.loads(line) for line in reply.text.splitlines() if line.strip()]
+    if reply.status_code != 200 or not lines or not lines[-1].get("done"):
+        raise EngineUnavailable(f"self-test failed: HTTP {reply.status_code}: {reply.text[:200]}")
+
+
+def _body(params: ChatParams, continue_text: str) -> dict[str, Any]:
+    return {
+        "messages": params.messages,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stop": list(params.stop),
+        "seed": params.seed,
+        "continue_text": continue_text,
+    }

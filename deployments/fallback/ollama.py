@@ -4,18 +4,17 @@ We use Ollama's native API, not its OpenAI-style `/v1`, because only the native 
 `num_ctx` (the window) per model and per request. At start the model is made to exist: from a
 GGUF file it is created (`/api/blobs` upload, then `/api/create` with `files` and
 `parameters.num_ctx`, the API form of a Modelfile's `FROM` and `PARAMETER num_ctx`); by name it
-is pulled. The supervisor restarts `ollama serve` when it dies and makes the model exist again.
+is pulled. The supervisor (`supervisor.py`) restarts `ollama serve` when it dies, and the model
+is made to exist again before it counts as ready.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import socket
+import signal
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,10 @@ from deployments.fallback.engine import (
     Piece,
     PromptTooLong,
 )
+from deployments.fallback.supervisor import Supervisor
 
 logger = logging.getLogger("ray.serve")
 
-START_TIMEOUT_S = 60.0
-RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
-WATCH_INTERVAL_S = 1.0
 HASH_CHUNK = 1 << 20
 
 
@@ -122,13 +119,6 @@ def _raise_for_error(reply: httpx.Response) -> None:
     raise OllamaError(f"HTTP {reply.status_code}: {message}")
 
 
-def free_loopback_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> dict[str, Any]:
     """An `/api/chat` request: the window and the output limit go in `options`."""
     options: dict[str, Any] = {"num_ctx": num_ctx, "num_predict": params.max_tokens}
@@ -143,6 +133,8 @@ def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> 
     messages = [
         {"role": m.get("role", "user"), "content": _text(m.get("content"))} for m in params.messages
     ]
+    if params.continue_text:  # Ollama continues a trailing assistant message
+        messages.append({"role": "assistant", "content": params.continue_text})
     return {
         "model": model,
         "messages": messages,
@@ -161,7 +153,7 @@ def _text(content: Any) -> str:
 
 
 class OllamaEngine:
-    """`ollama serve`, started and watched by this replica, serving one model."""
+    """`ollama serve`, a supervised child of this replica, serving one model."""
 
     name = "ollama"
 
@@ -176,66 +168,52 @@ class OllamaEngine:
         models_dir: str | None = None,
         sleep: Callable[[float], Any] = asyncio.sleep,
     ) -> None:
-        self._binary = binary
         self._source = source
         self._model = model
         self._window = context_window
         self._keep_alive = keep_alive
-        self._models_dir = models_dir
-        self._sleep = sleep
-        self._process: asyncio.subprocess.Process | None = None
-        self._client: httpx.AsyncClient | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._ready = False
-        self.restarts = 0
+
+        def port_env(port: int) -> dict[str, str]:
+            env = {"OLLAMA_HOST": f"127.0.0.1:{port}"}
+            if models_dir:
+                env["OLLAMA_MODELS"] = models_dir
+            return env
+
+        self._server = Supervisor(
+            name="ollama serve",
+            command=lambda _: [binary, "serve"],
+            port_env=port_env,
+            ready_check=self._ready_check,
+            # SIGTERM lets `ollama serve` stop the runner processes it started.
+            stop_signal=signal.SIGTERM,
+            sleep=sleep,
+        )
 
     @property
     def base_url(self) -> str:
-        assert self._client is not None, "start() first"
-        return str(self._client.base_url)
+        return str(self._server.client.base_url)
+
+    @property
+    def restarts(self) -> int:
+        return self._server.restarts
+
+    @property
+    def pid(self) -> int | None:
+        return self._server.pid
 
     async def start(self) -> None:
-        await self._launch()
-        self._watcher = asyncio.create_task(self._watch())
+        await self._server.start()
 
-    async def _launch(self) -> None:
-        port = free_loopback_port()
-        env = {**os.environ, "OLLAMA_HOST": f"127.0.0.1:{port}"}
-        if self._models_dir:
-            env["OLLAMA_MODELS"] = self._models_dir
-        self._process = await asyncio.create_subprocess_exec(
-            self._binary,
-            "serve",
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        if self._client is not None:
-            await self._client.aclose()
-        self._client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60)
-        await self._wait_until_up()
-        await self._ensure_model()
-        self._ready = True
-        logger.info("ollama serve up on port %d (pid %d)", port, self._process.pid)
+    async def _ready_check(self, client: httpx.AsyncClient) -> None:
+        """Up, and the model exists (made again after every restart)."""
+        api = OllamaApi(client)
+        try:
+            await api.version()
+        except OllamaError as error:
+            raise EngineUnavailable(str(error)) from error
+        await self._ensure_model(api)
 
-    async def _wait_until_up(self) -> None:
-        api = self._api()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_TIMEOUT_S
-        while True:
-            assert self._process is not None
-            if self._process.returncode is not None:
-                raise EngineUnavailable(f"ollama serve exited with {self._process.returncode}")
-            try:
-                await api.version()
-                return
-            except (httpx.HTTPError, OllamaError):
-                if loop.time() > deadline:
-                    raise EngineUnavailable("ollama serve did not answer in time") from None
-                await asyncio.sleep(0.1)
-
-    async def _ensure_model(self) -> None:
-        api = self._api()
+    async def _ensure_model(self, api: OllamaApi) -> None:
         if self._source.endswith(".gguf"):
             digest = await api.push_blob(Path(self._source))
             # Created every start: cheap once the blob is there, and it keeps num_ctx current.
@@ -249,30 +227,10 @@ class OllamaEngine:
         return self._model if self._source.endswith(".gguf") else self._source
 
     def _api(self) -> OllamaApi:
-        assert self._client is not None, "start() first"
-        return OllamaApi(self._client)
-
-    async def _watch(self) -> None:
-        """Restart `ollama serve` whenever it dies, backing off while it keeps dying."""
-        failures = 0
-        while True:
-            assert self._process is not None
-            await self._process.wait()
-            self._ready = False
-            logger.warning("ollama serve exited with %s: restarting", self._process.returncode)
-            await self._sleep(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
-            try:
-                await self._launch()
-                self.restarts += 1
-                failures = 0
-            except Exception as error:  # keep trying: the replica reports unhealthy meanwhile
-                failures += 1
-                logger.warning("ollama restart failed: %s", error)
-                if self._process is not None and self._process.returncode is None:
-                    self._process.kill()
+        return OllamaApi(self._server.client)
 
     async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
-        if not self._ready:
+        if not self._server.ready:
             raise EngineUnavailable("ollama serve is not running")
         body = chat_body(self._served_model, params, self._window, self._keep_alive)
         try:
@@ -296,7 +254,7 @@ class OllamaEngine:
         raise EngineUnavailable("ollama ended the stream without done")
 
     async def check_health(self) -> None:
-        if not self._ready:
+        if not self._server.ready:
             raise EngineUnavailable("ollama serve is not running")
         try:
             await self._api().version()
@@ -304,12 +262,4 @@ class OllamaEngine:
             raise EngineUnavailable(f"ollama serve does not answer: {error}") from error
 
     def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-        if self._process is not None and self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.terminate()
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
+        self._server.close()

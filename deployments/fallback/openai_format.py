@@ -26,13 +26,23 @@ def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> Chat
     stop = (
         request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
     )
+    messages = [_plain(m) for m in request.messages]
+    continue_text = ""
+    # vLLM's way to continue a partial answer (mid-stream failover sends one): the last
+    # message is the assistant's text so far, which the engine goes on from.
+    if (
+        getattr(request, "continue_final_message", False)
+        and messages[-1].get("role") == "assistant"
+    ):
+        continue_text = str(messages.pop()["content"])
     return ChatParams(
-        messages=[_plain(m) for m in request.messages],
+        messages=messages,
         max_tokens=int(max_tokens),
         temperature=request.temperature,
         top_p=request.top_p,
         stop=[str(s) for s in stop],
         seed=request.seed,
+        continue_text=continue_text,
     )
 
 

@@ -4,7 +4,8 @@ It answers `chat` in the shapes a ray.serve.llm LLMServer does, so the router dr
 other link. Nothing is sent until the engine has produced its first piece: a failure before
 that is a 503 the router fails over on; a failure after it ends the stream with an error event.
 The engine is chosen on the node the replica runs on: `auto` takes Ollama where its binary is
-on PATH, llama.cpp in-process otherwise.
+on PATH, llama.cpp otherwise; either runs as a supervised child process (`supervisor`), so a
+crash of native code costs a restart, never the replica.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletio
 from deployments.fallback.engine import (
     FallbackEngine,
     Finish,
+    InvalidChat,
     Piece,
     PromptTooLong,
 )
@@ -44,6 +46,7 @@ class FallbackSettings:
     ollama_model: str
     keep_alive: str
     ollama_models_dir: str | None = None
+    n_gpu_layers: int = 0  # llama.cpp: layers offloaded to a GPU (0 on CPU nodes, -1 all)
 
 
 def choose_engine(requested: str, ollama_binary: str | None, source_is_file: bool) -> str:
@@ -84,6 +87,7 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
         model_path=settings.source,
         context_window=settings.context_window,
         threads=settings.threads,
+        n_gpu_layers=settings.n_gpu_layers,
     )
 
 
@@ -115,6 +119,9 @@ class CpuFallback:
                 first = await anext(pieces)
             except PromptTooLong as error:
                 yield error_response(400, "context_length_exceeded", str(error))
+                return
+            except InvalidChat as error:
+                yield error_response(400, "invalid_request", str(error))
                 return
             except (Exception, StopAsyncIteration) as error:  # nothing sent: the router fails over
                 yield error_response(503, "backend_unavailable", f"CPU fallback: {error!r}")

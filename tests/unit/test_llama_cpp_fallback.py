@@ -1,9 +1,15 @@
-"""The CPU fallback on the real llama.cpp engine and the demo model's GGUF, without Serve."""
+"""The CPU fallback on the real llama.cpp engine (its server a supervised child process) and the
+demo model's GGUF, without Serve: answers, counts, a killed engine, a killed replica."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,7 @@ from deployments.context.tokens import ChatTemplateCounter
 from deployments.fallback.engine import ChatParams, Finish, Piece
 from deployments.fallback.llama_cpp_engine import LlamaCppEngine
 from deployments.fallback.replica import CpuFallback, FallbackSettings
+from deployments.fallback.supervisor import process_alive
 
 GGUF = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 WINDOW = 512
@@ -117,14 +124,90 @@ def test_a_client_that_leaves_stops_its_generation(loop: asyncio.AbstractEventLo
     engine = LlamaCppEngine(model_path=str(GGUF), context_window=WINDOW, threads=1)
     loop.run_until_complete(engine.start())
 
-    async def leave_then_ask() -> list[Piece | Finish]:
+    async def leave_then_ask() -> tuple[list[Piece | Finish], dict[str, Any]]:
         stream = engine.chat(ChatParams(messages=MESSAGES, max_tokens=400))
         await anext(stream)
         await stream.aclose()  # the client went away after one piece
-        return [p async for p in engine.chat(ChatParams(messages=MESSAGES, max_tokens=2))]
+        pieces = [p async for p in engine.chat(ChatParams(messages=MESSAGES, max_tokens=2))]
+        return pieces, await engine.stats()
 
-    pieces = loop.run_until_complete(leave_then_ask())
-    engine.close()
+    try:
+        pieces, stats = loop.run_until_complete(leave_then_ask())
+    finally:
+        engine.close()
     assert isinstance(pieces[-1], Finish) and pieces[-1].completion_tokens == 2
     # One worker runs requests in order: the second ran after the first had stopped early.
-    assert engine.cancelled == 1
+    assert stats["cancelled"] == 1
+
+
+def test_an_engine_killed_mid_answer_is_restarted_and_the_answer_completed(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    engine = LlamaCppEngine(
+        model_path=str(GGUF), context_window=WINDOW, threads=1, sleep=lambda _: asyncio.sleep(0)
+    )
+    loop.run_until_complete(engine.start())
+    first_pid = engine.pid
+    assert first_pid is not None
+
+    params = ChatParams(messages=MESSAGES, max_tokens=24, temperature=0.0)
+
+    async def answer(kill_after: int | None) -> list[Piece | Finish]:
+        pieces: list[Piece | Finish] = []
+        async for piece in engine.chat(params):
+            pieces.append(piece)
+            if len(pieces) == kill_after:
+                os.kill(first_pid, signal.SIGKILL)
+        return pieces
+
+    try:
+        whole = loop.run_until_complete(answer(kill_after=None))
+        cut = loop.run_until_complete(answer(kill_after=3))
+        health = loop.run_until_complete(engine.check_health())
+    finally:
+        engine.close()
+    assert health is None  # healthy again, on a new process
+    assert engine.pid != first_pid and engine.restarts == 1 and engine.retried == 1
+    # One answer, as if nothing happened: the restarted engine went on from the text already
+    # sent (greedy decoding gives the same words), and the count covers the whole of it.
+    assert len(whole) > 4 and isinstance(whole[-1], Finish)
+    assert _text(cut) == _text(whole)
+    assert cut[-1] == whole[-1]
+
+
+def _text(pieces: list[Piece | Finish]) -> str:
+    return "".join(p.text for p in pieces if isinstance(p, Piece))
+
+
+REPLICA_SCRIPT = """
+import asyncio, sys
+from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+
+async def main():
+    engine = LlamaCppEngine(model_path=sys.argv[1], context_window=256, threads=1)
+    await engine.start()
+    print(engine.pid, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_an_engine_dies_with_its_replica_killed_by_sigkill() -> None:
+    if not GGUF.is_file():
+        pytest.fail(f"{GGUF} is missing: run `make model` (make test does it)")
+    replica = subprocess.Popen(
+        [sys.executable, "-c", REPLICA_SCRIPT, str(GGUF)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert replica.stdout is not None
+        engine_pid = int(replica.stdout.readline())
+        assert process_alive(engine_pid)
+        replica.kill()  # SIGKILL: no code of the replica runs
+        replica.wait()
+        deadline = time.monotonic() + 30
+        while process_alive(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process_alive(engine_pid), f"engine {engine_pid} outlived its replica"
+    finally:
+        replica.kill()

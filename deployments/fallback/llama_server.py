@@ -1,0 +1,229 @@
+"""llama.cpp as the fallback's engine server, run as a child process of the fallback replica:
+`python -m deployments.fallback.llama_server --model X.gguf --port P`.
+
+Why not llama-cpp-python's own OpenAI server: its streams carry no token counts, and the router
+bills and fits by exact counts. This server is the same library with a protocol shaped like
+Ollama's native one: `POST /chat` answers NDJSON lines, `{"text": ...}` as tokens come and one
+closing `{"done": true, "reason", "prompt_tokens", "completion_tokens"}`; errors found before
+the first token are HTTP 400 (`{"error", "kind": "prompt_too_long" | "invalid"}`). `GET
+/health` answers once the model is loaded (the server listens only after that).
+
+`continue_text` continues an answer cut short elsewhere (a replica that died mid-stream): the
+prompt is the chat template with the generation prompt, then that text, so the model goes on
+where it stopped; its tokens count as completion tokens, as the client has received them.
+
+One llama.cpp context decodes one sequence at a time: requests run in order on one worker
+thread; a client that goes away stops its generation at the next token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+_END = object()
+
+
+class BadRequest(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Prepared:
+    tokens: list[int]  # the prompt, with any continued text
+    prompt_tokens: int  # of the prompt alone
+    stop: list[str]
+    max_tokens: int
+
+
+class _TokenTally:
+    """A llama.cpp logits processor that counts the tokens it samples."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.samples += 1
+        return scores
+
+
+class LlamaChat:
+    """The model, its chat template, and one worker thread that owns both."""
+
+    def __init__(self, llama: Any) -> None:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self._llama = llama
+        template = llama.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise SystemExit("the GGUF has no tokenizer.chat_template: it cannot serve chats")
+        vocab = llama._model
+        eos, bos = llama.token_eos(), llama.token_bos()
+        self._format = Jinja2ChatFormatter(
+            template=template,
+            eos_token=vocab.token_get_text(eos) if eos != -1 else "",
+            bos_token=vocab.token_get_text(bos) if bos != -1 else "",
+        )
+        self.window = llama.n_ctx()
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-cpp")
+        self.cancelled = 0  # generations stopped because their client left
+
+    def prepare(self, body: dict[str, Any]) -> Prepared:
+        try:
+            rendered = self._format(messages=body["messages"])
+        except Exception as error:  # the template rejects the conversation (roles, order)
+            raise BadRequest(
+                "invalid", f"the chat template rejects the messages: {error}"
+            ) from None
+        prompt = rendered.prompt
+        base = self._tokenize(prompt, rendered.added_special)
+        tokens = self._tokenize(
+            prompt + str(body.get("continue_text") or ""), rendered.added_special
+        )
+        if len(tokens) >= self.window:
+            raise BadRequest(
+                "prompt_too_long",
+                f"Requested tokens ({len(tokens)}) exceed context window of {self.window}",
+            )
+        stop = [str(s) for s in body.get("stop") or []]
+        stop += rendered.stop if isinstance(rendered.stop, list) else [rendered.stop]
+        room = self.window - len(tokens)
+        continued = len(tokens) - len(base)  # the limit is on the whole answer, as sent
+        max_tokens = min(int(body.get("max_tokens") or room) - continued, room)
+        return Prepared(tokens, len(base), [s for s in stop if s], max_tokens)
+
+    def _tokenize(self, text: str, added_special: bool) -> list[int]:
+        tokens: list[int] = self._llama.tokenize(
+            text.encode("utf-8"), add_bos=not added_special, special=True
+        )
+        return tokens
+
+    def generate(
+        self, prepared: Prepared, body: dict[str, Any], cancelled: threading.Event
+    ) -> Iterator[dict[str, Any]]:
+        from llama_cpp import LogitsProcessorList
+
+        continued = len(prepared.tokens) - prepared.prompt_tokens
+        if prepared.max_tokens <= 0:  # the continued text already reached the limit
+            yield {
+                "done": True,
+                "reason": "length",
+                "prompt_tokens": prepared.prompt_tokens,
+                "completion_tokens": continued,
+            }
+            return
+        tally = _TokenTally()
+        options = {k: body[k] for k in ("temperature", "top_p", "seed") if body.get(k) is not None}
+        chunks = self._llama.create_completion(
+            prompt=prepared.tokens,
+            max_tokens=prepared.max_tokens,
+            stop=prepared.stop,
+            stream=True,
+            logits_processor=LogitsProcessorList([tally]),
+            **options,
+        )
+        reason = "stop"
+        for chunk in chunks:
+            if cancelled.is_set():
+                chunks.close()  # stops decoding now
+                self.cancelled += 1
+                return
+            choice = chunk["choices"][0]
+            if choice.get("text"):
+                yield {"text": choice["text"]}
+            if choice.get("finish_reason"):
+                reason = "length" if choice["finish_reason"] == "length" else "stop"
+        # A stop ends on a sampled end token that is not output; a length limit does not.
+        generated = tally.samples - 1 if reason == "stop" and tally.samples else tally.samples
+        yield {
+            "done": True,
+            "reason": reason,
+            "prompt_tokens": prepared.prompt_tokens,
+            "completion_tokens": continued + generated,
+        }
+
+
+def build_app(chat: LlamaChat) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"ok": True, "window": chat.window, "cancelled": chat.cancelled})
+
+    async def chat_route(request: Request) -> Response:
+        body = await request.json()
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = await loop.run_in_executor(chat.worker, chat.prepare, body)
+        except BadRequest as error:
+            return JSONResponse({"error": str(error), "kind": error.kind}, status_code=400)
+        return StreamingResponse(_lines(chat, prepared, body), media_type="application/x-ndjson")
+
+    return Starlette(
+        routes=[Route("/health", health), Route("/chat", chat_route, methods=["POST"])]
+    )
+
+
+async def _lines(chat: LlamaChat, prepared: Prepared, body: dict[str, Any]) -> AsyncIterator[str]:
+    """The generation's lines, as the worker thread produces them."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue[Any] = asyncio.Queue()
+    cancelled = threading.Event()
+
+    def emit(item: Any) -> None:
+        loop.call_soon_threadsafe(out.put_nowait, item)
+
+    def work() -> None:
+        try:
+            if not cancelled.is_set():  # the client left while it waited its turn
+                for line in chat.generate(prepared, body, cancelled):
+                    emit(line)
+        except Exception as error:  # reported in the stream, never lost in the thread
+            emit({"error": f"{type(error).__name__}: {error}", "kind": "engine"})
+        finally:
+            emit(_END)
+
+    loop.run_in_executor(chat.worker, work)
+    try:
+        while (item := await out.get()) is not _END:
+            yield json.dumps(item) + "\n"
+    finally:
+        cancelled.set()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--n-ctx", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n-gpu-layers", type=int, default=0)
+    args = parser.parse_args()
+
+    import uvicorn
+    from llama_cpp import Llama
+
+    llama = Llama(
+        model_path=args.model,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        verbose=False,
+    )
+    app = build_app(LlamaChat(llama))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Start a command that dies with the process that started it: `python -m
+deployments.fallback.orphan_guard PARENT_PID -- COMMAND [ARGS...]`.
+
+A supervised engine (llama.cpp's server, `ollama serve`) must never outlive the fallback
+replica: when Ray kills the replica with SIGKILL (`ray stop --force`, a node going down) no code
+of ours runs, and an engine left behind holds the memory the next replica needs. The kernel's
+parent-death signal (`deployments.parent_death`) does it without any code in the parent: it is
+set here, survives `exec`, and sends SIGKILL to the command when its parent goes.
+
+Linux delivers the signal when the *thread* that forked the child exits: the replica forks its
+engines from its event-loop thread, which lives as long as the replica does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from deployments.parent_death import die_with_parent
+
+
+def guarded(command: list[str], parent: int | None = None) -> list[str]:
+    """`command` wrapped so that it dies with `parent` (this process by default)."""
+    parent_pid = os.getpid() if parent is None else parent
+    return [
+        sys.executable,
+        "-m",
+        "deployments.fallback.orphan_guard",
+        str(parent_pid),
+        "--",
+        *command,
+    ]
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+        raise SystemExit("usage: python -m deployments.fallback.orphan_guard PARENT_PID -- COMMAND")
+    die_with_parent(int(argv[0]))
+    os.execvp(argv[2], argv[2:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
