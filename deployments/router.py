@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -49,6 +49,13 @@ from deployments.kv_pressure import KvPolicy, KvPressure
 from deployments.link_choice import LinkView, choose_link
 from deployments.messages import ChatJob, Refusal, Routed
 from deployments.oom import OOM_CODE
+from deployments.stream_migration import (
+    Partial,
+    Rewriter,
+    StreamTape,
+    continuation_request,
+    migration_note,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -81,6 +88,31 @@ def is_server_error(error: ErrorResponse) -> bool:
 
 class BackendFault(Exception):
     """The backend failed before answering; the job may move down its chain."""
+
+
+class MidStreamFault(Exception):
+    """The backend failed after its first token: the answer may go on on the next link."""
+
+    def __init__(self, tape: StreamTape, max_tokens: int, detail: str) -> None:
+        super().__init__(detail)
+        self.tape = tape
+        self.max_tokens = max_tokens
+
+
+@dataclass(frozen=True)
+class Continuing:
+    """An answer being continued: what the client has of it, who began it, its token budget."""
+
+    partial: Partial
+    source: str
+    budget: int
+
+
+def _first_error_part(item: Any) -> Any:
+    """An engine error anywhere in a batch of SSE lines (vLLM puts it after the last text)."""
+    if isinstance(item, list):
+        return next((part for part in item if isinstance(part, ErrorResponse)), item)
+    return item
 
 
 @dataclass
@@ -207,10 +239,21 @@ class Router:
     # -- the request path ----------------------------------------------------------------------
 
     async def chat(self, job: ChatJob) -> AsyncIterator[Any]:
+        """[Routed, items...] or [Refusal]; once a stream has begun, a refusal is an SSE error."""
+        streaming = False
+        async for item in self._chat(job):
+            if streaming and isinstance(item, Refusal):
+                item = stream_error_event(f"The answer could not be continued: {item.message}")
+            streaming = streaming or isinstance(item, Routed)
+            yield item
+
+    async def _chat(self, job: ChatJob) -> AsyncIterator[Any]:
         self._start_loops()
         await self._first_sync()
         chain = self._chain(job.role)
         tried: list[str] = []
+        original = job.request
+        continuing: Continuing | None = None  # a stream whose link failed after its first token
         while True:
             now = self._clock()
             name = choose_link(chain, {n: link.view(now) for n, link in self._links.items()}, tried)
@@ -242,13 +285,26 @@ class Router:
                         self._clock() - waited_from
                     )
                 try:
-                    async for item in self._serve_on(link, job, fit, failovers=len(tried)):
+                    async for item in self._serve_on(link, job, fit, len(tried), continuing):
                         yield item
                     return
                 except BackendFault as fault:
                     logger.warning("backend %s failed before answering: %s", name, fault)
                     metrics.FAILOVERS.labels(name).inc()
                     tried.append(name)
+                except MidStreamFault as fault:
+                    logger.warning("backend %s failed mid-stream: %s", name, fault)
+                    metrics.FAILOVERS.labels(name).inc()
+                    tried.append(name)
+                    partial = fault.tape.partial()
+                    if continuing is not None:
+                        partial = continuing.partial.then(partial)
+                    if not partial.continuable:
+                        yield stream_error_event(f"The backend {name} failed mid-response.")
+                        return
+                    budget = continuing.budget if continuing else fault.max_tokens
+                    continuing = Continuing(partial, name, budget)
+                    job = replace(job, request=continuation_request(original, partial, budget))
 
     def _chain(self, role: Role) -> tuple[str, ...]:
         """The role's chain, led by the backend it is placed on now."""
@@ -264,10 +320,15 @@ class Router:
         return [item async for item in self.chat(job)]
 
     async def _serve_on(
-        self, link: Link, job: ChatJob, fit: Fit, failovers: int
+        self, link: Link, job: ChatJob, fit: Fit, failovers: int, continuing: Continuing | None
     ) -> AsyncIterator[Any]:
-        """Run the job on one backend, holding its slot; raise BackendFault before any output."""
+        """Run the job on one backend, holding its slot; raise BackendFault before any output,
+        MidStreamFault when a stream fails after it (`continuing`: this link goes on with an
+        answer another began, so its chunks are rewritten to that answer's)."""
         name = link.target.name
+        streaming = bool(job.request.stream)
+        tape = StreamTape(continuing.partial.prompt_tokens if continuing else fit.prompt_tokens)
+        rewriter = Rewriter(continuing.partial) if continuing else None
         settings = self._config.router
         if not link.breaker.try_acquire():  # tripped while we waited for the slot
             link.gate.release()
@@ -303,16 +364,22 @@ class Router:
                 verdict = False
                 self._note_oom(link, error)
                 raise BackendFault(f"engine error {error.error.code}: {error.error.message}")
-            yield Routed(
-                backend=name,
-                max_tokens=fit.max_tokens,
-                prompt_tokens=fit.prompt_tokens,
-                context_fitted=fit.fitted,
-                dropped_messages=fit.dropped_messages,
-                system_compressed=fit.system_compressed,
-                output_clamped=fit.output_clamped,
-                failovers=failovers,
-            )
+            if continuing is None:
+                yield Routed(
+                    backend=name,
+                    max_tokens=fit.max_tokens,
+                    prompt_tokens=fit.prompt_tokens,
+                    context_fitted=fit.fitted,
+                    dropped_messages=fit.dropped_messages,
+                    system_compressed=fit.system_compressed,
+                    output_clamped=fit.output_clamped,
+                    failovers=failovers,
+                )
+            elif error is None and isinstance(first, list) and rewriter is not None:
+                metrics.STREAM_MIGRATIONS.labels(continuing.source, name).inc()
+                first = [migration_note(continuing.source, name), *rewriter.lines(first)]
+            if streaming:
+                tape.record(first)
             yield first
             if error is not None:  # a client error (4xx): the ingress answers it, no verdict
                 return
@@ -325,14 +392,23 @@ class Router:
                 except RequestCancelledError:
                     raise
                 except BACKEND_FAULTS as fault:
-                    logger.warning("backend %s failed mid-response: %s", name, _describe(fault))
                     verdict = False
+                    self._note_dead_replica(link, fault)
+                    if streaming:
+                        raise MidStreamFault(tape, fit.max_tokens, _describe(fault)) from None
                     yield stream_error_event(f"The backend {name} failed mid-response.")
                     break
-                late = engine_error(item)
+                late = engine_error(_first_error_part(item))
                 if late is not None and is_server_error(late):
-                    verdict = False  # the ingress turns it into an SSE error event
+                    verdict = False
                     self._note_oom(link, late)
+                    if streaming:
+                        detail = f"engine error {late.error.code}: {late.error.message}"
+                        raise MidStreamFault(tape, fit.max_tokens, detail)
+                if rewriter is not None:
+                    item = rewriter.lines(item)
+                if streaming:
+                    tape.record(item)
                 yield item
         finally:
             if stream is not None:

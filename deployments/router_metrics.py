@@ -38,6 +38,12 @@ BREAKER_TRANSITIONS = Counter(
     ["backend", "state"],
     registry=REGISTRY,
 )
+STREAM_MIGRATIONS = Counter(
+    "gps_stream_migrations",
+    "Streams whose backend failed after the first token and that went on on another link.",
+    ["from", "to"],
+    registry=REGISTRY,
+)
 FAILOVERS = Counter(
     "gps_failovers",
     "Requests moved to the next link of their chain, by the backend that failed.",

@@ -7,6 +7,7 @@ gives an async iterator with `cancel()`); the real handles are exercised by test
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from autoscale.broadcast import PlacementView
 from cluster.config import ClusterConfig, PriorityClass, Role, parse_config
 from deployments.messages import ChatJob, Refusal, Routed
 from deployments.router import Router
+from deployments.router_metrics import STREAM_MIGRATIONS
 
 Behaviour = Callable[[int], list[Any]]  # call number -> items (an Exception item is raised)
 
@@ -169,12 +171,78 @@ def test_client_errors_pass_through_and_never_trip_the_breaker() -> None:
     assert coding.calls == 5
 
 
-def test_a_fault_after_the_first_token_ends_the_stream_with_an_error_event() -> None:
-    coding = FakeBackend(lambda _: [['data: {"x": 1}\n\n'], RayError("died mid-way")])
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=FakeBackend(ok))
+def sse(ident: str, delta: dict[str, Any] | None = None, **extra: Any) -> str:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": None}]
+    chunk = {"id": ident, "object": "chat.completion.chunk", "created": 7, "model": "m"}
+    return f"data: {json.dumps({**chunk, 'choices': choices, **extra})}\n\n"
+
+
+def chunks_of(lines: list[Any]) -> list[dict[str, Any]]:
+    return [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: {")]
+
+
+def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() -> None:
+    coding = FakeBackend(
+        lambda _: [
+            [sse("first", {"role": "assistant", "content": ""}), sse("first", {"content": "One"})],
+            [sse("first", {"content": " two"})],
+            RayError("died mid-way"),
+        ]
+    )
+    usage = {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33}
+    orchestrator = FakeBackend(
+        lambda _: [
+            [
+                sse("other", {"role": "assistant", "content": ""}),
+                sse("other", {"content": " three"}),
+            ],
+            [sse("other", {"content": "."}), sse("other", usage=usage)],
+            ["data: [DONE]\n\n"],
+        ]
+    )
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    migrated = STREAM_MIGRATIONS.labels("coding@local", "orchestrator@local")
+    before = migrated._value.get()
+    routed, *items = asyncio.run(collect(router, job()))
+    lines = [line for item in items for line in item]
+
+    assert routed.backend == "coding@local"
+    assert lines[-1] == "data: [DONE]\n\n" and not any("error" in x for x in lines)
+    assert any(
+        x.startswith(": gps-migrated from=coding@local to=orchestrator@local") for x in lines
+    )
+    chunks = chunks_of(lines)
+    # One answer: one id, one role chunk, the text in order, usage for all it received.
+    assert {c["id"] for c in chunks} == {"first"}
+    assert sum("role" in c["choices"][0]["delta"] for c in chunks if c["choices"]) == 1
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "One two three."
+    assert chunks[-1]["usage"]["completion_tokens"] == 3 + 2
+    # The next link was asked to continue the text the client had, within the same budget.
+    continued = orchestrator.requests[0]
+    assert continued.messages[-1] == {"role": "assistant", "content": "One two"}
+    assert continued.continue_final_message and not continued.add_generation_prompt
+    assert continued.max_tokens == 8 - 2
+    assert migrated._value.get() == before + 1
+
+
+def test_a_stream_no_link_can_continue_ends_with_an_error_event() -> None:
+    coding = FakeBackend(lambda _: [[sse("first", {"content": "One"})], RayError("died")])
+    router = make_router(
+        make_config(), coding_local=coding, orchestrator_local=FakeBackend(dead)
+    )  # and the fallback has no handle here: the chain ends
     routed, _first, last = asyncio.run(collect(router, job()))
     assert routed.backend == "coding@local"
     assert "backend_failed" in last[0] and last[1] == "data: [DONE]\n\n"
+
+
+def test_a_stream_of_tool_calls_is_not_continued_as_text() -> None:
+    call = {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{"}}]}
+    coding = FakeBackend(lambda _: [[sse("first", call)], RayError("died")])
+    orchestrator = FakeBackend(ok)
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    _routed, _first, last = asyncio.run(collect(router, job()))
+    assert "backend_failed" in last[0] and orchestrator.calls == 0
 
 
 def test_no_first_token_in_time_is_a_fault() -> None:
