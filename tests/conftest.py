@@ -1,4 +1,9 @@
-"""One real Ray Serve app for the whole e2e session: real HTTP, real vLLM CPU engines."""
+"""One real Ray Serve app for the whole test session: real HTTP, real vLLM CPU engines.
+
+Shared by tests/e2e (behaviour) and tests/chaos (faults and bad input under load); started only
+by the first test that asks for it, so unit-only runs never start Ray. Chaos runs last: it kills
+replicas, and the behaviour tests should see an app that has not been through that.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ from cluster.backends import build_backend, build_fallback
 from cluster.config import FALLBACK_BACKEND, ClusterConfig, load_config
 from cluster.ray_runtime import local_pool_resources
 
-CONFIG = Path(__file__).with_name("gateway.yaml")
+E2E = Path(__file__).with_name("e2e")
+CONFIG = E2E / "gateway.yaml"
 API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
 PORT = int(os.environ.get("GPS_E2E_PORT", "18000"))
 PROBED_BACKEND = "coding@local"
@@ -32,10 +38,10 @@ SWITCHED_BACKEND = "vision@local"
 
 
 def _load_test_module(file: str) -> Any:
-    """A helper module of this folder, imported by path (pytest runs in importlib mode, tests
+    """A helper module of tests/e2e, imported by path (pytest runs in importlib mode, tests
     are not a package), whose code Serve replicas get by value: they cannot import this folder."""
     spec = importlib.util.spec_from_file_location(
-        f"gps_e2e_{Path(file).stem}", Path(__file__).with_name(file)
+        f"gps_e2e_{Path(file).stem}", E2E / file
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -45,13 +51,16 @@ def _load_test_module(file: str) -> Any:
     return module
 
 
-probe_module = _load_test_module("probe.py")
-oom_switch_module = _load_test_module("oom_switch.py")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.e2e)
+        parts = Path(str(item.path)).parts
+        if "e2e" in parts or "chaos" in parts:
+            item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: "chaos" in Path(str(item.path)).parts)  # stable: chaos last
+
+
+probe_module = _load_test_module("probe.py")
+oom_switch_module = _load_test_module("oom_switch.py")
 
 
 @pytest.fixture(scope="session")
