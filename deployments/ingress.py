@@ -24,20 +24,24 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from cluster.config import ClusterConfig, PriorityClass, Role
+from cluster.config import ClusterConfig, GatewayConfig, PriorityClass, Role
 from deployments import metrics
 from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
 from deployments.context.tokens import message_text
 from deployments.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
+from deployments.engine_errors import EngineError, Fault, response_fault
 from deployments.errors import ApiError
 from deployments.front_options import front_actor_options
 from deployments.messages import ChatJob, Refusal, Routed
 from deployments.oom import OOM_CODE
+from deployments.request import check_chat_request, parse_object
 
 logger = logging.getLogger("ray.serve")
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
+# What Starlette itself refuses (routing), as OpenAI error codes.
+HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 # Error types our replicas set that clients see as the error's code (the fallback's too).
 PASSED_THROUGH_CODES = frozenset({OOM_CODE, "backend_unavailable", "context_length_exceeded"})
 
@@ -51,7 +55,7 @@ async def _api_error(_: Request, error: Exception) -> Response:
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, error: Exception) -> Response:
     assert isinstance(error, StarletteHTTPException)
-    code = "not_found" if error.status_code == 404 else "method_not_allowed"
+    code = HTTP_ERROR_CODES.get(error.status_code, "invalid_request")
     return ApiError(error.status_code, code, str(error.detail)).response()
 
 
@@ -120,10 +124,11 @@ class Ingress:
 
     async def _chat(self, request: Request) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
-        payload = _parse_json(await _read_body(request, self._config.gateway.max_body_bytes))
+        limits = self._config.gateway
+        payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
         role = self._role_for(payload)
         priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
-        chat_request = _validate(payload)
+        chat_request = _validate(payload, limits)
         depth = None
         context_share = 1.0
         if role is None:  # `model: auto`: the depth router picks the role and the budget
@@ -212,35 +217,29 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _parse_json(body: bytes) -> dict[str, Any]:
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ApiError(
-            400, "invalid_json", f"The request body is not valid JSON: {error}"
-        ) from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, "invalid_request", "The request body must be a JSON object.")
-    return payload
+def _parse_json(body: bytes, limits: GatewayConfig) -> dict[str, Any]:
+    return parse_object(body, limits.max_json_depth)
 
 
-def _validate(payload: dict[str, Any]) -> Any:
-    messages = payload.get("messages")
-    if isinstance(messages, list) and not messages:
-        raise ApiError(400, "invalid_request", "messages must not be empty.", param="messages")
-    for field in ("max_tokens", "max_completion_tokens"):
-        value = payload.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise ApiError(400, "invalid_request", f"{field} must be at least 1.", param=field)
+def _validate(payload: dict[str, Any], limits: GatewayConfig) -> Any:
+    """The request as vLLM's ChatCompletionRequest, or ApiError 400: never another exception."""
+    check_chat_request(payload, max_messages=limits.max_messages)
     try:
         request = ChatCompletionRequest.model_validate(payload)
+        # Pydantic leaves lazy iterators in message content that Ray cannot pickle.
+        return _sanitize_chat_completion_request(request)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or None
         message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
         raise ApiError(400, "invalid_request", message, param=where) from None
-    # Pydantic leaves lazy iterators in message content that Ray cannot pickle.
-    return _sanitize_chat_completion_request(request)
+    except Exception as error:
+        # vLLM's validators raise what pydantic does not wrap (VLLMValidationError, KeyError)
+        # and the sanitizer a plain ValueError: all about the body, none a backend's fault.
+        # Our own checks should have caught it first, so it is logged for a new rule.
+        logger.warning("request refused by vLLM's schema, not ours: %r", error)
+        param = getattr(error, "parameter", None)
+        raise ApiError(400, "invalid_request", f"Invalid request: {error}", param=param) from None
 
 
 def _has_image_parts(payload: dict[str, Any]) -> bool:
@@ -280,15 +279,17 @@ def _refusal_error(refusal: Refusal) -> ApiError:
 
 
 def _engine_error(response: ErrorResponse) -> ApiError:
-    status = int(response.error.code) if response.error.code else 500
-    message = response.error.message
-    if status == 400 and "context length" in message.lower():
-        code = "context_length_exceeded"
-    elif response.error.type in PASSED_THROUGH_CODES:  # our own replicas' codes
-        code = response.error.type
-    else:
-        code = "invalid_request" if status < 500 else "backend_error"
-    return ApiError(status, code, message)
+    info = response.error
+    error = EngineError(info.code, info.type, info.message, info.param)
+    if response_fault(error) is Fault.CLIENT:  # whatever an engine rejects as invalid: 400
+        if "context length" in info.message.lower():
+            code = "context_length_exceeded"
+        else:
+            code = info.type if info.type in PASSED_THROUGH_CODES else "invalid_request"
+        return ApiError(400, code, info.message, param=info.param)
+    status = info.code if isinstance(info.code, int) and info.code >= 500 else 502
+    code = info.type if info.type in PASSED_THROUGH_CODES else "backend_error"
+    return ApiError(status, code, info.message)
 
 
 def _sse_text(part: Any) -> str:

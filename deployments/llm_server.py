@@ -12,6 +12,9 @@ stack trace. Here each request gets a 503 `backend_oom` instead, which the route
 backend fault and fails over on; from then on the replica refuses work the same way and tells
 Serve it is unhealthy, so Serve replaces it. The memory-pressure guard (`kv_room`) refuses, with
 the same code, a request the KV cache has no room for now.
+
+Client errors: whatever the engine rejects as the client's mistake (deployments.engine_errors),
+raised or answered, goes back as a 400 that the router does not count against this backend.
 """
 
 from __future__ import annotations
@@ -25,14 +28,40 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, Er
 from ray.serve.llm import LLMServer
 
 from deployments.context.tokens import ChatTemplateCounter, TokenCounter
+from deployments.engine_errors import Fault, exception_fault, leading_error, response_fault
 from deployments.kv_room import KvRoom, admits
 from deployments.oom import OOM_CODE, error_kind, item_kind
 
 logger = logging.getLogger("ray.serve")
 
+CLIENT_ERROR_TYPE = "invalid_request_error"  # OpenAI's type for a 400
+
 
 def oom_response(message: str) -> ErrorResponse:
     return ErrorResponse(error=ErrorInfo(message=message, type=OOM_CODE, code=503))
+
+
+def client_error(message: str, param: str | None = None) -> ErrorResponse:
+    """A request the engine rejected: 400, which the router neither fails over on nor counts."""
+    return ErrorResponse(
+        error=ErrorInfo(message=message, type=CLIENT_ERROR_TYPE, code=400, param=param)
+    )
+
+
+def judged(item: Any) -> Any:
+    """The engine's first item; if it is an error, answered by whose fault it is: a client's
+    as 400, a backend's as 5xx (so the router fails over, even from a stream that opened with
+    an error event after HTTP 200, or from a 4xx that is not about the request)."""
+    error = leading_error(item)
+    if error is None:
+        return item
+    if response_fault(error) is Fault.CLIENT:
+        response = client_error(error.message, error.param)
+    else:
+        code = error.code if error.code is not None and error.code >= 500 else 502
+        info = ErrorInfo(message=error.message, type=error.kind or "backend_error", code=code)
+        response = ErrorResponse(error=info)
+    return [response] if isinstance(item, list) else response
 
 
 class _EngineStats:
@@ -100,23 +129,28 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         if self._failure is not None:
             yield oom_response(f"This replica is being replaced: {self._failure}")
             return
-        refusal = await self._guard(request)
-        if refusal is not None:
-            yield refusal
-            return
+        started = False  # once the answer has begun, a failure is the stream's, not the request's
         try:
+            refusal = await self._guard(request)  # its chat template may reject the messages
+            if refusal is not None:
+                yield refusal
+                return
             stream = await super().chat(request, raw_request_info)
             async for item in stream:
                 kind = item_kind(item)
                 if kind is not None:
                     yield self._contain(kind, "the engine reported it")
                     return
-                yield item
+                yield item if started else judged(item)
+                started = True
         except Exception as error:
             kind = error_kind(error)
-            if kind is None:
+            if kind is not None:
+                yield self._contain(kind, f"{type(error).__name__}: {error}")
+            elif started or exception_fault(error) is Fault.BACKEND:
                 raise
-            yield self._contain(kind, f"{type(error).__name__}: {error}")
+            else:
+                yield client_error(str(error))
 
     def _contain(self, kind: str, detail: str) -> ErrorResponse:
         """Answer with the controlled code and mark the replica for replacement."""
@@ -144,6 +178,18 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             f"Not enough KV cache free for this request now: it needs {prompt + max_tokens} "
             f"tokens ({prompt} prompt + {max_tokens} output), {room.free_tokens} are free."
         )
+
+    async def __del__(self) -> None:
+        """Serve's replica shutdown: stop the engine's processes now, so their memory is free
+        for the next replica (LLMServer's own only closes a socket, and leaves EngineCore to
+        interpreter exit, which a killed replica never reaches)."""
+        client = getattr(getattr(self, "engine", None), "_engine_client", None)
+        if client is not None:
+            try:
+                client.shutdown()  # SIGTERM to EngineCore, SIGKILL after 5 s
+            except Exception:  # the replica goes anyway; parent_death covers the rest
+                logger.exception("engine shutdown failed")
+        await super().__del__()
 
     async def check_health(self) -> None:
         if self._failure is not None:

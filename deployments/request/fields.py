@@ -1,0 +1,57 @@
+"""How one field of a request is checked, and how its failure reads to the client."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from deployments.errors import ApiError
+
+
+def fail(param: str, problem: str) -> NoReturn:
+    raise ApiError(400, "invalid_request", f"Invalid request: {param} {problem}.", param=param)
+
+
+def require(obj: dict[str, Any], key: str, type_: type, expected: str, where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, type_):
+        fail(f"{where}.{key}", f"must be {expected}, not {json_kind(value)}")
+    return value
+
+
+def check_optional(
+    obj: Mapping[str, Any], key: str, type_: type, expected: str, where: str = ""
+) -> None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, type_):
+        param = f"{where}.{key}" if where else key
+        fail(param, f"must be {expected}, not {json_kind(value)}")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def json_kind(value: Any) -> str:
+    """A value's JSON type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"

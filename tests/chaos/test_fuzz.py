@@ -1,0 +1,152 @@
+"""Seeded bad and odd requests under load on the shared e2e app (fuzz_requests.py): no answer
+is a 5xx, every 4xx is OpenAI error JSON, every 200 is a whole answer, and afterwards no
+breaker opened, no request failed over and no replica was replaced. A client's mistake never
+costs a backend. Runs before test_kills.py (file order), which replaces replicas on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from ray.util.state import list_actors
+
+API_KEY = "test-user-key"  # tests/e2e/gateway.yaml
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+SEED = int(os.environ.get("GPS_FUZZ_SEED", "13"))  # a failure replays from its seed and index
+COUNT = 1200
+CONCURRENCY = 8
+# Most requests are refused in milliseconds; the valid ones cost an engine at most 4 tokens
+# (about a second each on 2 cores, two engines at a time). Generous, and still bounded.
+DEADLINE_S = 900
+REQUEST_TIMEOUT_S = 120
+SETTLE_S = 300  # earlier tests may leave a breaker half-open; its probe closes it
+# Counters that grow only when a backend is charged with a fault or a job moves down its chain.
+FAULT_METRICS = ("gps_backend_faults_total", "gps_failovers_total", "gps_backend_oom_total")
+
+
+def _load(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(f"gps_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz_requests = _load(Path(__file__).with_name("fuzz_requests.py"))
+
+
+def breakers(http: httpx.Client) -> dict[str, str]:
+    backends = http.get("/v1/cluster/status").json()["backends"]
+    return {name: state["breaker"] for name, state in backends.items() if "breaker" in state}
+
+
+def replicas() -> set[str]:
+    """The gateway's live replica actors (a replaced replica comes back under a new id)."""
+    actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
+    return {
+        str(actor.get("name"))
+        for actor in actors
+        if str(actor.get("name") or "").startswith("SERVE_REPLICA::gateway#")
+    }
+
+
+def fault_counts(http: httpx.Client) -> dict[str, float]:
+    text = http.get("/metrics").text
+    counts: dict[str, float] = {}
+    for name in FAULT_METRICS:
+        samples = re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+        counts[name] = sum(float(value) for value in samples)
+    counts["breaker opened"] = sum(
+        float(value)
+        for value in re.findall(
+            r'^gps_breaker_transitions_total{[^}]*state="open"[^}]*} (\S+)$', text, re.MULTILINE
+        )
+    )
+    return counts
+
+
+def settled(http: httpx.Client) -> dict[str, str]:
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        states = breakers(http)
+        if states and all(state == "closed" for state in states.values()):
+            return states
+        time.sleep(2)
+    pytest.fail(f"breakers not closed before fuzzing: {breakers(http)}")
+
+
+def problem(status: int, content_type: str, text: str) -> str | None:
+    """What is wrong with an answer, or None."""
+    if status >= 500:
+        return "a 5xx"
+    if status >= 400:
+        try:
+            error = json.loads(text)["error"]
+        except (ValueError, KeyError, TypeError):
+            return "a 4xx that is not OpenAI error JSON"
+        complete = isinstance(error, dict) and error.get("message") and error.get("code")
+        return None if complete and error.get("type") else "an incomplete OpenAI error"
+    if content_type.startswith("text/event-stream"):
+        if 'data: {"error"' in text:
+            return "an SSE error event in a 200 stream"
+        return None if text.rstrip().endswith("data: [DONE]") else "a stream without [DONE]"
+    try:
+        return None if json.loads(text)["choices"] else "an answer without choices"
+    except (ValueError, KeyError, TypeError):
+        return "a 200 that is not a chat completion"
+
+
+async def send_all(gateway: str) -> tuple[list[str], dict[tuple[str, int], int]]:
+    failures: list[str] = []
+    outcomes: dict[tuple[str, int], int] = {}
+    slots = asyncio.Semaphore(CONCURRENCY)
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S)
+    async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=timeout) as session:
+
+        async def send(index: int, request: Any) -> None:
+            async with slots:
+                try:
+                    reply = await session.post(
+                        "/v1/chat/completions", content=request.body, headers=request.headers
+                    )
+                except httpx.HTTPError as error:
+                    failures.append(f"#{index} {request.kind}: no answer ({error!r})")
+                    return
+            key = (request.kind, reply.status_code)
+            outcomes[key] = outcomes.get(key, 0) + 1
+            wrong = problem(reply.status_code, reply.headers.get("content-type", ""), reply.text)
+            if wrong is not None:
+                failures.append(f"#{index} {request.kind}: {wrong}: {reply.text[:300]!r}")
+
+        requests = enumerate(fuzz_requests.fuzz(SEED, COUNT))
+        await asyncio.gather(*(send(index, request) for index, request in requests))
+    return failures, outcomes
+
+
+def test_fuzzed_requests_get_no_5xx_and_cost_no_backend(gateway: str, http: httpx.Client) -> None:
+    settled(http)
+    before = (replicas(), fault_counts(http))
+
+    failures, outcomes = asyncio.run(asyncio.wait_for(send_all(gateway), DEADLINE_S))
+
+    assert not failures, f"{len(failures)} of {COUNT} (seed {SEED}):\n" + "\n".join(failures[:20])
+    assert sum(outcomes.values()) == COUNT
+    assert any(status == 200 for _, status in outcomes), "no valid request was served"
+    assert set(breakers(http).values()) == {"closed"}
+    assert (replicas(), fault_counts(http)) == before, "a client's mistake cost a backend"
+    # The app still serves.
+    hello = [{"role": "user", "content": "Hi."}]
+    reply = http.post(
+        "/v1/chat/completions", json={"model": "orchestrator", "messages": hello, "max_tokens": 4}
+    )
+    assert reply.status_code == 200, reply.text
