@@ -1,0 +1,156 @@
+"""Stopping the app the ways people do leaves no engine process behind.
+
+Each test runs the real entry point (`serve run cluster.app:build config=...`) in a process
+group of its own, as a terminal would, waits until it serves, notes every engine process (vLLM's
+EngineCore and workers, the fallback's llama.cpp server), stops the app, and then finds none of
+them alive. A session of its own (`make test` runs it after the others): it starts and stops
+whole Ray clusters.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+CONFIG = Path(__file__).with_name("app.yaml")
+BIN = Path(sys.executable).parent
+URL = "http://127.0.0.1:8000"
+READY_TIMEOUT_S = 420  # one vLLM CPU engine and the fallback: about a minute here
+GONE_TIMEOUT_S = 30
+SHUTDOWN = (
+    "import ray; from ray import serve; "
+    "ray.init(address='auto', namespace='serve'); serve.shutdown()"
+)
+ENGINE_MARKERS = ("VLLM::", "EngineCore", "deployments.fallback.llama_server")
+
+
+def engine_processes() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline", "name"]):
+        title = " ".join(process.info["cmdline"] or []) or (process.info["name"] or "")
+        if any(marker in title for marker in ENGINE_MARKERS):
+            found.append(process)
+    return found
+
+
+def alive(processes: list[psutil.Process]) -> list[str]:
+    left = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def wait_gone(processes: list[psutil.Process]) -> list[str]:
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive(processes)
+
+
+def ray_stop() -> None:
+    subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+
+
+def serve_run() -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.Popen(
+        [str(BIN / "serve"), "run", "cluster.app:build", f"config={CONFIG}"],
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_serving(app: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """Wait until the app answers, and return its engine processes (there must be some)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert app.poll() is None, f"serve run exited with {app.returncode}"
+        try:
+            if httpx.get(f"{URL}/healthz", timeout=5).json().get("status") == "ok":
+                break
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(2)
+    else:
+        pytest.fail("the app did not serve in time")
+    engines = engine_processes()
+    titles = " ".join(" ".join(p.cmdline()) for p in engines)
+    assert "llama_server" in titles and "VLLM::" in titles, titles
+    return engines
+
+
+@pytest.fixture
+def clean_ray() -> Iterator[None]:
+    """No cluster before (serve run would join it) and none after, whatever happened."""
+    ray_stop()
+    assert not alive(engine_processes()), "engine processes from an earlier run are alive"
+    yield
+    ray_stop()
+
+
+def test_ctrl_c_then_ray_stop_force_leaves_no_engine(clean_ray: None) -> None:
+    app = serve_run()
+    try:
+        engines = wait_serving(app)
+        stopped_at = time.monotonic()
+        os.killpg(app.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+        time.sleep(5)  # the impatient user
+        ray_stop()
+        assert wait_gone(engines) == []
+        app.wait(timeout=60)
+        print(f"serve run exited {time.monotonic() - stopped_at:.1f} s after Ctrl-C")
+    finally:
+        if app.poll() is None:
+            os.killpg(app.pid, signal.SIGKILL)
+
+
+def test_ctrl_c_alone_ends_the_app_and_its_engines(clean_ray: None) -> None:
+    app = serve_run()
+    try:
+        engines = wait_serving(app)
+        stopped_at = time.monotonic()
+        os.killpg(app.pid, signal.SIGINT)
+        app.wait(timeout=120)
+        exit_s = time.monotonic() - stopped_at
+        assert wait_gone(engines) == []
+        print(f"serve run exited {exit_s:.1f} s after Ctrl-C, every engine gone")
+    finally:
+        if app.poll() is None:
+            os.killpg(app.pid, signal.SIGKILL)
+
+
+def test_serve_shutdown_on_a_running_cluster_leaves_no_engine(clean_ray: None) -> None:
+    head = subprocess.run(
+        [str(BIN / "ray"), "start", "--head", '--resources={"pool_local": 1}'],
+        capture_output=True,
+        timeout=180,
+    )
+    assert head.returncode == 0, head.stderr.decode()[-500:]
+    app = serve_run()  # joins the running cluster
+    try:
+        engines = wait_serving(app)
+        # What `serve shutdown` does, through the Python API: the CLI goes through the
+        # dashboard, which wants a token on a cluster started with `ray start`.
+        shutdown = subprocess.run(
+            [sys.executable, "-c", SHUTDOWN], capture_output=True, timeout=180
+        )
+        assert shutdown.returncode == 0, shutdown.stderr.decode()[-500:]
+        # Ray is still up: only the replicas' own shutdown can have stopped the engines.
+        assert wait_gone(engines) == []
+    finally:
+        os.killpg(app.pid, signal.SIGKILL)
