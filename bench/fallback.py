@@ -5,8 +5,10 @@ the CPU fallback's llama.cpp engine behind our gateway (bench/fallback.yaml), on
 Streaming requests of 64 output tokens at concurrency 1 and 4: time to first token (p50, p99),
 decode speed per stream (tokens/s after the first token, p50) and total tokens/s. The fallback
 has no target against the anchor: it is what users get while every GPU link of a chain is down.
-Against the figures recorded when llama.cpp ran inside the replica (IN_PROCESS), the engine in a
-child process should stay within 10%.
+
+First, what moving llama.cpp out of the replica costs: the same library and GGUF in this process
+(the anchor) against the fallback's engine in its child process (`LlamaCppEngine`), one thread,
+no Serve, same prompt and 64 tokens: TTFT and decode tokens/s. Target: decode within 10%.
 
 Run with `make bench` (or `python -m bench.fallback`).
 """
@@ -28,11 +30,14 @@ import httpx
 from bench import stack
 from cluster.backends import build_fallback
 from cluster.config import FALLBACK_BACKEND
+from deployments.fallback.engine import ChatParams, Piece
+from deployments.fallback.llama_cpp_engine import LlamaCppEngine
 
 CONFIG = Path(__file__).with_name("fallback.yaml")
 PORT = 18400
 CONCURRENCY_REQUESTS = {1: 8, 4: 16}
 OUTPUT_TOKENS = 64
+GGUF = str(Path(__file__).resolve().parents[1] / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
@@ -133,13 +138,6 @@ async def measure(anchor_url: str, gateway_url: str) -> list[Run]:
     return runs
 
 
-# The same table with llama.cpp in-process in the fallback replica (README, 2026-11-23, before
-# the engine moved to a child process), as (TTFT p50 ms, total tok/s) per concurrency. Machines
-# differ between runs, so the comparison is of each run's fallback-to-anchor ratios.
-IN_PROCESS = {1: (34.0, 102.0), 4: (1665.0, 113.0)}
-IN_PROCESS_ANCHOR = {1: (71.0, 56.7), 4: (184.0, 157.3)}
-
-
 def report(runs: list[Run]) -> None:
     print(
         "| engine | concurrency | TTFT p50 ms | TTFT p99 ms | decode tok/s per stream (p50) "
@@ -159,19 +157,69 @@ def report(runs: list[Run]) -> None:
         speed = fallback.total_tokens_per_s / vllm.total_tokens_per_s
         ratios = f"TTFT p50 {ttft:.2f}x, total tok/s {speed:.2f}x"
         print(f"concurrency {concurrency}: fallback / anchor: {ratios}")
-        (old_ttft, old_speed), (anchor_ttft, anchor_speed) = (
-            IN_PROCESS[concurrency],
-            IN_PROCESS_ANCHOR[concurrency],
-        )
-        print(
-            f"  out of process / in process (each against its anchor): TTFT p50 "
-            f"{ttft / (old_ttft / anchor_ttft):.2f}x, "
-            f"total tok/s {speed / (old_speed / anchor_speed):.2f}x"
-        )
+
+
+HOP_RUNS = 6
+
+
+def in_process() -> list[tuple[float, float]]:
+    """(TTFT s, decode tok/s) per run, llama.cpp in this process."""
+    from llama_cpp import Llama
+
+    llama = Llama(model_path=GGUF, n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False)
+    runs = []
+    for _ in range(HOP_RUNS + 1):  # the first warms up
+        started, first, tokens = time.perf_counter(), 0.0, 0
+        for chunk in llama.create_chat_completion(
+            messages=PROMPT, max_tokens=OUTPUT_TOKENS, stream=True, temperature=0.7
+        ):
+            if chunk["choices"][0]["delta"].get("content"):
+                tokens += 1
+                first = first or time.perf_counter()
+        runs.append((first - started, tokens / (time.perf_counter() - first)))
+    del llama
+    return runs[1:]
+
+
+async def in_child() -> list[tuple[float, float]]:
+    """The same through the fallback's engine, whose llama.cpp runs in a child process."""
+    engine = LlamaCppEngine(model_path=GGUF, context_window=2048, threads=1)
+    await engine.start()
+    runs = []
+    try:
+        for _ in range(HOP_RUNS + 1):
+            params = ChatParams(messages=PROMPT, max_tokens=OUTPUT_TOKENS, temperature=0.7)
+            started, first, tokens = time.perf_counter(), 0.0, 0
+            async for piece in engine.chat(params):
+                if isinstance(piece, Piece):
+                    tokens += 1
+                    first = first or time.perf_counter()
+            runs.append((first - started, tokens / (time.perf_counter() - first)))
+    finally:
+        engine.close()
+    return runs[1:]
+
+
+def report_hop(inside: list[tuple[float, float]], child: list[tuple[float, float]]) -> bool:
+    def p50(runs: list[tuple[float, float]], i: int) -> float:
+        return statistics.median(run[i] for run in runs)
+
+    print("| llama.cpp | TTFT p50 ms | decode tok/s p50 |\n|---|---:|---:|")
+    for name, runs in (("in the process (anchor)", inside), ("child process", child)):
+        print(f"| {name} | {1000 * p50(runs, 0):.1f} | {p50(runs, 1):.1f} |")
+    speed = p50(child, 1) / p50(inside, 1)
+    print(
+        f"child / in process: TTFT +{1000 * (p50(child, 0) - p50(inside, 0)):.1f} ms "
+        f"({p50(child, 0) / p50(inside, 0):.2f}x), decode {speed:.2f}x; "
+        f"target (decode within 10%): {'met' if speed >= 0.9 else 'NOT met'}\n"
+    )
+    return speed >= 0.9
 
 
 def main() -> int:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    hop_met = report_hop(in_process(), asyncio.run(in_child()))
     config = stack.start(CONFIG, PORT)
     try:
         anchor = stack.deploy_anchor(config, names=("orchestrator@local",))
@@ -184,7 +232,7 @@ def main() -> int:
     finally:
         stack.stop()
     report(runs)
-    return 1 if any(r.errors for r in runs) else 0
+    return 1 if any(r.errors for r in runs) or not hop_met else 0
 
 
 if __name__ == "__main__":

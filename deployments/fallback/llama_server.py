@@ -85,9 +85,8 @@ class LlamaChat:
             ) from None
         prompt = rendered.prompt
         base = self._tokenize(prompt, rendered.added_special)
-        tokens = self._tokenize(
-            prompt + str(body.get("continue_text") or ""), rendered.added_special
-        )
+        cut_answer = str(body.get("continue_text") or "")
+        tokens = self._tokenize(prompt + cut_answer, rendered.added_special) if cut_answer else base
         if len(tokens) >= self.window:
             raise BadRequest(
                 "prompt_too_long",
