@@ -375,7 +375,11 @@ class Router:
                     output_clamped=fit.output_clamped,
                     failovers=failovers,
                 )
-            elif error is None and isinstance(first, list) and rewriter is not None:
+            elif error is not None:
+                # A link that will not continue the answer (its window, its template) has
+                # done nothing wrong and the client already has half an answer: try the next.
+                raise BackendFault(f"it would not continue the answer: {error.error.message}")
+            elif isinstance(first, list) and rewriter is not None:
                 metrics.STREAM_MIGRATIONS.labels(continuing.source, name).inc()
                 first = [migration_note(continuing.source, name), *rewriter.lines(first)]
             if streaming:

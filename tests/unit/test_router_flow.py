@@ -23,7 +23,7 @@ from autoscale.broadcast import PlacementView
 from cluster.config import ClusterConfig, PriorityClass, Role, parse_config
 from deployments.messages import ChatJob, Refusal, Routed
 from deployments.router import Router
-from deployments.router_metrics import STREAM_MIGRATIONS
+from deployments.router_metrics import BACKEND_FAULTS, STREAM_MIGRATIONS
 
 Behaviour = Callable[[int], list[Any]]  # call number -> items (an Exception item is raised)
 
@@ -224,6 +224,20 @@ def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() ->
     assert continued.continue_final_message and not continued.add_generation_prompt
     assert continued.max_tokens == 8 - 2
     assert migrated._value.get() == before + 1
+
+
+def test_a_link_that_refuses_to_continue_is_passed_over_without_blame() -> None:
+    coding = FakeBackend(lambda _: [[sse("first", {"content": "One"})], RayError("died")])
+    refusing = FakeBackend(engine_error(400))
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=refusing)
+    faults = BACKEND_FAULTS.labels("orchestrator@local")
+    before = faults._value.get()
+    _routed, _first, last = asyncio.run(collect(router, job()))
+    # Nothing left to continue on (the fallback has no handle here): an SSE error, not a 400
+    # object in the middle of a stream, and the refusing link's breaker is untouched.
+    assert "backend_failed" in last[0] and last[1] == "data: [DONE]\n\n"
+    assert refusing.calls == 1
+    assert faults._value.get() == before
 
 
 def test_a_stream_no_link_can_continue_ends_with_an_error_event() -> None:
