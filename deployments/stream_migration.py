@@ -71,14 +71,27 @@ class StreamTape:
                 if choice.get("index", 0) != 0:
                     continuable = False
                 delta = choice.get("delta") or {}
-                if delta.get("tool_calls"):
-                    continuable = False
+                if (
+                    delta.get("tool_calls")
+                    or delta.get("reasoning_content")
+                    or delta.get("reasoning")
+                ):
+                    continuable = False  # not plain text the next link could go on from
                 if delta.get("content"):
                     text.append(delta["content"])
                     tokens += 1
         return Partial(
             ident, created, model, "".join(text), tokens, self.prompt_tokens, continuable
         )
+
+
+def continuable(request: Any) -> bool:
+    """Whether a cut answer to this request can be continued as plain text: not under a
+    grammar (a JSON format, a forced tool call), which would start over on the next link."""
+    fmt = getattr(request, "response_format", None)
+    kind = fmt.get("type") if isinstance(fmt, dict) else getattr(fmt, "type", None)
+    choice = getattr(request, "tool_choice", None)
+    return kind in (None, "text") and choice in (None, "none", "auto")
 
 
 def continuation_request(request: Any, partial: Partial, max_tokens: int) -> Any:

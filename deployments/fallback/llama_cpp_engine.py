@@ -3,8 +3,9 @@
 For nodes without an `ollama` binary. llama.cpp is native code: run inside the Serve replica, a
 crash of it (ggml's AMX kernels segfault on some CPUs) took the replica, the last link of every
 chain, down with it. In a child process a crash costs one restart. A request that was in flight
-when the child died is tried once more on the restarted child, continuing from the text already
-produced, so its client sees one answer; a second death fails it.
+when the child died is tried once more on the restarted child, resuming from the text already
+produced (within the same limit, counted as one answer), so its client sees one answer; a
+second death fails it.
 """
 
 from __future__ import annotations
@@ -76,16 +77,15 @@ class LlamaCppEngine:
     async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
         produced: list[str] = []
         for attempt in (1, 2):
-            body = _body(params, params.continue_text + "".join(produced))
+            generation = self._server.generation
             try:
-                async for item in self._chat_once(body):
+                async for item in self._chat_once(_body(params, resume_text="".join(produced))):
                     if isinstance(item, Piece):
                         produced.append(item.text)
                     yield item
                 return
             except EngineUnavailable:
-                self._server.mark_down()
-                if attempt == 2 or not await self._server.wait_ready(START_TIMEOUT_S):
+                if attempt == 2 or not await self._server.recovered(generation, START_TIMEOUT_S):
                     raise
                 self.retried += 1
 
@@ -144,7 +144,7 @@ async def self_test(client: httpx.AsyncClient) -> None:
         raise EngineUnavailable(f"self-test failed: HTTP {reply.status_code}: {reply.text[:200]}")
 
 
-def _body(params: ChatParams, continue_text: str) -> dict[str, Any]:
+def _body(params: ChatParams, resume_text: str) -> dict[str, Any]:
     return {
         "messages": params.messages,
         "max_tokens": params.max_tokens,
@@ -152,5 +152,6 @@ def _body(params: ChatParams, continue_text: str) -> dict[str, Any]:
         "top_p": params.top_p,
         "stop": list(params.stop),
         "seed": params.seed,
-        "continue_text": continue_text,
+        "continue_text": params.continue_text,
+        "resume_text": resume_text,
     }

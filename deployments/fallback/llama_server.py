@@ -8,9 +8,12 @@ closing `{"done": true, "reason", "prompt_tokens", "completion_tokens"}`; errors
 the first token are HTTP 400 (`{"error", "kind": "prompt_too_long" | "invalid"}`). `GET
 /health` answers once the model is loaded (the server listens only after that).
 
-`continue_text` continues an answer cut short elsewhere (a replica that died mid-stream): the
-prompt is the chat template with the generation prompt, then that text, so the model goes on
-where it stopped; its tokens count as completion tokens, as the client has received them.
+`continue_text` continues an answer cut short (a replica that died mid-stream, or this server
+before a restart): the prompt is the chat template with the generation prompt, then that text,
+so the model goes on where it stopped. As with vLLM's `continue_final_message` and Ollama, its
+tokens are not counted: `max_tokens` and `completion_tokens` are about new tokens. Text this
+server produced itself before it died goes in `resume_text`, after it: those tokens do count,
+so an answer resumed after a restart has the limit and the count of one that never stopped.
 
 One llama.cpp context decodes one sequence at a time: requests run in order on one worker
 thread; a client that goes away stops its generation at the next token.
@@ -38,10 +41,11 @@ class BadRequest(Exception):
 
 @dataclass(frozen=True)
 class Prepared:
-    tokens: list[int]  # the prompt, with any continued text
+    tokens: list[int]  # the prompt, with any continued and resumed text
     prompt_tokens: int  # of the prompt alone
+    resumed_tokens: int  # of the resumed text: already part of the answer
     stop: list[str]
-    max_tokens: int
+    max_tokens: int  # still to generate
 
 
 class _TokenTally:
@@ -85,8 +89,10 @@ class LlamaChat:
             ) from None
         prompt = rendered.prompt
         base = self._tokenize(prompt, rendered.added_special)
-        cut_answer = str(body.get("continue_text") or "")
-        tokens = self._tokenize(prompt + cut_answer, rendered.added_special) if cut_answer else base
+        continued = prompt + str(body.get("continue_text") or "")
+        resumed = continued + str(body.get("resume_text") or "")
+        before = self._tokenize(continued, rendered.added_special) if continued != prompt else base
+        tokens = self._tokenize(resumed, rendered.added_special) if resumed != continued else before
         if len(tokens) >= self.window:
             raise BadRequest(
                 "prompt_too_long",
@@ -95,9 +101,9 @@ class LlamaChat:
         stop = [str(s) for s in body.get("stop") or []]
         stop += rendered.stop if isinstance(rendered.stop, list) else [rendered.stop]
         room = self.window - len(tokens)
-        continued = len(tokens) - len(base)  # the limit is on the whole answer, as sent
-        max_tokens = min(int(body.get("max_tokens") or room) - continued, room)
-        return Prepared(tokens, len(base), [s for s in stop if s], max_tokens)
+        done = len(tokens) - len(before)
+        max_tokens = min(int(body.get("max_tokens") or room) - done, room)
+        return Prepared(tokens, len(base), done, [s for s in stop if s], max_tokens)
 
     def _tokenize(self, text: str, added_special: bool) -> list[int]:
         tokens: list[int] = self._llama.tokenize(
@@ -110,14 +116,8 @@ class LlamaChat:
     ) -> Iterator[dict[str, Any]]:
         from llama_cpp import LogitsProcessorList
 
-        continued = len(prepared.tokens) - prepared.prompt_tokens
-        if prepared.max_tokens <= 0:  # the continued text already reached the limit
-            yield {
-                "done": True,
-                "reason": "length",
-                "prompt_tokens": prepared.prompt_tokens,
-                "completion_tokens": continued,
-            }
+        if prepared.max_tokens <= 0:  # the resumed text had reached the limit
+            yield self._done("length", prepared, 0)
             return
         tally = _TokenTally()
         options = {k: body[k] for k in ("temperature", "top_p", "seed") if body.get(k) is not None}
@@ -142,11 +142,15 @@ class LlamaChat:
                 reason = "length" if choice["finish_reason"] == "length" else "stop"
         # A stop ends on a sampled end token that is not output; a length limit does not.
         generated = tally.samples - 1 if reason == "stop" and tally.samples else tally.samples
-        yield {
+        yield self._done(reason, prepared, generated)
+
+    @staticmethod
+    def _done(reason: str, prepared: Prepared, generated: int) -> dict[str, Any]:
+        return {
             "done": True,
             "reason": reason,
             "prompt_tokens": prepared.prompt_tokens,
-            "completion_tokens": continued + generated,
+            "completion_tokens": prepared.resumed_tokens + generated,
         }
 
 

@@ -184,8 +184,10 @@ class OllamaEngine:
             command=lambda _: [binary, "serve"],
             port_env=port_env,
             ready_check=self._ready_check,
-            # SIGTERM lets `ollama serve` stop the runner processes it started.
+            # SIGTERM lets `ollama serve` stop the runner processes it started, also when the
+            # replica itself is killed (SIGKILL would orphan the runners).
             stop_signal=signal.SIGTERM,
+            death_signal=signal.SIGTERM,
             sleep=sleep,
         )
 

@@ -33,6 +33,8 @@ START_TIMEOUT_S = 120.0
 # unhealthy meanwhile, and Serve replaces it if that goes on.
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 UP_POLL_S = 0.1
+# A server whose connection just broke is reaped within milliseconds if it died.
+DEATH_GRACE_S = 1.0
 
 Command = Callable[[int], Sequence[str]]  # the server's argv, given its port
 ReadyCheck = Callable[[httpx.AsyncClient], Awaitable[None]]  # raises until it serves
@@ -64,6 +66,7 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         port_env: Callable[[int], Mapping[str, str]] | None = None,
         stop_signal: signal.Signals = signal.SIGTERM,
+        death_signal: signal.Signals = signal.SIGKILL,
         start_timeout_s: float = START_TIMEOUT_S,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
@@ -73,6 +76,7 @@ class Supervisor:
         self._env = dict(env or {})
         self._port_env = port_env
         self._stop_signal = stop_signal
+        self._death_signal = death_signal  # what the server gets if the replica dies unasked
         self._start_timeout_s = start_timeout_s
         self._sleep = sleep
         self._process: asyncio.subprocess.Process | None = None
@@ -80,6 +84,7 @@ class Supervisor:
         self._watcher: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self.restarts = 0
+        self.generation = 0  # servers launched and found serving
 
     @property
     def ready(self) -> bool:
@@ -108,17 +113,29 @@ class Supervisor:
             return False
         return True
 
-    def mark_down(self) -> None:
-        """A request found the server gone: stop sending work before the watcher notices."""
-        if self._process is not None and process_alive(self._process.pid):
-            return  # alive (or already replaced): the request's failure was its own
-        self._ready.clear()
+    async def recovered(self, generation: int, timeout_s: float) -> bool:
+        """After a request failed on the server of `generation`: True once a server serves
+        again, a newer one if that one died. The request's connection breaks a moment before
+        the process is reaped, so a death is waited for briefly rather than read off at once."""
+        process = self._process
+        if process is not None and self.generation == generation:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(process.wait()), DEATH_GRACE_S)
+            if process.returncode is None:
+                return self.ready  # alive: the failure was the request's own
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not (self.ready and self.generation > generation):
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(UP_POLL_S)
+        return True
 
     async def _launch(self) -> None:
         port = free_loopback_port()
         env = {**os.environ, **self._env, **(self._port_env(port) if self._port_env else {})}
         self._process = await asyncio.create_subprocess_exec(
-            *guarded(list(self._command(port))),
+            *guarded(list(self._command(port)), signal=self._death_signal),
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
@@ -127,6 +144,7 @@ class Supervisor:
             await self._client.aclose()
         self._client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60)
         await self._wait_until_serving()
+        self.generation += 1
         self._ready.set()
         logger.info("%s serving on port %d (pid %d)", self.name, port, self._process.pid)
 
@@ -140,11 +158,11 @@ class Supervisor:
             try:
                 await self._ready_check(self._client)
                 return
-            except (httpx.HTTPError, EngineUnavailable) as error:
+            except Exception as error:  # not up yet, or up and not right yet: ask again
                 if loop.time() > deadline:
                     self._kill()
                     raise EngineUnavailable(f"{self.name} did not serve in time: {error}") from None
-                await asyncio.sleep(UP_POLL_S)
+                await asyncio.sleep(UP_POLL_S)  # a poll, not a backoff: never skipped
 
     async def _watch(self) -> None:
         """Restart the server whenever it exits, backing off while it keeps failing."""
@@ -175,3 +193,7 @@ class Supervisor:
             self._watcher.cancel()
         self._ready.clear()
         self._kill()
+        if self._client is not None:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing left to close
+                asyncio.get_running_loop().create_task(self._client.aclose())
+            self._client = None

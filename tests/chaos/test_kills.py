@@ -204,7 +204,7 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
     request = ChatCompletionRequest(
         model="cpu-fallback",
         messages=[{"role": "user", "content": QUESTION}],
-        max_tokens=48,
+        max_tokens=400,
         temperature=0.0,
         stream=True,
     )
@@ -216,7 +216,10 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
     stream = read_stream([x for x in lines if x])
     assert stream["done"] and not stream["errors"], lines[-3:]
     assert not _running(server)
-    # The replica never died: the same worker answers, with a new engine child.
+    # The replica never died: the same worker answers, with a new engine child, which took the
+    # rest of the answer (the kill came after four lines of up to 400 tokens).
     assert replica_pid("model:cpu-fallback") == pid
+    [restarted] = [p for p in engine_processes(pid) if "llama_server" in _title(p)]
+    assert restarted.pid != server.pid
     assert fallback.check_health.remote().result() is None
     assert ray.is_initialized()

@@ -110,7 +110,9 @@ def test_ctrl_c_then_ray_stop_force_leaves_no_engine(clean_ray: None) -> None:
         stopped_at = time.monotonic()
         os.killpg(app.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         time.sleep(5)  # the impatient user
+        left = alive(engines)  # what `ray stop --force` kills under them, if anything
         ray_stop()
+        print(f"{len(left)} of {len(engines)} engine processes alive at `ray stop --force`")
         assert wait_gone(engines) == []
         app.wait(timeout=60)
         print(f"serve run exited {time.monotonic() - stopped_at:.1f} s after Ctrl-C")

@@ -62,7 +62,7 @@ def fallback(loop: asyncio.AbstractEventLoop) -> Iterator[CpuFallback]:
 
 
 def ask(loop: asyncio.AbstractEventLoop, replica: CpuFallback, **fields: Any) -> list[Any]:
-    request = ChatCompletionRequest(model="cpu-fallback", messages=MESSAGES, **fields)
+    request = ChatCompletionRequest(model="cpu-fallback", **{"messages": MESSAGES, **fields})
 
     async def run() -> list[Any]:
         return [item async for item in replica.chat(request)]
@@ -80,6 +80,27 @@ def test_a_whole_answer_has_text_and_the_exact_prompt_count(
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 8
     # The router counts with the GGUF's own tokenizer and template: the same number.
+    counter = ChatTemplateCounter.from_pretrained(GGUF)
+    assert body["usage"]["prompt_tokens"] == counter.count_prompt(MESSAGES)
+
+
+def test_a_cut_answer_is_continued_and_only_new_tokens_count(
+    loop: asyncio.AbstractEventLoop, fallback: CpuFallback
+) -> None:
+    """What mid-stream failover sends the fallback (vLLM's continue_final_message)."""
+    cut = {"role": "assistant", "content": "One, two, three,"}
+    [response] = ask(
+        loop,
+        fallback,
+        messages=[*MESSAGES, cut],
+        continue_final_message=True,
+        add_generation_prompt=False,
+        max_tokens=6,
+        temperature=0.0,
+    )
+    body = json.loads(response.model_dump_json())
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 6  # the cut text was the client's already
     counter = ChatTemplateCounter.from_pretrained(GGUF)
     assert body["usage"]["prompt_tokens"] == counter.count_prompt(MESSAGES)
 

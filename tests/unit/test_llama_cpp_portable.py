@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-# AVX-512 uses the zmm registers (and k mask registers); AMX has its own tile instructions.
-BEYOND_X86_64_V3 = re.compile(r"%zmm\d|\b(tdpb\w+|tileloadd\w*|ldtilecfg|tilezero|tilestored)\b")
+# AVX-512 uses the zmm registers, and its mask registers k1-k7 (also on ymm/xmm, under
+# AVX-512VL); AMX has its own tile instructions.
+BEYOND_X86_64_V3 = re.compile(
+    r"%zmm\d|%k[1-7]\b|\b(tdpb\w+|tileloadd\w*|ldtilecfg|tilezero|tilestored)\b"
+)
 
 
 def _libraries() -> list[Path]:
@@ -45,10 +48,15 @@ def test_no_installed_llama_cpp_library_uses_avx512_or_amx() -> None:
 
 
 def test_the_pattern_finds_what_it_looks_for() -> None:
-    sample = "vpaddd %zmm1,%zmm2,%zmm3\n tdpbssd %tmm0,%tmm1,%tmm2\n vpaddd %ymm1,%ymm2,%ymm3"
+    sample = (
+        "vpaddd %zmm1,%zmm2,%zmm3\n tdpbssd %tmm0,%tmm1,%tmm2\n vpaddd %ymm1,%ymm2,%ymm3\n"
+        " vpaddd %ymm1,%ymm2,%ymm3{%k2}\n kmovw %k1,%eax"
+    )
     assert {m.group(0) for m in BEYOND_X86_64_V3.finditer(sample)} == {
         "%zmm1",
         "%zmm2",
         "%zmm3",
         "tdpbssd",
+        "%k2",
+        "%k1",
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,36 @@ def test_a_stream_no_link_can_continue_ends_with_an_error_event() -> None:
     routed, _first, last = asyncio.run(collect(router, job()))
     assert routed.backend == "coding@local"
     assert "backend_failed" in last[0] and last[1] == "data: [DONE]\n\n"
+
+
+def test_an_error_event_from_the_engine_mid_stream_is_a_fault_the_stream_survives() -> None:
+    error_line = 'data: {"error": {"message": "EngineCore died", "type": "x", "code": 500}}\n\n'
+    coding = FakeBackend(
+        lambda _: [
+            [sse("first", {"content": "One"})],
+            [sse("first", {"content": " two"}), error_line],
+        ]
+    )
+    orchestrator = FakeBackend(
+        lambda _: [[sse("other", {"content": " three"})], ["data: [DONE]\n\n"]]
+    )
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    _routed, *items = asyncio.run(collect(router, job()))
+    lines = [line for item in items for line in item]
+    assert not any('"error"' in line for line in lines) and lines[-1] == "data: [DONE]\n\n"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks_of(lines))
+    assert text == "One two three"  # the text before the error was kept, then continued
+    assert orchestrator.requests[0].messages[-1]["content"] == "One two"
+
+
+def test_a_stream_under_a_json_format_is_not_continued() -> None:
+    coding = FakeBackend(lambda _: [[sse("first", {"content": '{"a": '})], RayError("died")])
+    orchestrator = FakeBackend(ok)
+    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    formatted = job()
+    request = formatted.request.model_copy(update={"response_format": {"type": "json_object"}})
+    _routed, _first, last = asyncio.run(collect(router, replace(formatted, request=request)))
+    assert "backend_failed" in last[0] and orchestrator.calls == 0
 
 
 def test_a_stream_of_tool_calls_is_not_continued_as_text() -> None:
