@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,15 +44,6 @@ def free_loopback_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def process_alive(pid: int) -> bool:
-    """Running: not gone, and not a zombie that its parent has yet to reap."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class Supervisor:

@@ -13,6 +13,12 @@ def fail(param: str, problem: str) -> NoReturn:
     raise ApiError(400, "invalid_request", f"Invalid request: {param} {problem}.", param=param)
 
 
+def fail_choice(param: str, value: Any, allowed: tuple[str, ...], context: str = "") -> NoReturn:
+    """`value` is not one of `allowed` (`context` says where, e.g. " in user messages")."""
+    got = short(value) if isinstance(value, str) else json_kind(value)
+    fail(param, f"must be one of {', '.join(allowed)}{context}; got {got}")
+
+
 def require(obj: dict[str, Any], key: str, type_: type, expected: str, where: str) -> Any:
     value = obj.get(key)
     if not isinstance(value, type_):

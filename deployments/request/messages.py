@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deployments.errors import ApiError
-from deployments.request.fields import check_optional, fail, json_kind, require, short
+from deployments.request.fields import check_optional, fail, fail_choice, json_kind, require
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # audio_url and video_url are vLLM's. `file` is OpenAI's, but no backend here reads it: vLLM has
@@ -51,8 +51,7 @@ def _check_message(message: Any, where: str) -> None:
         fail(where, f"must be an object, not {json_kind(message)}")
     role = message.get("role")
     if role not in ROLES:
-        got = short(role) if isinstance(role, str) else json_kind(role)
-        fail(f"{where}.role", f"must be one of {', '.join(ROLES)}; got {got}")
+        fail_choice(f"{where}.role", role, ROLES)
     check_optional(message, "name", str, "a string", where)
     if role == "tool":
         require(message, "tool_call_id", str, "a string", where)
@@ -79,8 +78,7 @@ def _check_part(part: Any, allowed: tuple[str, ...], where: str, role: str) -> N
         fail(where, f"must be an object with a `type`, not {json_kind(part)}")
     kind = part.get("type")
     if kind not in allowed:
-        got = short(kind) if isinstance(kind, str) else json_kind(kind)
-        fail(f"{where}.type", f"must be one of {', '.join(allowed)} in {role} messages; got {got}")
+        fail_choice(f"{where}.type", kind, allowed, f" in {role} messages")
     _PART_CHECKS[kind](part, where)
 
 

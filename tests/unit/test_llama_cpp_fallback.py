@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
@@ -24,7 +25,6 @@ from deployments.context.tokens import ChatTemplateCounter
 from deployments.fallback.engine import ChatParams, Finish, Piece
 from deployments.fallback.llama_cpp_engine import LlamaCppEngine
 from deployments.fallback.replica import CpuFallback, FallbackSettings
-from deployments.fallback.supervisor import process_alive
 
 GGUF = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 WINDOW = 512
@@ -232,3 +232,11 @@ def test_an_engine_dies_with_its_replica_killed_by_sigkill() -> None:
         assert not process_alive(engine_pid), f"engine {engine_pid} outlived its replica"
     finally:
         replica.kill()
+
+
+def process_alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from deployments.fallback.supervisor import process_alive
 from deployments.parent_death import ENV, installed
 
 # A stand-in for a replica: it spawns a child (EngineCore) that spawns a grandchild (Worker),
@@ -83,3 +83,11 @@ def test_without_the_variable_they_would_be_orphaned(tmp_path: object) -> None:
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+
+
+def process_alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
