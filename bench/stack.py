@@ -65,7 +65,10 @@ def start(
 ) -> ClusterConfig:
     config = load(config_path, overrides)
     ray.init(
-        namespace=SERVE_NAMESPACE, num_cpus=LOGICAL_CPUS, resources=local_pool_resources(config)
+        address="local",  # our own cluster, whatever a dead one left in /tmp/ray
+        namespace=SERVE_NAMESPACE,
+        num_cpus=LOGICAL_CPUS,
+        resources=local_pool_resources(config),
     )
     # The proxy must be up before the engines load (DESIGN.md section 6).
     serve.start(http_options={"host": "127.0.0.1", "port": port})

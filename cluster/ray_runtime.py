@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import socket
+from pathlib import Path
 
 import ray
+from ray._common.utils import get_ray_address_file
 
 from cluster.config import ClusterConfig, PoolKind
 
 SERVE_NAMESPACE = "serve"
+# A GCS on this machine or the LAN answers a TCP connect in milliseconds.
+GCS_CONNECT_TIMEOUT_S = 2.0
 
 
 class RayStartError(RuntimeError):
@@ -19,6 +24,33 @@ def local_pool_resources(config: ClusterConfig) -> dict[str, float]:
     return {p.resource: 1.0 for p in config.pools if p.kind == PoolKind.LOCAL}
 
 
+def gcs_answers(address: str, timeout_s: float = GCS_CONNECT_TIMEOUT_S) -> bool:
+    """Whether something accepts a TCP connection at `host:port`."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return False
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def running_local_cluster(address_file: Path | None = None) -> str | None:
+    """The address of the cluster `ray start` or `ray.init` last started here, if it still runs.
+
+    Ray remembers that address in a file it does not remove when the cluster is killed; a
+    plain `ray.init()` then treats the dead address as a running cluster and either refuses
+    our resources or waits minutes for a GCS that is gone.
+    """
+    path = address_file or Path(get_ray_address_file(None))
+    try:
+        address = path.read_text().strip()
+    except OSError:
+        return None
+    return address if address and gcs_answers(address) else None
+
+
 def ensure_ray(config: ClusterConfig) -> None:
     """Join the running cluster (RAY_ADDRESS or `ray start`), else start one on this machine.
 
@@ -26,14 +58,17 @@ def ensure_ray(config: ClusterConfig) -> None:
     `serve run cluster.app:build` works on a laptop with no `ray start` first.
     """
     if not ray.is_initialized():
-        try:
-            ray.init(address="auto", namespace=SERVE_NAMESPACE)
-        except ConnectionError as error:
-            if os.environ.get("RAY_ADDRESS"):
-                raise RayStartError(
-                    f"cannot reach the Ray cluster at RAY_ADDRESS: {error}"
-                ) from None
-            ray.init(namespace=SERVE_NAMESPACE, resources=local_pool_resources(config))
+        if given := os.environ.get("RAY_ADDRESS"):
+            address = running_local_cluster() if given == "auto" else given
+            if not address or not (address.startswith("ray://") or gcs_answers(address)):
+                raise RayStartError(f"cannot reach the Ray cluster at RAY_ADDRESS={given}")
+            ray.init(address=address, namespace=SERVE_NAMESPACE)
+        elif running := running_local_cluster():
+            ray.init(address=running, namespace=SERVE_NAMESPACE)
+        else:
+            ray.init(
+                address="local", namespace=SERVE_NAMESPACE, resources=local_pool_resources(config)
+            )
     check_pools(config, ray.cluster_resources())
 
 

@@ -73,7 +73,8 @@ def config() -> ClusterConfig:
 
 @pytest.fixture(scope="session")
 def gateway(config: ClusterConfig) -> Iterator[str]:
-    ray.init(namespace="serve", resources=local_pool_resources(config))
+    # "local": a fresh cluster of our own, whatever address a dead one left in /tmp/ray.
+    ray.init(address="local", namespace="serve", resources=local_pool_resources(config))
     # The proxy must be up before the engines load: on 2 cores it otherwise misses its
     # readiness checks and dies (DESIGN.md section 6).
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cluster.config import ClusterConfig, parse_config
-from cluster.ray_runtime import RayStartError, check_pools, local_pool_resources
+from cluster.ray_runtime import (
+    RayStartError,
+    check_pools,
+    ensure_ray,
+    local_pool_resources,
+    running_local_cluster,
+)
 
 
 def make_config(pools: list[dict[str, Any]], homes: dict[str, list[str]]) -> ClusterConfig:
@@ -81,3 +88,41 @@ def test_every_missing_local_pool_is_named_in_one_fix() -> None:
     with pytest.raises(RayStartError) as caught:
         check_pools(config, {"CPU": 4.0})
     assert """--resources='{"pool_local": 1, "pool_desk": 1}'""" in str(caught.value)
+
+
+def test_a_dead_clusters_address_file_is_not_a_running_cluster(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    address_file = tmp_path / "ray_current_cluster"
+    address_file.write_text(f"127.0.0.1:{port}")
+    assert running_local_cluster(address_file) is None
+
+
+def test_a_live_gcs_port_is_a_running_cluster(tmp_path: Path) -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        address_file = tmp_path / "ray_current_cluster"
+        address_file.write_text(address + "\n")
+        assert running_local_cluster(address_file) == address
+
+
+@pytest.mark.parametrize("content", [None, "", "not-an-address", "host:port"])
+def test_no_or_garbled_address_file_is_no_cluster(tmp_path: Path, content: str | None) -> None:
+    address_file = tmp_path / "ray_current_cluster"
+    if content is not None:
+        address_file.write_text(content)
+    assert running_local_cluster(address_file) is None
+
+
+def test_an_unreachable_ray_address_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(RayStartError, match="cannot reach the Ray cluster at RAY_ADDRESS"):
+        ensure_ray(mixed_config())
