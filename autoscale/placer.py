@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 from autoscale.broadcast import STALE_AFTER_S, SYNC_INTERVAL_S, Broadcast
-from autoscale.placement import History, ModelPlacement, Move, PlacementPolicy, decide
 from autoscale.policy import asked_replicas, set_replicas
 from autoscale.probe import node_pools, pool_free_bytes, start_probes
 from autoscale.saved import (
@@ -39,7 +38,9 @@ from autoscale.saved import (
     saved_placements,
 )
 from autoscale.vram import NodeReading
-from cluster.config import DEPLOYMENT_PREFIX, ClusterConfig, Role
+from core.config import ClusterConfig
+from core.types import DEPLOYMENT_PREFIX, Role
+from policy.placement import History, ModelPlacement, Move, PlacementPolicy, decide
 
 logger = logging.getLogger("ray.serve")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from autoscale.policy import KV_NAMESPACE
 
 if TYPE_CHECKING:
-    from cluster.config import ClusterConfig
+    from core.config import ClusterConfig
 
 
 def config_fingerprint(config: ClusterConfig) -> str:

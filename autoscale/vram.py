@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-GIB = 1024**3
+from core.types import GIB
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from ray.util.state import list_actors
 
 from bench import stack
 from cluster.backends import build_fallback
-from cluster.config import FALLBACK_BACKEND
+from core.types import FALLBACK_BACKEND
 
 CONFIG = Path(__file__).with_name("chaos.yaml")
 PORT = 18500

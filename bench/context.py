@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from deployments.context.fit import ContextOverflow, Fit, FitPolicy, fit_messages
-from deployments.context.tokens import CharEstimateCounter, ChatTemplateCounter, Message
+from policy.context.fit import ContextOverflow, Fit, FitPolicy, fit_messages
+from policy.context.tokens import CharEstimateCounter, ChatTemplateCounter, Message
 
 MODEL = Path(__file__).resolve().parent.parent / ".models" / "SmolLM2-135M-Instruct"
 WINDOW = 8192  # the demo model's window in ray_configs/local.yaml

@@ -29,7 +29,7 @@ import httpx
 
 from bench import stack
 from cluster.backends import build_fallback
-from cluster.config import FALLBACK_BACKEND
+from core.types import FALLBACK_BACKEND
 from deployments.fallback.engine import ChatParams, Piece
 from deployments.fallback.llama_cpp_engine import LlamaCppEngine
 

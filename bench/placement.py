@@ -43,8 +43,8 @@ from autoscale.vram import NodeReading
 from bench import stack
 from cluster.app import build_app
 from cluster.backends import llm_config_for
-from cluster.config import ClusterConfig
 from cluster.ray_runtime import SERVE_NAMESPACE
+from core.config import ClusterConfig
 
 CONFIG = Path(__file__).with_name("placement.yaml")
 PORT = 18700

@@ -20,8 +20,8 @@ from ray.serve.llm import build_openai_app
 
 from cluster.app import build_gateway
 from cluster.backends import llm_config_for
-from cluster.config import ClusterConfig, parse_config
 from cluster.ray_runtime import SERVE_NAMESPACE, local_pool_resources
+from core.config import ClusterConfig, parse_config
 
 # Logical CPUs for the local head: the engines' placement bundles and the front replicas must
 # all schedule on this 2-core machine (they share the real cores either way).

@@ -15,8 +15,9 @@ from ray import serve
 from ray.serve.deployment import Application
 
 from cluster.backends import build_backend, build_fallback
-from cluster.config import FALLBACK_BACKEND, ClusterConfig, ConfigError, load_config
 from cluster.ray_runtime import RayStartError, ensure_ray
+from core.config import ClusterConfig, ConfigError, load_config
+from core.types import FALLBACK_BACKEND
 from deployments.front_options import front_actor_options
 from deployments.ingress import build_ingress
 from deployments.router import Router

@@ -11,7 +11,9 @@ from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
 from autoscale.placer import placement_matters
 from autoscale.policy import placement_policy
-from cluster.config import DEPLOYMENT_PREFIX, Backend, ClusterConfig
+from core.config import ClusterConfig
+from core.topology import Backend
+from core.types import DEPLOYMENT_PREFIX
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.llm_server import ObservedLLMServer
 from deployments.parent_death import ENV as PARENT_DEATH_ENV

@@ -6,7 +6,7 @@ import argparse
 import secrets
 import sys
 
-from cluster.config import hash_key
+from core.config import hash_key
 
 
 def main(argv: list[str] | None = None) -> int:

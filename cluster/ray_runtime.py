@@ -9,7 +9,8 @@ from pathlib import Path
 import ray
 from ray._common.utils import get_ray_address_file
 
-from cluster.config import ClusterConfig, PoolKind
+from core.config import ClusterConfig
+from core.types import PoolKind
 
 SERVE_NAMESPACE = "serve"
 # A GCS on this machine or the LAN answers a TCP connect in milliseconds.

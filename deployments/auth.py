@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cluster.config import ApiKeyConfig, PriorityClass, hash_key
-from deployments.errors import ApiError
+from core.config import ApiKeyConfig, hash_key
+from core.errors import ApiError
+from core.types import PriorityClass
 
 PRIORITY_HEADER = "x-priority"
 

@@ -24,17 +24,19 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from cluster.config import ClusterConfig, GatewayConfig, PriorityClass, Role
+from core.config import ClusterConfig, GatewayConfig
+from core.errors import ApiError
+from core.types import PriorityClass, Role
+from core.wire import ChatJob, Refusal, Routed
 from deployments import metrics
 from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
-from deployments.context.tokens import message_text
-from deployments.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
-from deployments.engine_errors import EngineError, Fault, response_fault
-from deployments.errors import ApiError
+from deployments.error_response import error_response
 from deployments.front_options import front_actor_options
-from deployments.messages import ChatJob, Refusal, Routed
-from deployments.oom import OOM_CODE
-from deployments.request import check_chat_request, parse_object
+from policy.context.tokens import message_text
+from policy.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
+from policy.engine_errors import EngineError, Fault, response_fault
+from policy.oom import OOM_CODE
+from policy.request import check_chat_request, parse_object
 
 logger = logging.getLogger("ray.serve")
 
@@ -49,20 +51,20 @@ PASSED_THROUGH_CODES = frozenset({OOM_CODE, "backend_unavailable", "context_leng
 @app.exception_handler(ApiError)
 async def _api_error(_: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
-    return error.response()
+    return error_response(error)
 
 
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, error: Exception) -> Response:
     assert isinstance(error, StarletteHTTPException)
     code = HTTP_ERROR_CODES.get(error.status_code, "invalid_request")
-    return ApiError(error.status_code, code, str(error.detail)).response()
+    return error_response(ApiError(error.status_code, code, str(error.detail)))
 
 
 @app.exception_handler(Exception)
 async def _unexpected(_: Request, error: Exception) -> Response:
     logger.exception("unexpected error in the ingress")
-    return ApiError(500, "internal_error", "The gateway hit an internal error.").response()
+    return error_response(ApiError(500, "internal_error", "The gateway hit an internal error."))
 
 
 class Ingress:

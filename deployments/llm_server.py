@@ -13,7 +13,7 @@ backend fault and fails over on; from then on the replica refuses work the same 
 Serve it is unhealthy, so Serve replaces it. The memory-pressure guard (`kv_room`) refuses, with
 the same code, a request the KV cache has no room for now.
 
-Client errors: whatever the engine rejects as the client's mistake (deployments.engine_errors),
+Client errors: whatever the engine rejects as the client's mistake (policy.engine_errors),
 raised or answered, goes back as a 400 that the router does not count against this backend.
 """
 
@@ -27,10 +27,10 @@ from typing import Any
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.serve.llm import LLMServer
 
-from deployments.context.tokens import ChatTemplateCounter, TokenCounter
-from deployments.engine_errors import Fault, exception_fault, leading_error, response_fault
-from deployments.kv_room import KvRoom, admits
-from deployments.oom import OOM_CODE, error_kind, item_kind
+from policy.context.tokens import ChatTemplateCounter, TokenCounter
+from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
+from policy.kv_room import KvRoom, admits
+from policy.oom import OOM_CODE, error_kind, item_kind
 
 logger = logging.getLogger("ray.serve")
 

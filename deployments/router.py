@@ -1,8 +1,8 @@
 """The Router deployment: admission, breakers and failover between the ingress and the engines.
 
-For each job it walks the role's failover chain (`deployments.link_choice`): the first link that
+For each job it walks the role's failover chain (`policy.link_choice`): the first link that
 is running, whose breaker lets work through and whose KV cache is not under pressure. There the
-job waits for a slot in the backend's priority queue (`deployments.gate`), is fitted to that
+job waits for a slot in the backend's priority queue (`policy.gate`), is fitted to that
 backend's window, and is sent. A fault before the first token (a 5xx, a dead replica, no first
 token in time) is charged to the backend's breaker and the job moves to the next link, fitted
 again; after the first token a fault ends the stream with an SSE error event. Two background
@@ -38,19 +38,21 @@ from ray.serve.handle import DeploymentHandle
 
 from autoscale.broadcast import SYNC_INTERVAL_S, PlacementView
 from autoscale.placer import ensure_placer, placement_matters
-from cluster.config import ClusterConfig, Role, Target
+from core.config import ClusterConfig
+from core.topology import Target
+from core.types import Role
+from core.wire import ChatJob, Refusal, Routed
 from deployments import router_metrics as metrics
-from deployments.admission import AdmissionQueue
-from deployments.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
-from deployments.context.counters import counters_for
-from deployments.context.fit import ContextOverflow, Fit, fit_messages, pass_through
-from deployments.engine_errors import EngineError, sse_error
-from deployments.gate import BackendGate, GatePolicy, Shed
-from deployments.kv_pressure import KvPolicy, KvPressure
-from deployments.link_choice import LinkView, choose_link
-from deployments.messages import ChatJob, Refusal, Routed
-from deployments.oom import OOM_CODE
-from deployments.stream_migration import (
+from policy.admission import AdmissionQueue
+from policy.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
+from policy.context.counters import counters_for
+from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
+from policy.engine_errors import EngineError, sse_error
+from policy.gate import BackendGate, GatePolicy, Shed
+from policy.kv_pressure import KvPolicy, KvPressure
+from policy.link_choice import LinkView, choose_link
+from policy.oom import OOM_CODE
+from policy.stream_migration import (
     Partial,
     Rewriter,
     StreamTape,

@@ -24,8 +24,9 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.app import build_gateway
 from cluster.backends import build_backend, build_fallback
-from cluster.config import FALLBACK_BACKEND, ClusterConfig, load_config
 from cluster.ray_runtime import local_pool_resources
+from core.config import ClusterConfig, load_config
+from core.types import FALLBACK_BACKEND
 
 E2E = Path(__file__).with_name("e2e")
 CONFIG = E2E / "gateway.yaml"

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cluster.config import ClusterConfig
+from core.config import ClusterConfig
 
 WINDOW = 8192  # the demo model's window in gateway.yaml
 FILLER = "The router keeps a priority queue per backend and sheds background work first. "

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from cluster.config import ClusterConfig
+from core.config import ClusterConfig
 
 HELLO = [{"role": "user", "content": "Say hello in three words."}]
 

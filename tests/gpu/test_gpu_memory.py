@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from autoscale.vram import GIB, NvmlSource
-from deployments.oom import error_kind
+from policy.oom import error_kind
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -107,8 +107,8 @@ def test_a_real_cuda_out_of_memory_is_recognised_as_oom(
 def test_a_real_vram_drop_decides_an_offload_and_recovery_a_restore(
     holder: list[subprocess.Popen[str]],
 ) -> None:
-    from autoscale.placement import History, ModelPlacement, PlacementPolicy, decide
     from autoscale.probe import pool_free_bytes
+    from policy.placement import History, ModelPlacement, PlacementPolicy, decide
 
     policy = PlacementPolicy.from_gb(6, 12, cooldown_s=120, min_away_s=60)
     reasoning = ModelPlacement("reasoning", 3, ("local", "cloud"), "local")

@@ -27,7 +27,7 @@ from autoscale.placer import PLACER_NAME
 from autoscale.probe import start_probes
 from autoscale.vram import NodeReading
 from cluster.app import build_app
-from cluster.config import load_config
+from core.config import load_config
 
 CONFIG = Path(__file__).with_name("placed.yaml")
 PORT = 18600

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.context.tokens import ChatTemplateCounter
+from policy.context.tokens import ChatTemplateCounter
 
 DEMO_MODEL = Path(__file__).parents[2] / ".models" / "SmolLM2-135M-Instruct"
 

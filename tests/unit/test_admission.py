@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.config import PriorityClass
-from deployments.admission import AdmissionQueue
-from deployments.gate import BackendGate, GatePolicy, Shed
-from deployments.kv_pressure import KvPolicy, KvPressure
+from core.types import PriorityClass
+from policy.admission import AdmissionQueue
+from policy.gate import BackendGate, GatePolicy, Shed
+from policy.kv_pressure import KvPolicy, KvPressure
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 

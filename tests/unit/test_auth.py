@@ -1,12 +1,14 @@
-"""Unit tests for deployments/auth.py (keys, priority claims) and deployments/errors.py."""
+"""Unit tests for deployments/auth.py (keys, priority claims) and core/errors.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster.config import ApiKeyConfig, PriorityClass, hash_key
+from core.config import ApiKeyConfig, hash_key
+from core.errors import ApiError
+from core.types import PriorityClass
 from deployments.auth import Caller, KeyRing, claimed_priority
-from deployments.errors import ApiError
+from deployments.error_response import error_response
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 
@@ -59,7 +61,7 @@ def test_error_type_follows_the_status(status: int, kind: str) -> None:
 
 def test_error_response_carries_status_headers_and_body() -> None:
     error = ApiError(401, "missing_api_key", "No key.", headers={"WWW-Authenticate": "Bearer"})
-    response = error.response()
+    response = error_response(error)
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
     assert b'"code":"missing_api_key"' in response.body

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deployments.breaker import BreakerPolicy, BreakerState, CircuitBreaker
+from policy.breaker import BreakerPolicy, BreakerState, CircuitBreaker
 
 
 class FakeClock:

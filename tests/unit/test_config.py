@@ -10,18 +10,15 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from cluster.config import (
-    AUTO_MODEL,
+from core.config import (
     EMBEDDED_CONFIG,
-    FALLBACK_BACKEND,
     ClusterConfig,
     ConfigError,
-    PriorityClass,
-    Role,
     hash_key,
     load_config,
     parse_config,
 )
+from core.types import AUTO_MODEL, FALLBACK_BACKEND, PriorityClass, Role
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 E2E_CONFIG = REPO_ROOT / "tests" / "e2e" / "gateway.yaml"

@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import (
-    API_KEYS_ENV,
-    ConfigError,
-    Role,
-    hash_key,
-    load_config,
-    parse_config,
-)
-from deployments.errors import ApiError
+from core.config import API_KEYS_ENV, ConfigError, hash_key, load_config, parse_config
+from core.errors import ApiError
+from core.types import Role
 
 GPU_EXAMPLE = Path(__file__).parents[2] / "ray_configs" / "gpu.example.yaml"
 
@@ -75,7 +69,7 @@ def test_all_digit_digest_must_be_quoted(tmp_path: Path) -> None:
 def test_api_error_pickles_with_every_field() -> None:
     error = pickle.loads(pickle.dumps(ApiError(429, "shed", "busy", headers={"Retry-After": "2"})))
     assert (error.status, error.code, error.message) == (429, "shed", "busy")
-    assert error.response().headers["retry-after"] == "2"
+    assert error.headers["Retry-After"] == "2"
 
 
 def test_max_model_len_in_engine_kwargs_points_to_context_window(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deployments.context.compress import compress
-from deployments.context.fit import ContextOverflow, Fit, FitPolicy, fit_messages
-from deployments.context.tokens import CharEstimateCounter, ChatTemplateCounter
+from policy.context.compress import compress
+from policy.context.fit import ContextOverflow, Fit, FitPolicy, fit_messages
+from policy.context.tokens import CharEstimateCounter, ChatTemplateCounter
 
 WORDS = (
     "the model serves requests on pools of GPUs and falls back to a CPU replica when memory "

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import ClusterConfig, ConfigError, Depth, DepthConfig, Role, parse_config
-from deployments.depth import UnknownDepth, classify
+from core.config import ClusterConfig, ConfigError, DepthConfig, parse_config
+from core.types import Depth, Role
+from policy.depth import UnknownDepth, classify
 
 RULES = DepthConfig()
 

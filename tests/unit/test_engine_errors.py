@@ -31,7 +31,9 @@ from vllm.exceptions import (
 from vllm.renderers.chat_utils import ChatTemplateResolutionError
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from deployments.engine_errors import (
+from deployments.ingress import _engine_error
+from deployments.llm_server import ObservedLLMServer, judged
+from policy.engine_errors import (
     EngineError,
     Fault,
     exception_fault,
@@ -39,9 +41,7 @@ from deployments.engine_errors import (
     leading_error,
     response_fault,
 )
-from deployments.ingress import _engine_error
-from deployments.llm_server import ObservedLLMServer, judged
-from deployments.oom import OOM_CODE
+from policy.oom import OOM_CODE
 
 
 class _Strict(BaseModel):

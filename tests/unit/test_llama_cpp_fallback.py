@@ -21,10 +21,10 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorResponse,
 )
 
-from deployments.context.tokens import ChatTemplateCounter
 from deployments.fallback.engine import ChatParams, Finish, Piece
 from deployments.fallback.llama_cpp_engine import LlamaCppEngine
 from deployments.fallback.replica import CpuFallback, FallbackSettings
+from policy.context.tokens import ChatTemplateCounter
 
 GGUF = Path(__file__).resolve().parents[2] / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 WINDOW = 512

@@ -7,8 +7,8 @@ import json
 import pytest
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 
-from deployments.kv_room import KvRoom, admits
-from deployments.oom import error_kind, item_kind
+from policy.kv_room import KvRoom, admits
+from policy.oom import error_kind, item_kind
 
 
 class EngineDeadError(Exception):

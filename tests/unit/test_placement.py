@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 
-from autoscale.placement import (
+from autoscale.vram import GIB
+from policy.placement import (
     Decision,
     History,
     ModelPlacement,
@@ -14,7 +15,6 @@ from autoscale.placement import (
     PlacementPolicy,
     decide,
 )
-from autoscale.vram import GIB
 
 POLICY = PlacementPolicy.from_gb(6, 12, cooldown_s=120, min_away_s=60)
 POOLS = ("local", "cloud")

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from cluster.config import ClusterConfig, parse_config
 from cluster.ray_runtime import (
     RayStartError,
     check_pools,
@@ -16,6 +15,7 @@ from cluster.ray_runtime import (
     local_pool_resources,
     running_local_cluster,
 )
+from core.config import ClusterConfig, parse_config
 
 
 def make_config(pools: list[dict[str, Any]], homes: dict[str, list[str]]) -> ClusterConfig:

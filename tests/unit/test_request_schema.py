@@ -21,15 +21,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.testclient import TestClient
 
-from cluster.config import GatewayConfig, load_config
+from core.config import GatewayConfig, load_config
+from core.errors import ApiError
+from core.wire import ChatJob, Routed
 from deployments import ingress as ingress_module
-from deployments.context.tokens import CharEstimateCounter, message_text
-from deployments.errors import ApiError
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import DONE, ChatShaper
 from deployments.ingress import Ingress, _parse_json, _validate
-from deployments.messages import ChatJob, Routed
-from deployments.request import nesting_exceeds
+from policy.context.tokens import CharEstimateCounter, message_text
+from policy.request import nesting_exceeds
 
 TESTS = Path(__file__).parents[1]
 GATEWAY = GatewayConfig()

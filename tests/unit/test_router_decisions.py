@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from deployments.link_choice import LinkView, choose_link
 from deployments.router import backend_state, overall_status, stream_error_event
+from policy.link_choice import LinkView, choose_link
 
 CHAIN = ("reasoning@cloud", "reasoning@local", "orchestrator@local", "cpu-fallback")
 UP = LinkView(running=True, breaker_passes=True, kv_pressured=False)

@@ -21,8 +21,9 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 
 from autoscale.broadcast import PlacementView
-from cluster.config import ClusterConfig, PriorityClass, Role, parse_config
-from deployments.messages import ChatJob, Refusal, Routed
+from core.config import ClusterConfig, parse_config
+from core.types import PriorityClass, Role
+from core.wire import ChatJob, Refusal, Routed
 from deployments.router import Router
 from deployments.router_metrics import BACKEND_FAULTS, STREAM_MIGRATIONS
 

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
-from cluster.config import load_config
+from core.config import load_config
 from autoscale.saved import config_fingerprint
 config = load_config("ray_configs/local.yaml", environ={})
 if sys.argv[1] == "changed":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.config import PriorityClass, Role
+from core.types import PriorityClass, Role
 
 
 @dataclass(frozen=True)

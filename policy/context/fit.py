@@ -25,8 +25,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deployments.context.compress import compress
-from deployments.context.tokens import Message, TokenCounter, message_text
+from policy.context.compress import compress
+from policy.context.tokens import Message, TokenCounter, message_text
 
 # Template tokens around one message (ChatML: <|im_start|>role\n ... <|im_end|>\n); the exact
 # count at the end corrects any error, this only steers the search.

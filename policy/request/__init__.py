@@ -2,7 +2,7 @@
 (or 413) with OpenAI error JSON naming the field, never an exception in the ingress and never
 work for an engine."""
 
-from deployments.request.body import nesting_exceeds, parse_object
-from deployments.request.schema import check_chat_request
+from policy.request.body import nesting_exceeds, parse_object
+from policy.request.schema import check_chat_request
 
 __all__ = ["check_chat_request", "nesting_exceeds", "parse_object"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from deployments.errors import ApiError
-from deployments.request.fields import check_optional, fail, fail_choice, json_kind, require
+from core.errors import ApiError
+from policy.request.fields import check_optional, fail, fail_choice, json_kind, require
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # audio_url and video_url are vLLM's. `file` is OpenAI's, but no backend here reads it: vLLM has

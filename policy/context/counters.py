@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from cluster.config import Target
-from deployments.context.tokens import CharEstimateCounter, ChatTemplateCounter, TokenCounter
+from core.topology import Target
+from policy.context.tokens import CharEstimateCounter, ChatTemplateCounter, TokenCounter
 
 logger = logging.getLogger("ray.serve")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from deployments.errors import ApiError
+from core.errors import ApiError
 
 # A JSON string from its opening quote to its closing one, or to the end of a truncated body.
 # It cannot fail once started (a lone backslash at the end still matches), so `sub` never

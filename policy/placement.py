@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from autoscale.vram import GIB
+from core.types import GIB
 
 
 @dataclass(frozen=True)

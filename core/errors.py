@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse
-
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -50,6 +48,3 @@ class ApiError(Exception):
                 "param": self.param,
             }
         }
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

@@ -9,7 +9,7 @@ jinja2's TemplateError and the raw ValueError, TypeError and OverflowError to 4x
 applies it only to ValueError and VLLMClientError raised before an answer starts; everything
 else leaves the replica as an exception, and inside a stream vLLM sends the error as an SSE
 event after an HTTP 200. The same table is applied here, by type name, so nothing heavy is
-imported; running out of memory or an engine's death (deployments.oom) is always the backend's.
+imported; running out of memory or an engine's death (policy.oom) is always the backend's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from deployments.oom import OOM_CODE, error_kind
+from policy.oom import OOM_CODE, error_kind
 
 
 class Fault(Enum):

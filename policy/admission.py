@@ -11,7 +11,7 @@ queue is full, the lowest *base* class is shed first (newest first within it): a
 queue, it never lets background push a user out.
 A paused backend (KV-cache pressure) admits nobody new until it resumes; its waiters keep waiting.
 
-Callers pass the time in, so tests need no clock; `deployments.gate` wraps this in asyncio.
+Callers pass the time in, so tests need no clock; `policy.gate` wraps this in asyncio.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cluster.config import PriorityClass
+from core.types import PriorityClass
 
 CLASSES = tuple(PriorityClass)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from deployments.request.fields import (
+from policy.request.fields import (
     check_optional,
     fail,
     is_int,
@@ -21,7 +21,7 @@ from deployments.request.fields import (
     require,
     short,
 )
-from deployments.request.messages import check_messages
+from policy.request.messages import check_messages
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's bounds for seeds and token counts
 # (low, high), inclusive: OpenAI's ranges. top_p may not be 0 either: vLLM wants (0, 1].

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cluster.config import Depth, DepthConfig
+from core.config import DepthConfig
+from core.types import Depth
 
 DEPTH_HEADER = "x-depth"
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from deployments.errors import ApiError
+from core.errors import ApiError
 
 
 def fail(param: str, problem: str) -> NoReturn:

@@ -7,8 +7,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.config import PriorityClass
-from deployments.admission import AdmissionQueue
+from core.types import PriorityClass
+from policy.admission import AdmissionQueue
 
 
 class Shed(Exception):

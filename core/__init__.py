@@ -1,0 +1,1 @@
+"""The innermost layer: vocabulary, config, topology, wire types and errors. No Ray, no Serve."""

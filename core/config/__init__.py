@@ -1,0 +1,56 @@
+"""The cluster's configuration: typed, validated, immutable, loaded from YAML.
+
+Everything the gateway needs is here: pools, models (one per role), the CPU fallback, failover
+chains, API keys, admission classes and placement thresholds. Backends are derived (`role@pool`,
+core/topology.py), never written by hand. Cross-field checks name the field and the fix, so a
+broken file fails at start with a readable message (`ConfigError`), not a stack trace.
+"""
+
+from core.config.base import ConfigError, FrozenDict
+from core.config.cluster import ClusterConfig
+from core.config.load import (
+    API_KEYS_ENV,
+    EMBEDDED_CONFIG,
+    hash_key,
+    keys_from_env,
+    load_config,
+    parse_config,
+)
+from core.config.sections import (
+    DEFAULT_CAPS,
+    DEFAULT_CLASS_SHARES,
+    DEFAULT_DEPTH_ROUTES,
+    ApiKeyConfig,
+    DepthConfig,
+    DepthRoute,
+    FallbackConfig,
+    GatewayConfig,
+    ModelConfig,
+    PlacementConfig,
+    PoolConfig,
+    RouterConfig,
+)
+
+__all__ = [
+    "API_KEYS_ENV",
+    "DEFAULT_CAPS",
+    "DEFAULT_CLASS_SHARES",
+    "DEFAULT_DEPTH_ROUTES",
+    "EMBEDDED_CONFIG",
+    "ApiKeyConfig",
+    "ClusterConfig",
+    "ConfigError",
+    "DepthConfig",
+    "DepthRoute",
+    "FallbackConfig",
+    "FrozenDict",
+    "GatewayConfig",
+    "ModelConfig",
+    "PlacementConfig",
+    "PoolConfig",
+    "RouterConfig",
+    "hash_key",
+    "keys_from_env",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,151 @@
+"""Checks across sections: each returns its problems, naming the field and the fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core import topology
+from core.types import AUTO_MODEL, FALLBACK_BACKEND, Role
+
+if TYPE_CHECKING:
+    from core.config.cluster import ClusterConfig
+
+__all__ = ["cross_section_problems"]
+
+
+def cross_section_problems(config: ClusterConfig) -> list[str]:
+    return [
+        *_unique_names(config),
+        *_model_pools(config),
+        *_caps(config),
+        *_aliases(config),
+        *_chains(config),
+        *_keys(config),
+    ]
+
+
+def _unique_names(config: ClusterConfig) -> list[str]:
+    problems = []
+    pool_names = [p.name for p in config.pools]
+    for name in sorted({n for n in pool_names if pool_names.count(n) > 1}):
+        problems.append(f"pools: pool {name!r} is defined twice; give each pool its own name")
+    roles = [m.role for m in config.models]
+    for role in sorted({r for r in roles if roles.count(r) > 1}):
+        problems.append(
+            f"models: role {role.value!r} is served by two models; keep one model per role "
+            "and list several pools on it instead"
+        )
+    return problems
+
+
+def _model_pools(config: ClusterConfig) -> list[str]:
+    known = {p.name for p in config.pools}
+    problems = []
+    for i, model in enumerate(config.models):
+        for pool in model.pools:
+            if pool not in known:
+                problems.append(
+                    f"models[{i}].pools: pool {pool!r} does not exist; define it under pools "
+                    f"or use one of {sorted(known)}"
+                )
+        if "max_model_len" in model.engine_kwargs:
+            problems.append(
+                f"models[{i}].engine_kwargs.max_model_len: set context_window instead; the "
+                "router fits requests to context_window and passes it to vLLM"
+            )
+        if len(set(model.pools)) != len(model.pools):
+            problems.append(f"models[{i}].pools: a pool is listed twice; list each once")
+    if config.fallback.pool is not None and config.fallback.pool not in known:
+        problems.append(
+            f"fallback.pool: pool {config.fallback.pool!r} does not exist; define it under "
+            "pools or leave fallback.pool empty to run on the head node"
+        )
+    return problems
+
+
+def _caps(config: ClusterConfig) -> list[str]:
+    fix = "must be at least 1 (a cap of 0 would refuse every request); raise it or remove it"
+    problems = [
+        f"models[{i}].max_concurrency {fix}"
+        for i, m in enumerate(config.models)
+        if m.max_concurrency is not None and m.max_concurrency < 1
+    ]
+    if config.fallback.max_concurrency < 1:
+        problems.append(f"fallback.max_concurrency {fix}")
+    replicas = config.gateway.router_replicas
+    if replicas > 1:
+        share = (
+            f"must be at least gateway.router_replicas ({replicas}): each router replica "
+            "enforces cap // replicas; raise the cap or lower router_replicas"
+        )
+        problems.extend(
+            f"models[{i}].max_concurrency ({m.cap}) {share}"
+            for i, m in enumerate(config.models)
+            if m.cap < replicas
+        )
+        fallback_cap = config.fallback.max_concurrency
+        if fallback_cap < replicas:
+            problems.append(f"fallback.max_concurrency ({fallback_cap}) {share}")
+    return problems
+
+
+def _aliases(config: ClusterConfig) -> list[str]:
+    reserved = {r.value for r in Role} | {AUTO_MODEL, FALLBACK_BACKEND}
+    seen: dict[str, int] = {}
+    problems = []
+    for i, model in enumerate(config.models):
+        for alias in model.aliases:
+            if alias in reserved:
+                problems.append(
+                    f"models[{i}].aliases: {alias!r} is a reserved model name; pick another"
+                )
+            elif alias in seen:
+                problems.append(
+                    f"models[{i}].aliases: {alias!r} is already an alias of models"
+                    f"[{seen[alias]}]; each alias must name exactly one model"
+                )
+            else:
+                seen[alias] = i
+    return problems
+
+
+def _chains(config: ClusterConfig) -> list[str]:
+    served = {m.role for m in config.models}
+    known = {b.name for b in topology.backends(config)} | {FALLBACK_BACKEND}
+    problems = []
+    for role, links in config.chains.items():
+        where = f"chains.{role.value}"
+        if role not in served:
+            problems.append(f"{where}: no model serves role {role.value!r}; add one or drop it")
+        unknown = [link for link in links if link not in known]
+        for link in unknown:
+            problems.append(
+                f"{where}: {link!r} is not a backend; use role@pool for a configured model "
+                f"and pool, or {FALLBACK_BACKEND!r}"
+            )
+        repeated = sorted({link for link in links if links.count(link) > 1})
+        if repeated:
+            problems.append(
+                f"{where}: {', '.join(repeated)} appears more than once, which would loop; "
+                "list each backend once"
+            )
+        if not links or links[-1] != FALLBACK_BACKEND:
+            problems.append(
+                f"{where}: the chain must end on {FALLBACK_BACKEND!r}, the CPU replica that "
+                "cannot run out of GPU memory; append it"
+            )
+        elif FALLBACK_BACKEND in links[:-1]:
+            problems.append(f"{where}: {FALLBACK_BACKEND!r} may only be the last link")
+    return problems
+
+
+def _keys(config: ClusterConfig) -> list[str]:
+    names = [k.name for k in config.api_keys]
+    hashes = [k.sha256 for k in config.api_keys]
+    problems = [
+        f"api_keys: key name {n!r} is used twice; name each key once"
+        for n in sorted({n for n in names if names.count(n) > 1})
+    ]
+    if len(set(hashes)) != len(hashes):
+        problems.append("api_keys: the same key is listed twice; remove the duplicate")
+    return problems

@@ -1,0 +1,109 @@
+"""The whole configuration: its sections, checked together, and the topology they imply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Self
+
+from pydantic import AfterValidator, Field, model_validator
+
+from core import topology
+from core.config.base import Frozen, FrozenDict, frozen_dict
+from core.config.checks import cross_section_problems
+from core.config.sections import (
+    ApiKeyConfig,
+    DepthConfig,
+    DepthRoute,
+    FallbackConfig,
+    GatewayConfig,
+    ModelConfig,
+    PlacementConfig,
+    PoolConfig,
+    RouterConfig,
+)
+from core.topology import Backend, Target
+from core.types import Depth, Role
+
+__all__ = ["ClusterConfig"]
+
+
+class ClusterConfig(Frozen):
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    fallback: FallbackConfig
+    chains: Annotated[dict[Role, tuple[str, ...]], AfterValidator(frozen_dict)] = Field(
+        default_factory=FrozenDict
+    )
+    api_keys: tuple[ApiKeyConfig, ...] = ()
+    placement: PlacementConfig = PlacementConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    router: RouterConfig = RouterConfig()
+    depth: DepthConfig = DepthConfig()
+    # Set by the loader: where relative model paths are resolved from.
+    base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Self:
+        problems = cross_section_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    # The topology (core/topology.py), read as properties of the config it derives from.
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        return topology.backends(self)
+
+    @property
+    def home_backends(self) -> tuple[Backend, ...]:
+        return topology.home_backends(self)
+
+    @property
+    def fallback_target(self) -> Target:
+        return topology.fallback_target(self)
+
+    @property
+    def fallback_source(self) -> str:
+        return topology.fallback_source(self)
+
+    def backend_target(self, backend: Backend) -> Target:
+        return topology.backend_target(self, backend)
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        return topology.targets(self)
+
+    @property
+    def home_targets(self) -> tuple[Target, ...]:
+        """What the app deploys at start: each model on its home pool, and the fallback."""
+        return (*(self.backend_target(b) for b in self.home_backends), self.fallback_target)
+
+    def chain(self, role: Role) -> tuple[str, ...]:
+        return topology.chain(self, role)
+
+    @property
+    def served_names(self) -> dict[str, Role | None]:
+        return topology.served_names(self)
+
+    def resolve_path(self, source: str) -> str:
+        return topology.resolve_path(self.base_dir, source)
+
+    def model_for(self, role: Role) -> ModelConfig:
+        return next(m for m in self.models if m.role == role)
+
+    def pool(self, name: str) -> PoolConfig:
+        return next(p for p in self.pools if p.name == name)
+
+    @property
+    def default_role(self) -> Role:
+        """Where a request with no better place goes: the orchestrator, else the first role."""
+        roles = [m.role for m in self.models]
+        return Role.ORCHESTRATOR if Role.ORCHESTRATOR in roles else roles[0]
+
+    def depth_route(self, depth: Depth) -> DepthRoute:
+        """The route for a depth, on a served role (the default role if its own is not served)."""
+        route = self.depth.routes[depth]
+        if any(m.role == route.role for m in self.models):
+            return route
+        return DepthRoute(role=self.default_role, context_share=route.context_share)

@@ -1,0 +1,102 @@
+"""Reading a config: YAML in, a validated `ClusterConfig` out. The environment is read only here."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from core.config.base import ConfigError
+from core.config.cluster import ClusterConfig
+from core.types import PriorityClass
+
+__all__ = [
+    "API_KEYS_ENV",
+    "EMBEDDED_CONFIG",
+    "hash_key",
+    "keys_from_env",
+    "load_config",
+    "parse_config",
+]
+
+API_KEYS_ENV = "GPU_POOL_SERVE_API_KEYS"
+EMBEDDED_CONFIG = Path(__file__).resolve().parents[2] / "ray_configs" / "local.yaml"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def keys_from_env(value: str) -> list[dict[str, str]]:
+    """`key[:class]` entries, comma separated; the class is both default and cap."""
+    entries = []
+    for i, item in enumerate(filter(None, (part.strip() for part in value.split(",")))):
+        # The class follows the last colon, so a key containing ':' needs an explicit class.
+        key, colon, priority = item.rpartition(":")
+        if not colon:
+            key, priority = item, PriorityClass.USER.value
+        if not key:
+            raise ConfigError(f"{API_KEYS_ENV}: entry {i} has an empty key; remove it")
+        entries.append(
+            {
+                "name": f"env-{i}",
+                "sha256": hash_key(key),
+                "priority": priority,
+                "max_priority": priority,
+            }
+        )
+    return entries
+
+
+def parse_config(
+    data: Any, *, base_dir: Path, environ: Mapping[str, str] | None = None
+) -> ClusterConfig:
+    """Validate a config mapping; keys from the environment are added, hashed, here."""
+    if not isinstance(data, dict):
+        raise ConfigError("config: the file must hold a mapping (pools:, models:, fallback:, ...)")
+    environ = os.environ if environ is None else environ
+    data = {**data, "base_dir": base_dir}
+    env_keys = environ.get(API_KEYS_ENV, "")
+    if env_keys.strip():
+        data["api_keys"] = [*(data.get("api_keys") or ()), *keys_from_env(env_keys)]
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+def load_config(
+    path: str | Path | None = None, *, environ: Mapping[str, str] | None = None
+) -> ClusterConfig:
+    """Load and validate a YAML config; with no path, the embedded local default."""
+    file = Path(path).expanduser() if path else EMBEDDED_CONFIG
+    try:
+        text = file.read_text()
+    except OSError as error:
+        raise ConfigError(f"config: cannot read {file}: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config: {file} is not valid YAML: {error}") from None
+    try:
+        return parse_config(data, base_dir=file.resolve().parent, environ=environ)
+    except ConfigError as error:
+        raise ConfigError(f"invalid config {file}:\n{error}") from None
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        message = re.sub(r"^(Value error|Assertion failed), ", "", item["msg"])
+        if item["type"] == "extra_forbidden":
+            message = "is not a known key; check its spelling (README lists every key)"
+        for line in message.splitlines():
+            lines.append(f"  {where}: {line}" if where else f"  {line}")
+    return "\n".join(lines)

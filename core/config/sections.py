@@ -1,0 +1,288 @@
+"""The config file's sections, each validated on its own (cross-section checks: checks.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from core.config.base import (
+    SHA256_HEX,
+    EngineKwargs,
+    EnvVars,
+    Frozen,
+    FrozenDict,
+    ModelName,
+    Name,
+    frozen_dict,
+)
+from core.types import Depth, PoolKind, PriorityClass, Role
+
+__all__ = [
+    "DEFAULT_CAPS",
+    "DEFAULT_CLASS_SHARES",
+    "DEFAULT_DEPTH_ROUTES",
+    "ApiKeyConfig",
+    "DepthConfig",
+    "DepthRoute",
+    "FallbackConfig",
+    "GatewayConfig",
+    "ModelConfig",
+    "PlacementConfig",
+    "PoolConfig",
+    "RouterConfig",
+]
+
+
+# Per-backend concurrency caps from the design, used when a model sets none.
+DEFAULT_CAPS: Mapping[Role, int] = {
+    Role.ORCHESTRATOR: 24,
+    Role.REASONING: 8,
+    Role.VISION: 4,
+    Role.CODING: 6,
+}
+
+
+class PoolConfig(Frozen):
+    """A set of Ray nodes carrying the custom resource `pool_<name>`."""
+
+    name: Name
+    kind: PoolKind
+    priority: int = Field(0, ge=0, description="Lower is preferred; local pools usually 0.")
+
+    @property
+    def resource(self) -> str:
+        return f"pool_{self.name}"
+
+
+class ModelConfig(Frozen):
+    """One model serving one role, deployable on the listed pools (the first is its home)."""
+
+    role: Role
+    source: str = Field(min_length=1, description="Local path (./, ../, /, ~) or hub id.")
+    aliases: tuple[ModelName, ...] = ()
+    context_window: int = Field(ge=256)
+    engine_kwargs: EngineKwargs = Field(default_factory=FrozenDict)
+    device: Literal["cpu", "gpu"] = "gpu"
+    # CPU engines: logical CPUs one replica reserves (its engine runs OMP_NUM_THREADS threads).
+    cpus_per_replica: float = Field(1.0, gt=0)
+    env_vars: EnvVars = Field(default_factory=FrozenDict)
+    placement_priority: Literal["P0", "P1", "P2", "P3"] = "P1"
+    pools: tuple[Name, ...] = Field(min_length=1)
+    replicas: int = Field(1, ge=1)
+    max_concurrency: int | None = None
+
+    @property
+    def cap(self) -> int:
+        return self.max_concurrency if self.max_concurrency is not None else DEFAULT_CAPS[self.role]
+
+    @property
+    def home_pool(self) -> str:
+        return self.pools[0]
+
+
+class FallbackConfig(Frozen):
+    """The CPU replica every chain ends on: it has no GPU memory to run out of."""
+
+    engine: Literal["ollama", "llama_cpp", "auto"] = "auto"
+    source: str = Field(min_length=1, description="GGUF path, or an Ollama model name to pull.")
+    context_window: int = Field(2048, ge=256)
+    max_concurrency: int = 8
+    pool: Name | None = Field(None, description="CPU pool to run on; none means the head node.")
+    # Exact counts need the model's own tokenizer: a Hugging Face path or hub id. By default the
+    # GGUF's embedded tokenizer and chat template; an Ollama model name is counted by estimate.
+    tokenizer: str | None = None
+    threads: int = Field(2, ge=1, description="CPU threads the engine computes with")
+    # Memory tiering (llama.cpp): layers offloaded to the node's GPU, the rest stay in RAM, for
+    # a model too big for the VRAM left. 0 on CPU nodes; -1 offloads all. Needs a CUDA build of
+    # llama-cpp-python on that node; the CPU build ignores it.
+    n_gpu_layers: int = Field(0, ge=-1)
+    num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray")
+    # Ollama: the model created from the GGUF (or pulled, when source is a model name), how
+    # long Ollama keeps it loaded after a request, and where it stores models.
+    ollama_model: ModelName = "gps-fallback"
+    keep_alive: str = Field("1h", pattern=r"^-?[0-9]+(ms|s|m|h)?$")
+    ollama_models_dir: str | None = None
+
+    @property
+    def is_gguf_file(self) -> bool:
+        return self.source.endswith(".gguf")
+
+    @model_validator(mode="after")
+    def _engine_has_a_model(self) -> Self:
+        if self.engine == "llama_cpp" and not self.is_gguf_file:
+            raise ValueError(
+                f"source {self.source!r}: the llama_cpp engine serves a GGUF file; give the path "
+                "of a .gguf file, or use engine ollama to pull a model by name"
+            )
+        return self
+
+
+class ApiKeyConfig(Frozen):
+    """A client key, stored only as its SHA-256 (`python -m cluster.keys hash KEY`)."""
+
+    name: Name
+    sha256: str
+    priority: PriorityClass = PriorityClass.USER
+    max_priority: PriorityClass = PriorityClass.USER
+
+    @field_validator("sha256", mode="before")
+    @classmethod
+    def _digest_is_hex(cls, value: Any) -> Any:
+        if isinstance(value, int):
+            raise ValueError("quote the digest in YAML: an all-digit value reads as a number")
+        if not isinstance(value, str) or not SHA256_HEX.match(value):
+            raise ValueError(
+                "must be the 64-hex-digit SHA-256 of the key, never the key itself: "
+                "run `python -m cluster.keys hash KEY`"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _priority_within_cap(self) -> Self:
+        if self.priority.rank < self.max_priority.rank:
+            raise ValueError(
+                f"priority {self.priority.value!r} is above max_priority "
+                f"{self.max_priority.value!r}; lower priority or raise max_priority"
+            )
+        return self
+
+
+class PlacementConfig(Frozen):
+    """VRAM thresholds for the placement actor (hysteresis: restore_above > offload_below)."""
+
+    interval_s: float = Field(15.0, gt=0)
+    offload_below_gb: float = Field(6.0, ge=0)
+    restore_above_gb: float = Field(12.0, ge=0)
+    cooldown_s: float = Field(120.0, ge=0)
+    min_away_s: float = Field(60.0, ge=0)
+    # A move's target must be running and healthy within this long, or the move is abandoned
+    # (the source keeps serving); the source's in-flight requests get this long to finish.
+    move_timeout_s: float = Field(600.0, gt=0)
+    drain_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Self:
+        if self.restore_above_gb <= self.offload_below_gb:
+            raise ValueError(
+                f"restore_above_gb ({self.restore_above_gb}) must be greater than "
+                f"offload_below_gb ({self.offload_below_gb}), or models would flap between pools"
+            )
+        return self
+
+
+class DepthRoute(Frozen):
+    """Where one depth goes: a role, and the share of that role's window it may use."""
+
+    role: Role
+    context_share: float = Field(1.0, gt=0, le=1)
+
+
+DEFAULT_DEPTH_ROUTES = {
+    Depth.QUICK: DepthRoute(role=Role.ORCHESTRATOR, context_share=0.25),
+    Depth.BALANCED: DepthRoute(role=Role.ORCHESTRATOR, context_share=1.0),
+    Depth.DEEP: DepthRoute(role=Role.REASONING, context_share=1.0),
+    Depth.EXHAUSTIVE: DepthRoute(role=Role.REASONING, context_share=1.0),
+}
+
+
+def _all_depth_routes(value: dict[Depth, DepthRoute]) -> FrozenDict:
+    return frozen_dict({**DEFAULT_DEPTH_ROUTES, **value})
+
+
+class DepthConfig(Frozen):
+    """The depth router for `model: auto`: rules' thresholds and each depth's route.
+
+    A route whose role is not served falls back to the orchestrator (or the first role served).
+    """
+
+    routes: Annotated[dict[Depth, DepthRoute], AfterValidator(_all_depth_routes)] = Field(
+        default_factory=lambda: _all_depth_routes({})
+    )
+    quick_max_words: int = Field(25, ge=0)
+    deep_min_words: int = Field(250, ge=1)
+    deep_min_questions: int = Field(3, ge=1)
+    exhaustive_min_words: int = Field(1500, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if not self.quick_max_words < self.deep_min_words < self.exhaustive_min_words:
+            raise ValueError(
+                "quick_max_words < deep_min_words < exhaustive_min_words must hold "
+                f"(got {self.quick_max_words}, {self.deep_min_words}, "
+                f"{self.exhaustive_min_words}); raise the larger ones"
+            )
+        return self
+
+
+class GatewayConfig(Frozen):
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # A chat request nests about 6 deep (body, messages, message, content, part, image_url) and a
+    # tool's JSON schema a few more; past 64 it is an attack or a bug. The bound keeps parsing,
+    # pydantic, pickling and chat templates far from Python's recursion limit (about 1000).
+    max_json_depth: int = Field(64, ge=8, le=512)
+    # Each message costs fitting and template work before an engine sees it; a body limit alone
+    # lets 8 MiB of empty messages through. 10k is far past any real conversation.
+    max_messages: int = Field(10_000, ge=1)
+    default_priority: PriorityClass = PriorityClass.USER
+    ingress_replicas: int = Field(1, ge=1)
+    # Each router replica enforces its share of every cap (cap // replicas), so the sum holds
+    # without shared state; one replica keeps queues globally ordered (see README).
+    router_replicas: int = Field(1, ge=1)
+
+
+# Every request in an engine's batch slows the others (on CPU engines almost linearly): half the
+# cap for batch work bounds what users feel of it (bench/overload.py); aged waiters get more.
+DEFAULT_CLASS_SHARES = {
+    PriorityClass.USER: 1.0,
+    PriorityClass.AGENT: 0.75,
+    PriorityClass.BACKGROUND: 0.5,
+}
+
+
+def _all_class_shares(value: dict[PriorityClass, float]) -> FrozenDict:
+    return frozen_dict({**DEFAULT_CLASS_SHARES, **value})
+
+
+class RouterConfig(Frozen):
+    """Admission, breakers and failover in the router deployment."""
+
+    max_queue: int = Field(64, ge=0, description="waiting requests per backend")
+    # The share of each backend's cap a class may fill; what is left is headroom for the
+    # classes above it, so interactive work never waits behind a full load of batch work.
+    class_shares: Annotated[
+        dict[PriorityClass, Annotated[float, Field(gt=0, le=1)]],
+        AfterValidator(_all_class_shares),
+    ] = Field(default_factory=lambda: _all_class_shares({}))
+    queue_timeout_s: float = Field(30.0, gt=0)
+    aging_s: float = Field(10.0, gt=0, description="a waiter gains one class per aging_s")
+    retry_after_s: int = Field(2, ge=1)
+    breaker_failures: int = Field(3, ge=1)
+    breaker_cooldown_s: float = Field(10.0, gt=0)
+    half_open_probes: int = Field(1, ge=1)
+    kv_cache_high: float = Field(0.88, gt=0, le=1)
+    kv_cache_resume_factor: float = Field(0.9, gt=0, lt=1)
+    kv_poll_interval_s: float = Field(1.0, gt=0)
+    kv_stale_after_s: float = Field(10.0, gt=0)
+    # Serve's status costs the controller and us ~0.2 s of CPU a read: read it often only while
+    # some backend is in trouble (tripped, down, recovering), seldom while all are well.
+    health_interval_s: float = Field(5.0, gt=0)
+    health_idle_interval_s: float = Field(30.0, gt=0)
+    first_token_timeout_s: float = Field(120.0, gt=0)
+    stream_idle_timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _shares_descend(self) -> Self:
+        shares = [self.class_shares[c] for c in PriorityClass]
+        if shares[0] != 1.0:
+            raise ValueError(
+                "class_shares.user must be 1.0: the top class may always fill the whole cap"
+            )
+        if shares != sorted(shares, reverse=True):
+            raise ValueError(
+                f"class_shares must not grow down the classes (user >= agent >= background), got "
+                f"{dict(zip([c.value for c in PriorityClass], shares, strict=True))}; lower the "
+                "share of the lower class"
+            )
+        return self

@@ -1,0 +1,140 @@
+"""What a config deploys and routes to: backends (`role@pool`), chain targets, chains.
+
+Derived from the config, never written by hand; `ClusterConfig` exposes these as properties.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from core.config.base import Frozen
+from core.types import AUTO_MODEL, DEPLOYMENT_PREFIX, FALLBACK_BACKEND, Role
+
+if TYPE_CHECKING:
+    from core.config.cluster import ClusterConfig
+
+__all__ = [
+    "Backend",
+    "Target",
+    "backend_target",
+    "backends",
+    "chain",
+    "fallback_source",
+    "fallback_target",
+    "home_backends",
+    "resolve_path",
+    "served_names",
+    "targets",
+]
+
+
+class Backend(Frozen):
+    """A deployable target: one model on one pool, named `role@pool`."""
+
+    role: Role
+    pool: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}@{self.pool}"
+
+    @property
+    def deployment_name(self) -> str:
+        """The Serve deployment serving this backend."""
+        return f"{DEPLOYMENT_PREFIX}{self.name}"
+
+
+class Target(Frozen):
+    """What a chain link names: a model backend `role@pool`, or the CPU fallback."""
+
+    name: str
+    deployment_name: str
+    model_id: str = Field(description="The model name its engine answers to.")
+    context_window: int
+    cap: int
+    replicas: int
+    tokenizer: str = Field(description="Where its token counter loads from.")
+    role: Role | None = Field(None, description="None for the fallback, which serves any role.")
+    pool: str | None = None
+
+
+def resolve_path(base_dir: Path, source: str) -> str:
+    """Absolute path for a local model source; hub ids and model names pass through."""
+    if source.startswith(("./", "../", "/", "~")):
+        return str((base_dir / Path(source).expanduser()).resolve())
+    return source
+
+
+def backends(config: ClusterConfig) -> tuple[Backend, ...]:
+    """Every `role@pool` a model may run on, in its pool preference order."""
+    return tuple(Backend(role=m.role, pool=p) for m in config.models for p in m.pools)
+
+
+def home_backends(config: ClusterConfig) -> tuple[Backend, ...]:
+    """The backends deployed at start: each model on its first pool."""
+    return tuple(Backend(role=m.role, pool=m.home_pool) for m in config.models)
+
+
+def fallback_source(config: ClusterConfig) -> str:
+    """The fallback's GGUF as an absolute path (relative to the config), or a model name."""
+    source = config.fallback.source
+    if config.fallback.is_gguf_file:
+        return str((config.base_dir / Path(source).expanduser()).resolve())
+    return source
+
+
+def fallback_target(config: ClusterConfig) -> Target:
+    fallback = config.fallback
+    source = fallback_source(config)
+    return Target(
+        name=FALLBACK_BACKEND,
+        deployment_name=f"{DEPLOYMENT_PREFIX}{FALLBACK_BACKEND}",
+        model_id=FALLBACK_BACKEND,
+        context_window=fallback.context_window,
+        cap=fallback.max_concurrency,
+        replicas=1,
+        tokenizer=resolve_path(config.base_dir, fallback.tokenizer)
+        if fallback.tokenizer
+        else source,
+        pool=fallback.pool,
+    )
+
+
+def backend_target(config: ClusterConfig, backend: Backend) -> Target:
+    model = config.model_for(backend.role)
+    return Target(
+        name=backend.name,
+        deployment_name=backend.deployment_name,
+        model_id=backend.role.value,
+        context_window=model.context_window,
+        cap=model.cap,
+        replicas=model.replicas,
+        tokenizer=resolve_path(config.base_dir, model.source),
+        role=backend.role,
+        pool=backend.pool,
+    )
+
+
+def targets(config: ClusterConfig) -> dict[str, Target]:
+    """Every link a chain may name: each `role@pool`, and `cpu-fallback`."""
+    found = {b.name: backend_target(config, b) for b in backends(config)}
+    found[FALLBACK_BACKEND] = fallback_target(config)
+    return found
+
+
+def chain(config: ClusterConfig, role: Role) -> tuple[str, ...]:
+    """The failover chain for a role: configured, or each of its pools then the fallback."""
+    if role in config.chains:
+        return config.chains[role]
+    return (*(f"{role.value}@{p}" for p in config.model_for(role).pools), FALLBACK_BACKEND)
+
+
+def served_names(config: ClusterConfig) -> dict[str, Role | None]:
+    """Client-visible model names and the role each selects (`auto`: chosen per request)."""
+    names: dict[str, Role | None] = {m.role.value: m.role for m in config.models}
+    names.update({alias: m.role for m in config.models for alias in m.aliases})
+    names[AUTO_MODEL] = None
+    return names

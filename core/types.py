@@ -1,0 +1,58 @@
+"""The shared vocabulary: roles, pools, priority classes, depths and reserved names.
+
+Every layer speaks these words; this module imports nothing of ours and nothing heavy.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "AUTO_MODEL",
+    "DEPLOYMENT_PREFIX",
+    "FALLBACK_BACKEND",
+    "GIB",
+    "Depth",
+    "PoolKind",
+    "PriorityClass",
+    "Role",
+]
+
+AUTO_MODEL = "auto"  # the client-visible name that lets the depth router choose the role
+FALLBACK_BACKEND = "cpu-fallback"  # the CPU link every chain ends on
+DEPLOYMENT_PREFIX = "model:"  # Serve deployment names of model backends: model:role@pool
+GIB = 1024**3
+
+
+class Role(StrEnum):
+    ORCHESTRATOR = "orchestrator"
+    REASONING = "reasoning"
+    VISION = "vision"
+    CODING = "coding"
+
+
+class PoolKind(StrEnum):
+    LOCAL = "local"
+    MESH = "mesh"
+    CLOUD = "cloud"
+
+
+class PriorityClass(StrEnum):
+    """Admission classes, most important first (see `rank`)."""
+
+    USER = "user"
+    AGENT = "agent"
+    BACKGROUND = "background"
+
+    @property
+    def rank(self) -> int:
+        return list(PriorityClass).index(self)
+
+
+class Depth(StrEnum):
+    """How much thought (and context) a `model: auto` request deserves."""
+
+    QUICK = "quick"
+    BALANCED = "balanced"
+    DEEP = "deep"
+    EXHAUSTIVE = "exhaustive"

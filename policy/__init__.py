@@ -1,0 +1,1 @@
+"""Pure decisions: facts and a clock in, decisions out. No Ray, no Serve, no HTTP."""
