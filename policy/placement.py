@@ -63,6 +63,31 @@ class History:
     last_change: Mapping[str, float] = field(default_factory=dict)
     left_home_at: Mapping[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def resumed(cls, homes: Mapping[str, str], current: Mapping[str, str], now: float) -> History:
+        """Carrying on after a restart: the history is gone, so every model away from home
+        left it `now` and both its pools changed `now` (every cooldown starts again)."""
+        away = {role for role, pool in current.items() if pool != homes[role]}
+        last_change = {pool: now for role in away for pool in (homes[role], current[role])}
+        return cls(last_change, dict.fromkeys(away, now))
+
+    def after_move(self, move: Move, now: float) -> History:
+        """`move` done at `now`: both its pools rest from now; an offload notes when the model
+        left home (the first pool it left, if it moves on), a restore forgets it."""
+        left_home_at = dict(self.left_home_at)
+        if move.kind == "offload":
+            left_home_at.setdefault(move.role, now)
+        else:
+            left_home_at.pop(move.role, None)
+        return History(self._rested(move, now), left_home_at)
+
+    def after_abandoned_move(self, move: Move, now: float) -> History:
+        """A failed attempt rests both pools too: the next try costs another engine start."""
+        return History(self._rested(move, now), self.left_home_at)
+
+    def _rested(self, move: Move, now: float) -> dict[str, float]:
+        return {**self.last_change, move.source: now, move.target: now}
+
 
 @dataclass(frozen=True)
 class Move:
@@ -100,76 +125,85 @@ def decide(
     policy: PlacementPolicy,
 ) -> Decision:
     """The moves to make now (at most one per pool), and why pools that needed one got none."""
-    touched: set[str] = set()
-    moves: list[Move] = []
-    holds: list[Hold] = []
-
-    def cooling(pool: str) -> float:
-        """Seconds of cooldown left on a pool (0 when it may change)."""
-        last = history.last_change.get(pool)
-        return 0.0 if last is None else max(0.0, policy.cooldown_s - (now - last))
-
-    def can_take(pool: str) -> bool:
-        room = free.get(pool)
-        return (
-            pool not in touched
-            and cooling(pool) == 0
-            and room is not None
-            and room >= policy.restore_above_bytes
-        )
-
+    round_ = _Round(free, history, now, policy)
     for pool in sorted(p for p, room in free.items() if room is not None):
-        room = free[pool]
-        assert room is not None
-        if room >= policy.offload_below_bytes or pool in touched:
-            continue
-        on_pool = [m for m in models if m.current == pool]
-        here = sorted((m for m in on_pool if m.priority > 0), key=lambda m: (-m.priority, m.role))
-        if not on_pool:
-            continue  # nothing of ours to move: another tenant is using the memory
-        if not here:
-            holds.append(Hold(pool, None, f"{_gb(room)} free, but only P0 models run here"))
-            continue
-        if (left := cooling(pool)) > 0:
-            holds.append(Hold(pool, here[0].role, f"{_gb(room)} free; cooldown {left:.0f} s"))
-            continue
-        move = _offload(here, pool, room, can_take)
-        if move is None:
-            roles = ", ".join(m.role for m in here)
-            holds.append(
-                Hold(pool, here[0].role, f"{_gb(room)} free; no pool can take {roles}: staying")
-            )
-            continue
-        moves.append(move)
-        touched.update((move.source, move.target))
-
+        round_.offload_from(pool, [m for m in models if m.current == pool])
     for model in sorted((m for m in models if m.away), key=lambda m: (m.priority, m.role)):
-        home_room = free.get(model.home)
-        if home_room is None or home_room < policy.restore_above_bytes:
-            continue
-        away_s = now - history.left_home_at.get(model.role, now)
-        if away_s < policy.min_away_s:
-            reason = (
-                f"home has {_gb(home_room)} free; away {away_s:.0f} of {policy.min_away_s:.0f} s"
-            )
-            holds.append(Hold(model.home, model.role, reason))
-            continue
-        if not can_take(model.home) or model.current in touched or cooling(model.current) > 0:
-            left = max(cooling(model.home), cooling(model.current))
-            holds.append(Hold(model.home, model.role, f"restore waits: cooldown {left:.0f} s"))
-            continue
-        moves.append(
-            Move(
-                model.role,
-                model.current,
-                model.home,
-                "restore",
-                f"{model.home} has {_gb(home_room)} free (restore at "
-                f"{_gb(policy.restore_above_bytes)}); away {away_s:.0f} s",
-            )
+        round_.restore(model)
+    return Decision(tuple(round_.moves), tuple(round_.holds))
+
+
+@dataclass
+class _Round:
+    """One call of `decide`: the facts, and the moves and holds found so far."""
+
+    free: Mapping[str, int | None]
+    history: History
+    now: float
+    policy: PlacementPolicy
+    touched: set[str] = field(default_factory=set)  # pools already changed this round
+    moves: list[Move] = field(default_factory=list)
+    holds: list[Hold] = field(default_factory=list)
+
+    def cooling(self, pool: str) -> float:
+        """Seconds of cooldown left on a pool (0 when it may change)."""
+        last = self.history.last_change.get(pool)
+        return 0.0 if last is None else max(0.0, self.policy.cooldown_s - (self.now - last))
+
+    def can_take(self, pool: str) -> bool:
+        room = self.free.get(pool)
+        return (
+            pool not in self.touched
+            and self.cooling(pool) == 0
+            and room is not None
+            and room >= self.policy.restore_above_bytes
         )
-        touched.update((model.current, model.home))
-    return Decision(tuple(moves), tuple(holds))
+
+    def offload_from(self, pool: str, on_pool: Sequence[ModelPlacement]) -> None:
+        room = self.free[pool]
+        assert room is not None
+        if room >= self.policy.offload_below_bytes or pool in self.touched or not on_pool:
+            return  # room enough, changed already, or another tenant is using the memory
+        here = sorted((m for m in on_pool if m.priority > 0), key=lambda m: (-m.priority, m.role))
+        if not here:
+            self.holds.append(Hold(pool, None, f"{_gb(room)} free, but only P0 models run here"))
+        elif (left := self.cooling(pool)) > 0:
+            self.holds.append(Hold(pool, here[0].role, f"{_gb(room)} free; cooldown {left:.0f} s"))
+        elif (move := _offload(here, pool, room, self.can_take)) is not None:
+            self._make(move)
+        else:
+            roles = ", ".join(m.role for m in here)
+            reason = f"{_gb(room)} free; no pool can take {roles}: staying"
+            self.holds.append(Hold(pool, here[0].role, reason))
+
+    def restore(self, model: ModelPlacement) -> None:
+        home_room = self.free.get(model.home)
+        if home_room is None or home_room < self.policy.restore_above_bytes:
+            return
+        away_s = self.now - self.history.left_home_at.get(model.role, self.now)
+        if away_s < self.policy.min_away_s:
+            reason = (
+                f"home has {_gb(home_room)} free; away {away_s:.0f} of "
+                f"{self.policy.min_away_s:.0f} s"
+            )
+            self.holds.append(Hold(model.home, model.role, reason))
+        elif (
+            not self.can_take(model.home)
+            or model.current in self.touched
+            or self.cooling(model.current) > 0
+        ):
+            left = max(self.cooling(model.home), self.cooling(model.current))
+            self.holds.append(Hold(model.home, model.role, f"restore waits: cooldown {left:.0f} s"))
+        else:
+            reason = (
+                f"{model.home} has {_gb(home_room)} free (restore at "
+                f"{_gb(self.policy.restore_above_bytes)}); away {away_s:.0f} s"
+            )
+            self._make(Move(model.role, model.current, model.home, "restore", reason))
+
+    def _make(self, move: Move) -> None:
+        self.moves.append(move)
+        self.touched.update((move.source, move.target))
 
 
 def _offload(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 
-from autoscale.vram import GIB
+from core.types import GIB
 from policy.placement import (
     Decision,
     History,
@@ -36,24 +36,19 @@ def free(local: float | None, cloud: float | None = 40) -> Mapping[str, int | No
 
 
 class Placer:
-    """Drives `decide` as the actor does: applies moves and keeps the history."""
+    """Drives `decide` as the actor does: each move done at once, the history kept by the
+    product's own bookkeeping."""
 
     def __init__(self) -> None:
         self.current = {m.role: m.current for m in models()}
-        self.last_change: dict[str, float] = {}
-        self.left_home_at: dict[str, float] = {}
+        self.history = History()
         self.moves: list[tuple[float, Move]] = []
 
     def step(self, now: float, reading: Mapping[str, int | None]) -> Decision:
-        placements = models(**self.current)
-        decision = decide(
-            reading, placements, History(self.last_change, self.left_home_at), now, POLICY
-        )
+        decision = decide(reading, models(**self.current), self.history, now, POLICY)
         for move in decision.moves:
             self.current[move.role] = move.target
-            self.last_change[move.source] = self.last_change[move.target] = now
-            if move.kind == "offload":
-                self.left_home_at[move.role] = now
+            self.history = self.history.after_move(move, now)
             self.moves.append((now, move))
         return decision
 
@@ -88,8 +83,10 @@ def test_no_room_anywhere_stays_put_and_says_why() -> None:
     decision = decide(free(2, cloud=5), models(), History(), 0, POLICY)
     assert decision.moves == ()
     [hold] = decision.holds
-    assert hold.pool == "local" and hold.role == "reasoning"
-    assert "no pool can take" in hold.reason and "staying" in hold.reason
+    assert hold.pool == "local"
+    assert hold.role == "reasoning"
+    assert "no pool can take" in hold.reason
+    assert "staying" in hold.reason
     # A pool with no reading at all is never a target either.
     assert decide(free(2, cloud=None), models(), History(), 0, POLICY).moves == ()
 
@@ -98,7 +95,8 @@ def test_a_model_comes_back_only_after_the_away_time() -> None:
     away = models(reasoning="cloud")
     history = History(last_change={"local": 0, "cloud": 0}, left_home_at={"reasoning": 0})
     early = decide(free(20), away, history, 59, POLICY)
-    assert early.moves == () and "away 59 of 60 s" in early.holds[0].reason
+    assert early.moves == ()
+    assert "away 59 of 60 s" in early.holds[0].reason
     # Away long enough, but the pools changed 59 s ago: the cooldown (120 s) still holds it.
     late_history = History(last_change={"local": 1, "cloud": 1}, left_home_at={"reasoning": 0})
     assert decide(free(20), away, late_history, 60, POLICY).moves == ()
@@ -123,7 +121,8 @@ def test_one_change_per_pool_per_round_then_the_cooldown() -> None:
     placer.step(0, free(1))
     assert [m.role for _, m in placer.moves] == ["reasoning"]
     still_low = placer.step(30, free(1))  # the pool is still short: it waits out its cooldown
-    assert still_low.moves == () and "cooldown 90 s" in still_low.holds[0].reason
+    assert still_low.moves == ()
+    assert "cooldown 90 s" in still_low.holds[0].reason
     placer.step(120, free(1))
     assert [m.role for _, m in placer.moves] == ["reasoning", "vision"]
 
@@ -157,3 +156,27 @@ def test_a_steady_drop_then_recovery_moves_out_once_and_back_once() -> None:
     assert kinds[0] == ("offload", "reasoning")
     assert ("restore", "reasoning") in kinds
     assert kinds.count(("offload", "reasoning")) == 1
+
+
+def test_a_move_rests_both_pools_and_the_away_time_runs_from_the_first_offload() -> None:
+    offload = Move("reasoning", "local", "cloud", "offload", "")
+    onward = Move("reasoning", "cloud", "mesh", "offload", "")
+    history = History().after_move(offload, 10).after_move(onward, 200)
+    assert history.last_change == {"local": 10, "cloud": 200, "mesh": 200}
+    assert history.left_home_at == {"reasoning": 10}
+    restore = Move("reasoning", "mesh", "local", "restore", "")
+    assert history.after_move(restore, 400).left_home_at == {}
+
+
+def test_an_abandoned_move_rests_both_pools_and_leaves_the_model_where_it_was() -> None:
+    history = History(left_home_at={"vision": 5})
+    move = Move("reasoning", "local", "cloud", "offload", "")
+    after = history.after_abandoned_move(move, 50)
+    assert after == History({"local": 50, "cloud": 50}, {"vision": 5})
+    assert decide(free(1), models(), after, 60, POLICY).moves == ()  # both pools cool down
+
+
+def test_after_a_restart_every_model_away_starts_its_cooldowns_again() -> None:
+    homes = {"reasoning": "local", "vision": "local"}
+    history = History.resumed(homes, {"reasoning": "cloud", "vision": "local"}, now=7)
+    assert history == History({"local": 7, "cloud": 7}, {"reasoning": 7})
