@@ -17,6 +17,9 @@ no request is lost:
 5. ask for zero replicas on the source.
 
 Every move (done or abandoned) is logged, counted and recorded in the routers' status.
+
+The decisions are pure (`policy.placement.decide`, the steps of `policy.moves`); this actor only
+gathers their facts and carries them out, through the ports in `ports.py`.
 """
 
 from __future__ import annotations
@@ -24,29 +27,34 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from autoscale.broadcast import STALE_AFTER_S, SYNC_INTERVAL_S, Broadcast
-from autoscale.policy import asked_replicas, set_replicas
-from autoscale.probe import node_pools, pool_free_bytes, start_probes
-from autoscale.saved import (
-    SavedPlacements,
-    config_fingerprint,
-    save_placements,
-    saved_placements,
-)
-from autoscale.vram import NodeReading
+from autoscale.metrics import LOOP_ERRORS
+from autoscale.policy import KvReplicaScaler
+from autoscale.ports import PlacerPorts, SystemClock
+from autoscale.probe import ProbeReadings
+from autoscale.saved import KvPlacementStore, SavedPlacements, config_fingerprint
+from autoscale.serve_status import ServeDeploymentStatus
 from core.config import ClusterConfig
 from core.types import DEPLOYMENT_PREFIX, Role
+from policy import moves
 from policy.placement import History, ModelPlacement, Move, PlacementPolicy, decide
 
 logger = logging.getLogger("ray.serve")
 
 PLACER_NAME = "gps-placement"
-PROBE_READ_TIMEOUT_S = 10.0
-POLL_S = 1.0
+POLL_S = 1.0  # between looks at a target coming up: Serve's status is a call to its controller
+
+_ABANDONED_LOGS = {
+    moves.AbandonedBecause.TARGET_NOT_UP: (
+        "placement: %s did not come up on %s in time: move abandoned; %s keeps serving"
+    ),
+    moves.AbandonedBecause.ROUTERS_NOT_SWITCHED: (
+        "placement: not every router replica switched %s to %s: move abandoned; %s keeps serving"
+    ),
+}
 
 
 def placement_matters(config: ClusterConfig) -> bool:
@@ -54,12 +62,21 @@ def placement_matters(config: ClusterConfig) -> bool:
     return any(len(m.pools) > 1 for m in config.models)
 
 
+def ray_ports(app: str) -> PlacerPorts:
+    """The real ports: probes on every node, Serve's status, Ray's key-value store."""
+    return PlacerPorts(
+        vram=ProbeReadings(),
+        deployments=ServeDeploymentStatus(app),
+        replicas=KvReplicaScaler(app),
+        store=KvPlacementStore(app),
+        clock=SystemClock(),
+    )
+
+
 class Placer:
-    def __init__(
-        self, config: ClusterConfig, app: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._clock = clock
-        self._app = app
+    def __init__(self, config: ClusterConfig, app: str, ports: PlacerPorts | None = None) -> None:
+        self._ports = ports if ports is not None else ray_ports(app)
+        self._clock = self._ports.clock
         self._task: asyncio.Task[None] | None = None
         self._configure(config)
 
@@ -77,6 +94,9 @@ class Placer:
             settings.cooldown_s,
             settings.min_away_s,
         )
+        self._limits = moves.MoveLimits(
+            settings.move_timeout_s, settings.drain_timeout_s, POLL_S, SYNC_INTERVAL_S / 2
+        )
         self._fingerprint = config_fingerprint(config)
         homes = {m.role.value: m.home_pool for m in config.models}
         self._current = {
@@ -84,17 +104,12 @@ class Placer:
             for role, pool in {**homes, **saved_pools}.items()
             if role in homes and pool in config.model_for(Role(role)).pools
         }
-        now = self._clock()
-        away = {role for role, pool in self._current.items() if pool != homes[role]}
-        # Carrying on after a restart: the history is gone, so every cooldown starts again.
-        self._left_home_at: dict[str, float] = dict.fromkeys(away, now)
-        self._last_change: dict[str, float] = {
-            pool: now for role in away for pool in (homes[role], self._current[role])
-        }
+        now = self._clock.monotonic()
+        self._history = History.resumed(homes, self._current, now)
         self._broadcast = Broadcast.starting(
             {role: f"{role}@{pool}" for role, pool in self._current.items()},
             (b.name for b in config.backends),
-            self._clock,
+            self._clock.monotonic,
             version=version,
         )
         for move in saved_moves:
@@ -105,7 +120,7 @@ class Placer:
     def _save(self) -> None:
         view = self._broadcast.view
         saved = SavedPlacements(self._fingerprint, self._current, view.version, list(view.moves))
-        save_placements(self._app, saved)
+        self._ports.store.save(saved)
 
     async def start(self, config: ClusterConfig) -> None:
         """Run the loop; again, from the home pools, if the config changed (a detached actor
@@ -116,7 +131,7 @@ class Placer:
             return
         if self._task is not None:
             self._task.cancel()
-        saved = saved_placements(self._app)
+        saved = self._ports.store.load()
         carried = saved if saved and saved.config == config_fingerprint(config) else None
         self._configure(config, carried, version=saved.version + 1 if saved else 1)
         if carried is None:
@@ -125,17 +140,23 @@ class Placer:
             for backend in config.backends:
                 home = backend.pool == config.model_for(backend.role).home_pool
                 replicas = config.model_for(backend.role).replicas if home else 0
-                set_replicas(self._app, backend.deployment_name, replicas)
+                self._ports.replicas.set_replicas(backend.deployment_name, replicas)
         self._save()
         self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop the loop (a detached actor otherwise runs it until killed)."""
+        if self._task is not None:
+            self._task.cancel()
 
     async def _loop(self) -> None:
         while True:
             try:
                 await self.run_once()
-            except Exception:  # the loop must outlive any one bad round
+            except Exception:  # the loop must outlive any one bad round: log, count, go on
                 logger.exception("placement round failed")
-            await asyncio.sleep(self._config.placement.interval_s)
+                LOOP_ERRORS.labels(loop="placement").inc()
+            await self._clock.sleep(self._config.placement.interval_s)
 
     async def sync(self, replica: str, version: int, held: dict[str, int]) -> dict[str, Any]:
         """A router replica's pull: the view it applied and the jobs it holds per backend; the
@@ -146,117 +167,120 @@ class Placer:
 
     async def run_once(self) -> list[dict[str, Any]]:
         """One round: read, decide, carry out; the moves' records."""
-        if self._clock() - self._started_at < STALE_AFTER_S:
+        if self._clock.monotonic() - self._started_at < STALE_AFTER_S:
             # Just (re)started: the router replicas have not all reported to this incarnation,
             # and an ack or drain judged on no reports would be empty.
             return []
         if self._settle_pending:
             self._settle_pending = False
             await self._settle()
-        free = await self._free_bytes()
-        read_at = time.time()  # wall clock: the move records are read off this actor
-        models = [
+        free = await self._ports.vram.free_bytes_by_pool()
+        read_at = self._clock.wall()  # wall clock: the move records are read off this actor
+        decision = decide(
+            free, self._placements(), self._history, self._clock.monotonic(), self._policy
+        )
+        for hold in decision.holds:
+            logger.info("placement: %s holds (%s): %s", hold.pool, hold.role, hold.reason)
+        return [await self._carry_out(move, read_at) for move in decision.moves]
+
+    def _placements(self) -> list[ModelPlacement]:
+        return [
             ModelPlacement(
                 m.role.value, int(m.placement_priority[1]), m.pools, self._current[m.role.value]
             )
             for m in self._config.models
         ]
-        history = History(dict(self._last_change), dict(self._left_home_at))
-        decision = decide(free, models, history, self._clock(), self._policy)
-        for hold in decision.holds:
-            logger.info("placement: %s holds (%s): %s", hold.pool, hold.role, hold.reason)
-        return [await self._carry_out(move, read_at) for move in decision.moves]
-
-    async def _free_bytes(self) -> dict[str, int | None]:
-        import ray
-
-        probes = start_probes(namespace=ray.get_runtime_context().namespace)
-        replies = await asyncio.gather(
-            *(asyncio.wait_for(p.read.remote(), PROBE_READ_TIMEOUT_S) for p in probes.values()),
-            return_exceptions=True,
-        )
-        readings = [NodeReading.from_json(r) for r in replies if isinstance(r, dict)]
-        return pool_free_bytes(readings, node_pools())
 
     async def _carry_out(self, move: Move, read_at: float) -> dict[str, Any]:
-        model = next(m for m in self._config.models if m.role.value == move.role)
-        source, target = f"{move.role}@{move.source}", f"{move.role}@{move.target}"
-        started = self._clock()
+        """Make-before-break (`policy.moves`), step by step; the move's record."""
+        replicas = self._config.model_for(Role(move.role)).replicas
+        plan = moves.MovePlan(
+            move.role, f"{move.role}@{move.source}", f"{move.role}@{move.target}", replicas
+        )
         record: dict[str, Any] = {
-            "at": time.time(),
+            "at": self._clock.wall(),
             "read_at": read_at,  # when the reading behind this move was taken
             "role": move.role,
-            "from": source,
-            "to": target,
+            "from": plan.source,
+            "to": plan.target,
             "kind": move.kind,
             "reason": move.reason,
         }
         logger.warning(
-            "placement: moving %s from %s to %s (%s)", move.role, source, target, move.reason
+            "placement: moving %s from %s to %s (%s)",
+            move.role,
+            plan.source,
+            plan.target,
+            move.reason,
         )
-        set_replicas(self._app, DEPLOYMENT_PREFIX + target, model.replicas)
-        ready = await self._wait_running(DEPLOYMENT_PREFIX + target, model.replicas)
-        if not ready:
-            set_replicas(self._app, DEPLOYMENT_PREFIX + target, 0)
-            record.update(outcome="abandoned", seconds=round(self._clock() - started, 1))
+        state = moves.begin(plan, self._clock.monotonic())
+        while True:
+            now = self._clock.monotonic()
+            next_step = moves.step(state, await self._move_facts(state), now, self._limits)
+            for what in next_step.gave_up_on:
+                logger.warning("placement: gave up waiting for %s", what)
+            state = next_step.state
+            if isinstance(next_step.action, moves.Finish):
+                return self._finish(move, plan, next_step.action, record, now)
+            await self._act(next_step.action)
+
+    async def _move_facts(self, state: moves.MoveState) -> moves.MoveFacts:
+        plan = state.plan
+        target = None
+        if state.watches_target:
+            target = await self._ports.deployments.health(DEPLOYMENT_PREFIX + plan.target)
+        return moves.MoveFacts(
+            target_running=target.running if target else 0,
+            target_healthy=target.healthy if target else False,
+            # During a move the latest view is the one it published (moves run one at a time).
+            views_applied=self._broadcast.applied(self._broadcast.view.version),
+            source_held=self._broadcast.held(plan.source),
+            target_held=self._broadcast.held(plan.target),
+        )
+
+    async def _act(self, action: moves.ScaleTo | moves.Publish | moves.Wait) -> None:
+        match action:
+            case moves.ScaleTo(backend, replicas):
+                self._ports.replicas.set_replicas(DEPLOYMENT_PREFIX + backend, replicas)
+            case moves.Publish(role, serving, parked):
+                self._broadcast.move(role, parked, serving)
+                self._save()  # a restart must publish later versions than this one
+            case moves.Wait(seconds):
+                await self._clock.sleep(seconds)
+
+    def _finish(
+        self,
+        move: Move,
+        plan: moves.MovePlan,
+        finish: moves.Finish,
+        record: dict[str, Any],
+        now: float,
+    ) -> dict[str, Any]:
+        record.update(outcome=finish.outcome, seconds=finish.seconds)
+        if finish.because is None:
+            self._current[move.role] = move.target
+            self._history = self._history.after_move(move, now)
             logger.warning(
-                "placement: %s did not come up on %s in time: move abandoned; %s keeps serving",
-                move.role,
-                target,
-                source,
-            )
-        elif not await self._switch(move.role, source, target):
-            record.update(outcome="abandoned", seconds=round(self._clock() - started, 1))
-            logger.warning(
-                "placement: not every router replica switched %s to %s: move abandoned; %s "
-                "keeps serving",
-                move.role,
-                target,
-                source,
+                "placement: %s now on %s (%.1f s)", move.role, plan.target, finish.seconds
             )
         else:
-            await self._until(functools.partial(self._drained, source), f"{source} drained")
-            set_replicas(self._app, DEPLOYMENT_PREFIX + source, 0)
-            self._current[move.role] = move.target
-            now = self._clock()
-            self._last_change[move.source] = self._last_change[move.target] = now
-            if move.kind == "offload":
-                self._left_home_at.setdefault(move.role, now)
-            else:
-                self._left_home_at.pop(move.role, None)
-            record.update(outcome="done", seconds=round(now - started, 1))
-            logger.warning("placement: %s now on %s (%.1f s)", move.role, target, record["seconds"])
-        if record["outcome"] == "abandoned":
-            # A failed attempt rests the pools too: the next try costs another engine start.
-            self._last_change[move.source] = self._last_change[move.target] = self._clock()
+            self._history = self._history.after_abandoned_move(move, now)
+            logger.warning(_ABANDONED_LOGS[finish.because], move.role, plan.target, plan.source)
         self._broadcast.record(record)
         self._save()
         return record
-
-    async def _switch(self, role: str, source: str, target: str) -> bool:
-        """Publish that `role` serves on `target`; False (and switched back, the target asked
-        back to zero) if not every router replica applied it in time."""
-        version = self._broadcast.move(role, source, target)
-        self._save()  # a restart must publish later versions than this one
-        if await self._until(lambda: self._broadcast.applied(version), f"routers on {target}"):
-            return True
-        back = self._broadcast.move(role, target, source)
-        self._save()
-        await self._until(lambda: self._broadcast.applied(back), f"routers back on {source}")
-        await self._until(functools.partial(self._drained, target), f"{target} drained")
-        set_replicas(self._app, DEPLOYMENT_PREFIX + target, 0)
-        return False
 
     async def _settle(self) -> None:
         """After a restart: a move cut short may have left replicas asked for on a backend the
         model is not placed on. Once the routers follow this view and hold nothing there, ask
         for zero."""
         leftovers = []
+        scaler = self._ports.replicas
         for backend in self._config.backends:
             name = backend.deployment_name
             if self._current[backend.role.value] == backend.pool:
-                set_replicas(self._app, name, self._config.model_for(backend.role).replicas)
-            elif asked_replicas(self._app, name):
+                scaler.set_replicas(name, self._config.model_for(backend.role).replicas)
+            elif scaler.asked_replicas(name):
                 leftovers.append(backend)
         if not leftovers:
             return
@@ -264,7 +288,7 @@ class Placer:
         await self._until(lambda: self._broadcast.applied(version), "routers on this view")
         for backend in leftovers:
             await self._until(functools.partial(self._drained, backend.name), backend.name)
-            set_replicas(self._app, backend.deployment_name, 0)
+            scaler.set_replicas(backend.deployment_name, 0)
             logger.warning(
                 "placement: %s was left up by a cut-short move: scaled to zero", backend.name
             )
@@ -272,31 +296,14 @@ class Placer:
     def _drained(self, backend: str) -> bool:
         return self._broadcast.held(backend) == 0
 
-    async def _wait_running(self, deployment: str, replicas: int) -> bool:
-        from ray import serve
-
-        deadline = self._clock() + self._config.placement.move_timeout_s
-        while self._clock() < deadline:
-            status = await asyncio.to_thread(serve.status)
-            app = status.applications.get(self._app)
-            info = app.deployments.get(deployment) if app else None
-            if (
-                info
-                and info.replica_states.get("RUNNING", 0) >= replicas
-                and (str(info.status.value) == "HEALTHY")
-            ):
-                return True
-            await asyncio.sleep(POLL_S)
-        return False
-
     async def _until(self, done: Callable[[], bool], what: str) -> bool:
         """Wait for the router replicas' reports to show `done`, up to `drain_timeout_s`."""
-        deadline = self._clock() + self._config.placement.drain_timeout_s
+        deadline = self._clock.monotonic() + self._config.placement.drain_timeout_s
         while not done():
-            if self._clock() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 logger.warning("placement: gave up waiting for %s", what)
                 return False
-            await asyncio.sleep(SYNC_INTERVAL_S / 2)
+            await self._clock.sleep(SYNC_INTERVAL_S / 2)
         return True
 
 

@@ -8,6 +8,7 @@ replica restarts. With no answer stored yet, a deployment keeps the count it sta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 KV_NAMESPACE = "gps_placement"
@@ -35,6 +36,19 @@ def asked_replicas(app: str, deployment: str) -> int | None:
 
     raw = _internal_kv_get(replicas_key(app, deployment), namespace=KV_NAMESPACE)
     return None if raw is None else int(raw)
+
+
+@dataclass(frozen=True)
+class KvReplicaScaler:
+    """The placer's `ReplicaScaler` port for one app's deployments."""
+
+    app: str
+
+    def set_replicas(self, deployment: str, replicas: int) -> None:
+        set_replicas(self.app, deployment, replicas)
+
+    def asked_replicas(self, deployment: str) -> int | None:
+        return asked_replicas(self.app, deployment)
 
 
 def placement_policy(ctx: Any) -> tuple[int, dict[str, Any]]:

@@ -7,12 +7,16 @@ until cleared: tests and rehearsals drive placement through the same interface a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autoscale.vram import NodeReading, NvmlSource
 
 PROBE_NAME_PREFIX = "gps-vram-probe:"
+# A probe that has not answered in this long is left out of the round: a node busy enough to
+# stall its probe this long is unknown, not empty.
+PROBE_READ_TIMEOUT_S = 10.0
 
 
 class VramProbe:
@@ -76,3 +80,19 @@ def node_pools(prefix: str = "pool_") -> dict[str, set[str]]:
         for node in ray.nodes()
         if node.get("Alive")
     }
+
+
+class ProbeReadings:
+    """The placer's `VramReadings` port: every alive node's probe (started on first use, and on
+    nodes that joined since), read in parallel; a probe that fails or is late is left out."""
+
+    async def free_bytes_by_pool(self) -> dict[str, int | None]:
+        import ray
+
+        probes = start_probes(namespace=ray.get_runtime_context().namespace)
+        replies = await asyncio.gather(
+            *(asyncio.wait_for(p.read.remote(), PROBE_READ_TIMEOUT_S) for p in probes.values()),
+            return_exceptions=True,
+        )
+        readings = [NodeReading.from_json(r) for r in replies if isinstance(r, dict)]
+        return pool_free_bytes(readings, node_pools())

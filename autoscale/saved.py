@@ -52,3 +52,16 @@ def saved_placements(app: str) -> SavedPlacements | None:
 
     raw = _internal_kv_get(_key(app), namespace=KV_NAMESPACE)
     return None if raw is None else SavedPlacements(**json.loads(raw))
+
+
+@dataclass(frozen=True)
+class KvPlacementStore:
+    """The placer's `PlacementStore` port for one app."""
+
+    app: str
+
+    def load(self) -> SavedPlacements | None:
+        return saved_placements(self.app)
+
+    def save(self, saved: SavedPlacements) -> None:
+        save_placements(self.app, saved)

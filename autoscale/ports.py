@@ -1,0 +1,78 @@
+"""What the placement actor reaches outside itself, as small typed ports.
+
+The real adapters sit beside the I/O they wrap (`probe.ProbeReadings`, `policy.KvReplicaScaler`,
+`saved.KvPlacementStore`, `serve_status.ServeDeploymentStatus`, `SystemClock` here); unit tests
+pass fakes, so a whole move runs without Ray on a clock they turn by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from autoscale.saved import SavedPlacements
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float:
+        """For deadlines, cooldowns and ages."""
+        ...
+
+    def wall(self) -> float:
+        """For the move records: they are read off this actor, against other clocks."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class VramReadings(Protocol):
+    async def free_bytes_by_pool(self) -> Mapping[str, int | None]:
+        """Free VRAM per pool; None for a pool none of whose nodes reported a GPU."""
+        ...
+
+
+@dataclass(frozen=True)
+class DeploymentHealth:
+    running: int  # replicas RUNNING
+    healthy: bool  # the deployment as a whole is HEALTHY
+
+
+class DeploymentStatus(Protocol):
+    async def health(self, deployment: str) -> DeploymentHealth: ...
+
+
+class ReplicaScaler(Protocol):
+    """The replica counts the placement autoscaling policy (`policy.py`) carries out."""
+
+    def set_replicas(self, deployment: str, replicas: int) -> None: ...
+
+    def asked_replicas(self, deployment: str) -> int | None: ...
+
+
+class PlacementStore(Protocol):
+    def load(self) -> SavedPlacements | None: ...
+
+    def save(self, saved: SavedPlacements) -> None: ...
+
+
+@dataclass(frozen=True)
+class PlacerPorts:
+    vram: VramReadings
+    deployments: DeploymentStatus
+    replicas: ReplicaScaler
+    store: PlacementStore
+    clock: Clock
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
