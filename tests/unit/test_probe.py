@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from autoscale.probe import VramProbe, pool_free_bytes
-from autoscale.vram import GIB, GpuReading, NodeReading
+from autoscale.vram import GpuReading, NodeReading
+from core.types import GIB
 
 
 def test_free_vram_per_pool_sums_its_nodes_and_unknown_stays_unknown() -> None:

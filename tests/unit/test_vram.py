@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autoscale.vram import GIB, FileSource, GpuProcess, GpuReading, NodeReading, NvmlSource
+from autoscale.vram import FileSource, GpuProcess, GpuReading, NodeReading, NvmlSource
+from core.types import GIB
 
 
 def test_a_reading_round_trips_through_a_file(tmp_path: Path) -> None:
@@ -29,4 +30,5 @@ def test_the_nvml_probe_never_invents_memory() -> None:
         assert all(0 <= g.free_bytes <= g.total_bytes for g in reading.gpus)
         assert reading.error is None
     else:  # this CPU machine: no driver, and the reading says so
-        assert reading.error and reading.free_bytes == 0
+        assert reading.error
+        assert reading.free_bytes == 0
