@@ -20,7 +20,7 @@ from core.config import ClusterConfig, ConfigError, load_config
 from core.types import FALLBACK_BACKEND
 from deployments.front_options import front_actor_options
 from deployments.ingress import build_ingress
-from deployments.router import Router
+from deployments.router import ServeRouter
 
 
 def build_app(config: ClusterConfig) -> Application:
@@ -34,7 +34,7 @@ def build_app(config: ClusterConfig) -> Application:
 
 def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Application:
     """Ingress and Router over `backends`: bound deployments, or handles to running ones."""
-    router = serve.deployment(Router).options(
+    router = serve.deployment(ServeRouter).options(
         name="router",
         num_replicas=config.gateway.router_replicas,
         max_ongoing_requests=10_000,

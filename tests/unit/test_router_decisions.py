@@ -1,12 +1,18 @@
-"""The router's pure pieces: backend choice and the status it derives from Serve's facts."""
+"""The router's pure pieces: backend choice, the status it derives from Serve's facts, and which
+errors from a Serve handle mean a backend has no KV reading to give."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from ray.serve.exceptions import RayServeException
 
 from deployments.router import backend_state, overall_status, stream_error_event
+from deployments.router.serve_ports import ServeBackend
 from policy.link_choice import LinkView, choose_link
 
 CHAIN = ("reasoning@cloud", "reasoning@local", "orchestrator@local", "cpu-fallback")
@@ -44,7 +50,8 @@ def test_overall_status(states: list[str], overall: str) -> None:
 
 def test_stream_error_event_is_an_sse_error_then_done() -> None:
     event, done = stream_error_event("the backend died")
-    assert event.startswith("data: ") and event.endswith("\n\n")
+    assert event.startswith("data: ")
+    assert event.endswith("\n\n")
     error = json.loads(event.removeprefix("data: "))["error"]
     assert error["message"] == "the backend died"
     assert error["code"] == "backend_failed"
@@ -73,3 +80,40 @@ def test_kv_pressure_moves_work_down_the_chain_but_waits_when_all_are_pressed() 
     assert choose_link(CHAIN, views) == "reasoning@local"
     views = {"reasoning@cloud": pressed, "reasoning@local": pressed}
     assert choose_link(CHAIN, views) == "reasoning@cloud"
+
+
+class FakeHandle:
+    """The shape of a Serve handle: `.method.remote()` gives an awaitable."""
+
+    app_name = "gateway"
+    deployment_name = "coding@local"
+
+    def __init__(self, kv_reply: Callable[[], Any]) -> None:
+        self._kv_reply = kv_reply
+
+    def options(self, **_: Any) -> FakeHandle:
+        return self
+
+    @property
+    def kv_cache_usage(self) -> FakeHandle:
+        return self
+
+    async def remote(self) -> Any:
+        return self._kv_reply()
+
+
+def raising(error: Exception) -> Callable[[], Any]:
+    def reply() -> Any:
+        raise error
+
+    return reply
+
+
+def test_a_backend_without_the_kv_method_has_no_reading_and_other_errors_still_raise() -> None:
+    missing = RayServeException("Tried to call a method 'kv_cache_usage' that does not exist.")
+    assert asyncio.run(ServeBackend(FakeHandle(raising(missing))).kv_cache_usage()) is None
+    assert asyncio.run(ServeBackend(FakeHandle(lambda: 0.42)).kv_cache_usage()) == 0.42
+    broken = ServeBackend(FakeHandle(raising(RayServeException("replica unavailable"))))
+    with pytest.raises(RayServeException):
+        asyncio.run(broken.kv_cache_usage())
+    assert broken.deployment == ("gateway", "coding@local")

@@ -1,19 +1,20 @@
-"""The router's request path without Ray: failover, breakers, slots, shedding, mid-stream faults.
+"""The router's request path without Ray: failover, breakers, slots, shedding, mid-stream faults,
+health and KV watching, placement and the status report.
 
-Backends are stand-ins with the shape of a Serve handle (`.options(stream=True).chat.remote(req)`
-gives an async iterator with `cancel()`); the real handles are exercised by tests/e2e.
+Every port is a fake (`deployments.router.ports`): backends answer from a script, Serve's status
+is a dict, the clock is turned by hand. The real Serve adapters are exercised by tests/e2e.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ray.exceptions import RayError
+from ray.exceptions import ActorDiedError, RayError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     ErrorInfo,
@@ -24,16 +25,20 @@ from autoscale.broadcast import PlacementView
 from core.config import ClusterConfig, parse_config
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Refusal, Routed
-from deployments.router import Router
-from deployments.router_metrics import BACKEND_FAULTS, STREAM_MIGRATIONS
+from deployments.router import Router, RouterPorts
+from deployments.router.metrics import BACKEND_FAULTS, REGISTRY, STREAM_MIGRATIONS
+from deployments.router.ports import DeploymentFacts, DeploymentKey
+from policy.context.tokens import CharEstimateCounter
 
 Behaviour = Callable[[int], list[Any]]  # call number -> items (an Exception item is raised)
+APP = "gateway"
 
 
 class FakeStream:
     def __init__(self, owner: FakeBackend, items: list[Any]) -> None:
         self._owner = owner
         self._items = list(items)
+        self._done = False
         self.cancelled = False
         owner.running += 1
         owner.max_running = max(owner.max_running, owner.running)
@@ -57,31 +62,111 @@ class FakeStream:
         self._finish()
 
     def _finish(self) -> None:
-        if not getattr(self, "_done", False):
+        if not self._done:
             self._done = True
             self._owner.running -= 1
 
 
 class FakeBackend:
-    def __init__(self, behaviour: Behaviour, step_s: float = 0.0) -> None:
+    """A backend port answering from `behaviour`; healthy to probes, no KV reading by default."""
+
+    def __init__(
+        self, behaviour: Behaviour, step_s: float = 0.0, kv_usage: float | None = None
+    ) -> None:
         self.behaviour = behaviour
         self.step_s = step_s
+        self.kv_usage = kv_usage
+        self.healthy = True
+        self.deployment: DeploymentKey = (APP, "unnamed")
         self.calls = 0
+        self.probes = 0
         self.running = 0
         self.max_running = 0
         self.streams: list[FakeStream] = []
-        self.requests: list[Any] = []
-        self.chat = self
+        self.requests: list[ChatCompletionRequest] = []
 
-    def options(self, **_: Any) -> FakeBackend:
-        return self
-
-    def remote(self, request: Any) -> FakeStream:
+    def chat(self, request: ChatCompletionRequest) -> FakeStream:
         self.calls += 1
         self.requests.append(request)
         stream = FakeStream(self, self.behaviour(self.calls))
         self.streams.append(stream)
         return stream
+
+    async def check_health(self) -> None:
+        self.probes += 1
+        if not self.healthy:
+            raise RuntimeError("unhealthy")
+
+    async def kv_cache_usage(self) -> float | None:
+        return self.kv_usage
+
+
+class FakeDeployments:
+    """Serve's status: every deployment HEALTHY with one RUNNING replica unless set otherwise."""
+
+    def __init__(self) -> None:
+        self.facts: dict[DeploymentKey, DeploymentFacts] = {}
+        self.error: Exception | None = None
+
+    def set(self, backend: FakeBackend, running: int, status: str = "HEALTHY") -> None:
+        self.facts[backend.deployment] = DeploymentFacts(status, running)
+
+    async def read(self) -> Mapping[DeploymentKey, DeploymentFacts]:
+        if self.error is not None:
+            raise self.error
+        return dict(self.facts)
+
+
+class FakePlacement:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def sync(self, version: int, held: Mapping[str, int]) -> PlacementView | None:
+        raise self.error
+
+    async def start(self, config: ClusterConfig) -> None:
+        pass
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        """A background loop's round ends here for good: each loop runs exactly one."""
+        self.sleeps.append(seconds)
+        await asyncio.Event().wait()
+
+
+def make_router(
+    config: ClusterConfig,
+    backends: Mapping[str, FakeBackend],
+    *,
+    watch: bool = False,
+    deployments: FakeDeployments | None = None,
+    placement: FakePlacement | None = None,
+    clock: FakeClock | None = None,
+) -> Router:
+    deployments = deployments or FakeDeployments()
+    for name, backend in backends.items():
+        backend.deployment = (APP, name)
+        deployments.set(backend, running=1)
+    ports = RouterPorts(
+        backends=backends,
+        deployments=deployments,
+        placement=placement,
+        counters={t.tokenizer: CharEstimateCounter() for t in config.targets.values()},
+        clock=clock or FakeClock(),
+    )
+    return Router(config, ports, watch=watch)
+
+
+def two(coding: FakeBackend, orchestrator: FakeBackend) -> dict[str, FakeBackend]:
+    return {"coding@local": coding, "orchestrator@local": orchestrator}
 
 
 def ok(_: int) -> list[Any]:
@@ -105,7 +190,7 @@ def make_config(
         "models": [
             {
                 "role": role,
-                "source": "/nonexistent/model",  # no tokenizer: the estimate counter is fine here
+                "source": f"example/{role}",  # never loaded: the tests pass their own counters
                 "context_window": 4096,
                 "pools": ["local"],
                 "max_concurrency": cap,
@@ -116,6 +201,7 @@ def make_config(
         "chains": {"coding": ["coding@local", "orchestrator@local", "cpu-fallback"]},
         "router": {
             "breaker_failures": 3,
+            "breaker_cooldown_s": 10,
             "max_queue": max_queue,
             "queue_timeout_s": queue_timeout_s,
             "first_token_timeout_s": 1.0,
@@ -135,14 +221,19 @@ async def collect(router: Router, chat_job: ChatJob) -> list[Any]:
     return [item async for item in router.chat(chat_job)]
 
 
-def make_router(config: ClusterConfig, **backends: FakeBackend) -> Router:
-    handles = {name.replace("_", "@"): b for name, b in backends.items()}
-    return Router(config, handles, watch=False)  # type: ignore[arg-type]
+async def served_by(router: Router, chat_job: ChatJob | None = None) -> str:
+    routed = (await collect(router, chat_job or job()))[0]
+    assert isinstance(routed, Routed), routed
+    return routed.backend
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def test_a_fault_before_the_first_token_moves_the_job_down_the_chain() -> None:
     coding, orchestrator = FakeBackend(dead), FakeBackend(ok)
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    router = make_router(make_config(), two(coding, orchestrator))
     routed, *rest = asyncio.run(collect(router, job()))
     assert isinstance(routed, Routed)
     assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
@@ -151,10 +242,10 @@ def test_a_fault_before_the_first_token_moves_the_job_down_the_chain() -> None:
 
 def test_the_breaker_opens_after_exactly_three_faults_and_then_skips_the_backend() -> None:
     coding, orchestrator = FakeBackend(engine_error(500)), FakeBackend(ok)
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    router = make_router(make_config(), two(coding, orchestrator))
 
     async def five() -> list[str]:
-        return [(await collect(router, job()))[0].backend for _ in range(5)]
+        return [await served_by(router) for _ in range(5)]
 
     assert asyncio.run(five()) == ["orchestrator@local"] * 5
     assert coding.calls == 3
@@ -162,7 +253,7 @@ def test_the_breaker_opens_after_exactly_three_faults_and_then_skips_the_backend
 
 def test_client_errors_pass_through_and_never_trip_the_breaker() -> None:
     coding = FakeBackend(engine_error(400))
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=FakeBackend(ok))
+    router = make_router(make_config(), two(coding, FakeBackend(ok)))
 
     async def five() -> list[Any]:
         return [await collect(router, job()) for _ in range(5)]
@@ -202,14 +293,15 @@ def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() ->
             ["data: [DONE]\n\n"],
         ]
     )
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    router = make_router(make_config(), two(coding, orchestrator))
     migrated = STREAM_MIGRATIONS.labels("coding@local", "orchestrator@local")
     before = migrated._value.get()
     routed, *items = asyncio.run(collect(router, job()))
     lines = [line for item in items for line in item]
 
     assert routed.backend == "coding@local"
-    assert lines[-1] == "data: [DONE]\n\n" and not any("error" in x for x in lines)
+    assert lines[-1] == "data: [DONE]\n\n"
+    assert not any("error" in x for x in lines)
     assert any(
         x.startswith(": gps-migrated from=coding@local to=orchestrator@local") for x in lines
     )
@@ -223,7 +315,8 @@ def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() ->
     # The next link was asked to continue the text the client had, within the same budget.
     continued = orchestrator.requests[0]
     assert continued.messages[-1] == {"role": "assistant", "content": "One two"}
-    assert continued.continue_final_message and not continued.add_generation_prompt
+    assert continued.continue_final_message
+    assert not continued.add_generation_prompt
     assert continued.max_tokens == 8 - 2
     assert migrated._value.get() == before + 1
 
@@ -231,25 +324,26 @@ def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() ->
 def test_a_link_that_refuses_to_continue_is_passed_over_without_blame() -> None:
     coding = FakeBackend(lambda _: [[sse("first", {"content": "One"})], RayError("died")])
     refusing = FakeBackend(engine_error(400))
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=refusing)
+    router = make_router(make_config(), two(coding, refusing))
     faults = BACKEND_FAULTS.labels("orchestrator@local")
     before = faults._value.get()
     _routed, _first, last = asyncio.run(collect(router, job()))
     # Nothing left to continue on (the fallback has no handle here): an SSE error, not a 400
     # object in the middle of a stream, and the refusing link's breaker is untouched.
-    assert "backend_failed" in last[0] and last[1] == "data: [DONE]\n\n"
+    assert "backend_failed" in last[0]
+    assert last[1] == "data: [DONE]\n\n"
     assert refusing.calls == 1
     assert faults._value.get() == before
 
 
 def test_a_stream_no_link_can_continue_ends_with_an_error_event() -> None:
     coding = FakeBackend(lambda _: [[sse("first", {"content": "One"})], RayError("died")])
-    router = make_router(
-        make_config(), coding_local=coding, orchestrator_local=FakeBackend(dead)
-    )  # and the fallback has no handle here: the chain ends
+    # And the fallback has no backend here: the chain ends.
+    router = make_router(make_config(), two(coding, FakeBackend(dead)))
     routed, _first, last = asyncio.run(collect(router, job()))
     assert routed.backend == "coding@local"
-    assert "backend_failed" in last[0] and last[1] == "data: [DONE]\n\n"
+    assert "backend_failed" in last[0]
+    assert last[1] == "data: [DONE]\n\n"
 
 
 def test_an_error_event_from_the_engine_mid_stream_is_a_fault_the_stream_survives() -> None:
@@ -263,10 +357,11 @@ def test_an_error_event_from_the_engine_mid_stream_is_a_fault_the_stream_survive
     orchestrator = FakeBackend(
         lambda _: [[sse("other", {"content": " three"})], ["data: [DONE]\n\n"]]
     )
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    router = make_router(make_config(), two(coding, orchestrator))
     _routed, *items = asyncio.run(collect(router, job()))
     lines = [line for item in items for line in item]
-    assert not any('"error"' in line for line in lines) and lines[-1] == "data: [DONE]\n\n"
+    assert not any('"error"' in line for line in lines)
+    assert lines[-1] == "data: [DONE]\n\n"
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks_of(lines))
     assert text == "One two three"  # the text before the error was kept, then continued
     assert orchestrator.requests[0].messages[-1]["content"] == "One two"
@@ -275,34 +370,34 @@ def test_an_error_event_from_the_engine_mid_stream_is_a_fault_the_stream_survive
 def test_a_stream_under_a_json_format_is_not_continued() -> None:
     coding = FakeBackend(lambda _: [[sse("first", {"content": '{"a": '})], RayError("died")])
     orchestrator = FakeBackend(ok)
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    router = make_router(make_config(), two(coding, orchestrator))
     formatted = job()
     request = formatted.request.model_copy(update={"response_format": {"type": "json_object"}})
     _routed, _first, last = asyncio.run(collect(router, replace(formatted, request=request)))
-    assert "backend_failed" in last[0] and orchestrator.calls == 0
+    assert "backend_failed" in last[0]
+    assert orchestrator.calls == 0
 
 
 def test_a_stream_of_tool_calls_is_not_continued_as_text() -> None:
     call = {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{"}}]}
     coding = FakeBackend(lambda _: [[sse("first", call)], RayError("died")])
     orchestrator = FakeBackend(ok)
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=orchestrator)
+    router = make_router(make_config(), two(coding, orchestrator))
     _routed, _first, last = asyncio.run(collect(router, job()))
-    assert "backend_failed" in last[0] and orchestrator.calls == 0
+    assert "backend_failed" in last[0]
+    assert orchestrator.calls == 0
 
 
 def test_no_first_token_in_time_is_a_fault() -> None:
     slow = FakeBackend(ok, step_s=2.0)  # first_token_timeout_s is 1 s in make_config
-    router = make_router(make_config(), coding_local=slow, orchestrator_local=FakeBackend(ok))
+    router = make_router(make_config(), two(slow, FakeBackend(ok)))
     routed, *_ = asyncio.run(collect(router, job()))
     assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
     assert slow.streams[0].cancelled
 
 
 def test_every_link_down_is_a_503_with_retry_after() -> None:
-    router = make_router(
-        make_config(), coding_local=FakeBackend(dead), orchestrator_local=FakeBackend(dead)
-    )
+    router = make_router(make_config(), two(FakeBackend(dead), FakeBackend(dead)))
     [refusal] = asyncio.run(collect(router, job()))
     assert isinstance(refusal, Refusal)
     assert (refusal.status, refusal.code) == (503, "backend_unavailable")
@@ -312,9 +407,7 @@ def test_every_link_down_is_a_503_with_retry_after() -> None:
 
 def test_the_cap_holds_under_concurrency_and_every_job_is_served() -> None:
     coding = FakeBackend(ok, step_s=0.01)
-    router = make_router(
-        make_config(cap=2, max_queue=32), coding_local=coding, orchestrator_local=FakeBackend(ok)
-    )
+    router = make_router(make_config(cap=2, max_queue=32), two(coding, FakeBackend(ok)))
 
     async def twenty() -> list[list[Any]]:
         return await asyncio.gather(*(collect(router, job()) for _ in range(20)))
@@ -327,9 +420,7 @@ def test_the_cap_holds_under_concurrency_and_every_job_is_served() -> None:
 def test_a_backend_holds_its_queued_jobs_too_until_they_are_served() -> None:
     """What a placement move drains by: a job waiting for a slot still belongs to the backend."""
     coding = FakeBackend(ok, step_s=0.1)
-    router = make_router(
-        make_config(cap=1), coding_local=coding, orchestrator_local=FakeBackend(ok)
-    )
+    router = make_router(make_config(cap=1), two(coding, FakeBackend(ok)))
 
     async def three() -> tuple[int, int]:
         jobs = [asyncio.create_task(collect(router, job())) for _ in range(3)]
@@ -344,9 +435,7 @@ def test_a_backend_holds_its_queued_jobs_too_until_they_are_served() -> None:
 
 def test_a_full_queue_sheds_background_with_429_and_retry_after() -> None:
     coding = FakeBackend(ok, step_s=0.05)
-    router = make_router(
-        make_config(cap=1, max_queue=1), coding_local=coding, orchestrator_local=FakeBackend(ok)
-    )
+    router = make_router(make_config(cap=1, max_queue=1), two(coding, FakeBackend(ok)))
 
     async def burst() -> list[list[Any]]:
         jobs = [job(priority=PriorityClass.BACKGROUND) for _ in range(3)]
@@ -361,9 +450,7 @@ def test_a_full_queue_sheds_background_with_429_and_retry_after() -> None:
 
 def test_a_client_that_goes_away_frees_the_slot_and_aborts_the_engine_request() -> None:
     coding = FakeBackend(lambda _: [["a"], ["b"], ["c"]], step_s=0.01)
-    router = make_router(
-        make_config(cap=1), coding_local=coding, orchestrator_local=FakeBackend(ok)
-    )
+    router = make_router(make_config(cap=1), two(coding, FakeBackend(ok)))
 
     async def leave_early() -> Any:
         stream = router.chat(job())
@@ -382,7 +469,7 @@ def test_a_chain_whose_first_links_are_down_ends_on_the_fallback_fitted_to_its_w
     coding, orchestrator, fallback = FakeBackend(dead), FakeBackend(dead), FakeBackend(ok)
     config = make_config(fallback_window=512)
     handles = {"coding@local": coding, "orchestrator@local": orchestrator, "cpu-fallback": fallback}
-    router = Router(config, handles, watch=False)  # type: ignore[arg-type]
+    router = make_router(config, handles)
     turns = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 100}
         for i in range(30)
@@ -394,7 +481,8 @@ def test_a_chain_whose_first_links_are_down_ends_on_the_fallback_fitted_to_its_w
     assert (routed.backend, routed.failovers) == ("cpu-fallback", 2)
     [sent] = fallback.requests
     assert sent.model == "cpu-fallback"
-    assert routed.context_fitted and routed.dropped_messages > 0
+    assert routed.context_fitted
+    assert routed.dropped_messages > 0
     assert routed.max_tokens <= int(512 * 0.6)
     assert routed.prompt_tokens + routed.max_tokens <= 512
     assert sent.messages[-1] == turns[-1]
@@ -403,12 +491,12 @@ def test_a_chain_whose_first_links_are_down_ends_on_the_fallback_fitted_to_its_w
 
 def test_an_out_of_memory_answer_opens_the_breaker_at_once_and_the_job_fails_over() -> None:
     coding = FakeBackend(engine_error(503, kind="backend_oom"))
-    router = make_router(make_config(), coding_local=coding, orchestrator_local=FakeBackend(ok))
+    router = make_router(make_config(), two(coding, FakeBackend(ok)))
 
-    async def two() -> list[str]:
-        return [(await collect(router, job()))[0].backend for _ in range(2)]
+    async def twice() -> list[str]:
+        return [await served_by(router) for _ in range(2)]
 
-    assert asyncio.run(two()) == ["orchestrator@local"] * 2
+    assert asyncio.run(twice()) == ["orchestrator@local"] * 2
     assert coding.calls == 1  # the second job skipped it: one OOM is enough
     metrics = asyncio.run(router.metrics_text()).decode()
     assert 'gps_backend_oom_total{backend="coding@local"} 1.0' in metrics
@@ -420,7 +508,7 @@ def placed_config() -> ClusterConfig:
         "models": [
             {
                 "role": "reasoning",
-                "source": "/nonexistent/model",
+                "source": "example/reasoning",
                 "context_window": 4096,
                 "pools": ["local", "cloud"],
                 "placement_priority": "P3",
@@ -434,16 +522,11 @@ def placed_config() -> ClusterConfig:
 def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
     local, cloud, fallback = FakeBackend(ok), FakeBackend(ok), FakeBackend(ok)
     handles = {"reasoning@local": local, "reasoning@cloud": cloud, "cpu-fallback": fallback}
-    router = Router(placed_config(), handles, watch=False)  # type: ignore[arg-type]
+    router = make_router(placed_config(), handles)
     reasoning = job(role=Role.REASONING)
 
-    async def served_by() -> str:
-        routed = (await collect(router, reasoning))[0]
-        assert isinstance(routed, Routed)
-        return routed.backend
-
     async def scenario() -> list[str]:
-        seen = [await served_by()]  # home pool; cloud starts parked
+        seen = [await served_by(router, reasoning)]  # home pool; cloud starts parked
         homes = {"reasoning": "reasoning@local"}
         # The first view carries a move made before this replica: shown, not counted.
         earlier = {"seq": 1, "role": "reasoning", "kind": "restore", "outcome": "done"}
@@ -453,10 +536,10 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
         view = PlacementView(2, moved, frozenset({"reasoning@local"}), (earlier, record))
         router.apply_placement(view)
         router.apply_placement(view)  # the next sync: the same move is not counted again
-        seen.append(await served_by())
+        seen.append(await served_by(router, reasoning))
         local.behaviour = dead  # the parked source is never a failover target while it drains
         cloud.behaviour = dead
-        seen.append(await served_by())
+        seen.append(await served_by(router, reasoning))
         return seen
 
     assert asyncio.run(scenario()) == ["reasoning@local", "reasoning@cloud", "cpu-fallback"]
@@ -467,3 +550,135 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
     assert 'kind="restore"' not in metrics
     assert 'gps_model_pool{pool="cloud",role="reasoning"} 1.0' in metrics
     assert 'gps_model_pool{pool="local",role="reasoning"} 0.0' in metrics
+
+
+# -- watching: health, KV, placement sync ------------------------------------------------------
+
+
+def test_a_backend_without_a_running_replica_takes_no_work_until_a_probe_passes() -> None:
+    coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
+    deployments = FakeDeployments()
+    router = make_router(make_config(), two(coding, orchestrator), deployments=deployments)
+
+    async def scenario() -> list[str]:
+        deployments.set(coding, running=0)
+        await router.check_health_once()
+        seen = [await served_by(router)]
+        deployments.set(coding, running=1)
+        await router.check_health_once()  # its breaker tripped: back only once probed healthy
+        seen.append(await served_by(router))
+        return seen
+
+    assert asyncio.run(scenario()) == ["orchestrator@local", "coding@local"]
+    assert coding.probes == 1
+
+
+def test_a_dead_only_replica_stays_out_past_its_cooldown_until_a_probe_passes() -> None:
+    coding, orchestrator = FakeBackend(lambda _: [ActorDiedError()]), FakeBackend(ok)
+    clock = FakeClock()
+    router = make_router(make_config(), two(coding, orchestrator), clock=clock)
+
+    async def scenario() -> list[str]:
+        seen = [await served_by(router)]  # fails over
+        coding.behaviour = ok
+        coding.healthy = False  # Serve still counts the dead replica RUNNING; probes fail
+        clock.now += 60  # long past the breaker's cooldown: its half-open probe would pass
+        await router.check_health_once()
+        seen.append(await served_by(router))
+        coding.healthy = True
+        await router.check_health_once()
+        seen.append(await served_by(router))
+        return seen
+
+    assert asyncio.run(scenario()) == ["orchestrator@local"] * 2 + ["coding@local"]
+    assert (coding.calls, coding.probes) == (2, 2)
+
+
+def test_kv_pressure_read_by_the_kv_loop_moves_work_down_the_chain() -> None:
+    coding, orchestrator = FakeBackend(ok, kv_usage=0.95), FakeBackend(ok, kv_usage=0.1)
+    router = make_router(make_config(), two(coding, orchestrator), watch=True)
+
+    async def scenario() -> tuple[str, dict[str, Any]]:
+        await router.status()  # starts the loops
+        await asyncio.sleep(0.05)  # one round each
+        return await served_by(router), (await router.status())["backends"]
+
+    backend, report = asyncio.run(scenario())
+    assert backend == "orchestrator@local"
+    assert report["coding@local"]["kv_cache_pressure"] is True
+    assert report["coding@local"]["kv_cache_usage"] == 0.95
+    assert report["orchestrator@local"]["kv_cache_pressure"] is False
+
+
+def test_a_failing_status_source_counts_a_health_loop_error_and_routing_goes_on() -> None:
+    deployments = FakeDeployments()
+    deployments.error = RuntimeError("controller unreachable")
+    clock = FakeClock()
+    coding = FakeBackend(ok)
+    router = make_router(
+        make_config(),
+        two(coding, FakeBackend(ok)),
+        watch=True,
+        deployments=deployments,
+        clock=clock,
+    )
+    before = sample("gps_loop_errors_total", loop="health")
+
+    async def scenario() -> str:
+        backend = await served_by(router)  # starts the loops
+        await asyncio.sleep(0.05)
+        return backend
+
+    assert asyncio.run(scenario()) == "coding@local"
+    assert sample("gps_loop_errors_total", loop="health") == before + 1
+    # The loop slept and would go on: all links looked well, so at the idle interval.
+    assert make_config().router.health_idle_interval_s in clock.sleeps
+    metrics = asyncio.run(router.metrics_text()).decode()
+    assert 'gps_loop_errors_total{loop="health"}' in metrics
+
+
+def test_a_failing_placement_actor_counts_a_placement_sync_error() -> None:
+    local, cloud = FakeBackend(ok), FakeBackend(ok)
+    handles = {"reasoning@local": local, "reasoning@cloud": cloud, "cpu-fallback": FakeBackend(ok)}
+    placement = FakePlacement(RayError("the placement actor is restarting"))
+    router = make_router(placed_config(), handles, watch=True, placement=placement)
+    before = sample("gps_loop_errors_total", loop="placement_sync")
+
+    async def scenario() -> dict[str, Any]:
+        await router.status()  # starts the loops
+        await asyncio.sleep(0.05)
+        return await router.status()
+
+    report = asyncio.run(scenario())
+    assert sample("gps_loop_errors_total", loop="placement_sync") == before + 1
+    assert report["placements"] == {"reasoning@local": "local"}  # the last view holds
+
+
+# -- the status report -------------------------------------------------------------------------
+
+
+def test_the_status_reports_tripped_parked_and_draining_backends() -> None:
+    local, cloud, fallback = FakeBackend(engine_error(500)), FakeBackend(ok), FakeBackend(ok)
+    handles = {"reasoning@local": local, "reasoning@cloud": cloud, "cpu-fallback": fallback}
+    deployments = FakeDeployments()
+    router = make_router(placed_config(), handles, deployments=deployments)
+    deployments.set(cloud, running=0)
+
+    async def scenario() -> list[dict[str, Any]]:
+        for _ in range(3):  # three faults open local's breaker
+            await collect(router, job(role=Role.REASONING))
+        tripped = await router.status()
+        deployments.set(cloud, running=1)  # raised for a move, not yet switched to
+        raised = await router.status()
+        return [tripped, raised]
+
+    tripped, raised = asyncio.run(scenario())
+    states = {name: b["state"] for name, b in tripped["backends"].items()}
+    assert states == {
+        "reasoning@local": "degraded",
+        "reasoning@cloud": "parked",
+        "cpu-fallback": "up",
+    }
+    assert tripped["backends"]["reasoning@local"]["breaker"] == "open"
+    assert tripped["status"] == "degraded"  # parked backends do not count
+    assert raised["backends"]["reasoning@cloud"]["state"] == "draining"

@@ -75,6 +75,14 @@ PLACEMENT_MOVES = Counter(
     ["role", "kind", "outcome"],
     registry=REGISTRY,
 )
+# A background loop never dies on an error (it logs, counts here, sleeps and goes on): this
+# counter is how a loop failing every round shows.
+LOOP_ERRORS = Counter(
+    "gps_loop_errors",
+    "Rounds of a router background loop (health, kv, placement_sync) that ended in an error.",
+    ["loop"],
+    registry=REGISTRY,
+)
 MODEL_POOL = Gauge(
     "gps_model_pool",
     "1 for the pool each role serves on now (placement may move it off its home pool).",

@@ -1,0 +1,125 @@
+"""The Router deployment: admission, breakers and failover between the ingress and the engines.
+
+For each job it walks the role's failover chain (`flow.py`): the first link that is running,
+whose breaker lets work through and whose KV cache is not under pressure. There the job waits for
+a slot in the backend's priority queue (`policy.gate`), is fitted to that backend's window, and
+is sent (`serving.py`). A fault before the first token (a 5xx, a dead replica, no first token in
+time) is charged to the backend's breaker and the job moves to the next link, fitted again; after
+the first token the answer goes on on the next link where it can, else the stream ends with an
+SSE error event. Two background loops keep the view fresh (`watch.py`): Serve's replica status
+with health probes for troubled links, and each engine's KV-cache usage. A link's state is
+derived from what was recorded about it (`policy.links`).
+
+State is in memory. With `gateway.router_replicas` > 1, each replica enforces `cap // replicas`
+of every backend, so the sum of slots never exceeds the cap; queues are then ordered per replica.
+Where each model serves now every replica pulls from the placement actor (`placement_sync.py`),
+so all of them follow each move, and one that starts late or restarts routes by it at once.
+
+Everything outside (backends, Serve's status, the placement actor, tokenizers, the clock) comes
+in through `ports.RouterPorts`; `ServeRouter` is the Router with Serve's own (`serve_ports.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle
+
+from autoscale.broadcast import PlacementView
+from core.config import ClusterConfig
+from core.wire import ChatJob, Refusal, Routed
+from deployments.router import metrics
+from deployments.router.faults import stream_error_event
+from deployments.router.flow import Flow
+from deployments.router.link import build_links
+from deployments.router.placement_sync import PlacementSync, home_placement
+from deployments.router.ports import RouterPorts
+from deployments.router.report import backend_state, overall_status, status_report
+from deployments.router.serve_ports import serve_ports
+from deployments.router.watch import Watch
+
+__all__ = [
+    "Router",
+    "RouterPorts",
+    "ServeRouter",
+    "backend_state",
+    "overall_status",
+    "stream_error_event",
+]
+
+
+class Router:
+    def __init__(self, config: ClusterConfig, ports: RouterPorts, watch: bool = True) -> None:
+        """`watch=False` leaves out the background loops (health, KV, placement sync)."""
+        self._config = config
+        self._ports = ports
+        self._watch = watch
+        clock = ports.clock
+        self._links = build_links(config, ports.backends, home_placement(config), clock.monotonic)
+        source = ports.placement if watch else None
+        self._placement = PlacementSync(config, self._links, source, clock)
+        self._health = Watch(config.router, self._links, ports.deployments, clock)
+        self._flow = Flow(config, self._links, self._placement, ports.counters, clock)
+        self._loops: list[asyncio.Task[None]] = []
+
+    async def chat(self, job: ChatJob) -> AsyncGenerator[Any, None]:
+        """[Routed, items...] or [Refusal]; once a stream has begun, a refusal is an SSE error."""
+        self._start_loops()
+        await self._placement.first_sync()
+        streaming = False
+        async for item in self._flow.walk(job):
+            if streaming and isinstance(item, Refusal):
+                item = stream_error_event(f"The answer could not be continued: {item.message}")
+            streaming = streaming or isinstance(item, Routed)
+            yield item
+
+    async def chat_once(self, job: ChatJob) -> list[Any]:
+        """`chat` for a whole (non-streaming) answer, in one call: [Routed, response] or
+        [Refusal]."""
+        return [item async for item in self.chat(job)]
+
+    async def status(self) -> dict[str, Any]:
+        """Per-backend state from Serve's own status, with breaker, queue and KV pressure."""
+        self._start_loops()
+        deployments = await self._ports.deployments.read()
+        placement = self._placement
+        now = self._ports.clock.monotonic()
+        return status_report(
+            self._config, self._links, deployments, placement.placements, placement.moves, now
+        )
+
+    async def metrics_text(self) -> bytes:
+        for name, link in self._links.items():
+            for priority, depth in link.gate.queue.depth_by_class().items():
+                metrics.QUEUE_DEPTH.labels(name, priority.value).set(depth)
+        return metrics.render()
+
+    async def check_health_once(self) -> None:
+        """Mark links without a running replica; probe troubled ones and close them if healthy."""
+        await self._health.check_health_once()
+
+    def held(self) -> dict[str, int]:
+        """Jobs this replica holds per backend: being fitted, queued for a slot or in flight."""
+        return self._placement.held()
+
+    def apply_placement(self, view: PlacementView) -> None:
+        """Send each role's new work where `view` places it; parked backends take none."""
+        self._placement.apply(view)
+
+    def _start_loops(self) -> None:
+        if self._watch and not self._loops:
+            self._loops = [
+                asyncio.create_task(self._health.health_loop()),
+                asyncio.create_task(self._health.kv_loop()),
+            ]
+            if self._placement.follows:
+                self._loops.append(asyncio.create_task(self._placement.loop()))
+
+
+class ServeRouter(Router):
+    """The Router as Serve runs it (cluster/app.py): its ports are Serve's, built in the replica."""
+
+    def __init__(self, config: ClusterConfig, backends: Mapping[str, DeploymentHandle]) -> None:
+        super().__init__(config, serve_ports(config, backends))

@@ -1,0 +1,84 @@
+"""Which failures are a backend's fault, and what the router does with each: engine errors in
+the answer, Ray's and Serve's exceptions, and the two ways a job leaves its link."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from grpc.aio import AioRpcError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
+from ray.serve.exceptions import RayServeException
+
+from policy.engine_errors import EngineError, sse_error
+from policy.stream_migration import Partial, StreamTape
+
+# Faults: the backend's, never the client's. Our own cancellation is neither. Handles on Serve's
+# gRPC data plane (deployments.front_options) raise AioRpcError for what Ray calls fail with.
+BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
+# A replica gone: ActorDiedError over Ray actor calls, ActorUnavailableError over gRPC.
+REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
+
+
+class BackendFault(Exception):
+    """The backend failed before answering; the job may move down its chain."""
+
+
+class MidStreamFault(Exception):
+    """The backend failed after its first token: the answer may go on on the next link."""
+
+    def __init__(self, tape: StreamTape, max_tokens: int, detail: str) -> None:
+        super().__init__(detail)
+        self.tape = tape
+        self.max_tokens = max_tokens
+
+
+@dataclass(frozen=True)
+class Continuing:
+    """An answer being continued: what the client has of it, who began it, its token budget."""
+
+    partial: Partial
+    source: str
+    budget: int
+
+
+def stream_error_event(message: str) -> list[str]:
+    """An SSE error event and the terminator, for failures after the first token was sent."""
+    error = {"error": {"message": message, "type": "server_error", "code": "backend_failed"}}
+    return [f"data: {json.dumps(error)}\n\n", "data: [DONE]\n\n"]
+
+
+def engine_error(item: Any) -> ErrorResponse | None:
+    """The engine's error in a response item (a whole response or a batch of SSE lines)."""
+    leading = item[0] if isinstance(item, list) and item else item
+    return leading if isinstance(leading, ErrorResponse) else None
+
+
+def is_server_error(error: ErrorResponse) -> bool:
+    code = error.error.code
+    return not isinstance(code, int) or code >= 500
+
+
+def split_at_server_error(item: Any) -> tuple[list[Any], ErrorResponse | EngineError | None]:
+    """A batch of SSE lines cut at its first server error (an ErrorResponse, or vLLM's
+    `data: {"error": ...}` line with a 5xx or no code): the parts before it, and the error."""
+    parts = item if isinstance(item, list) else [item]
+    for index, part in enumerate(parts):
+        if isinstance(part, ErrorResponse) and is_server_error(part):
+            return parts[:index], part
+        error = sse_error(part) if isinstance(part, str) else None
+        if error is not None and (error.code is None or error.code >= 500):
+            return parts[:index], error
+    return parts, None
+
+
+def error_text(error: ErrorResponse | EngineError) -> str:
+    if isinstance(error, ErrorResponse):
+        return f"engine error {error.error.code}: {error.error.message}"
+    return f"engine error {error.code}: {error.message}"
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

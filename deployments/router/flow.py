@@ -1,0 +1,179 @@
+"""A job's walk down its role's failover chain.
+
+At each step the first link that is running, whose breaker lets work through and whose KV cache
+is not under pressure (`policy.link_choice`) takes the job: it is fitted to that link's window,
+waits for a slot in its priority queue (`policy.gate`) and is sent (`serving.py`). A fault before
+the first token moves the job to the next link, fitted again; a stream that fails after it goes
+on on the next link as the same answer, where the request allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncGenerator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+
+from core.config import ClusterConfig
+from core.topology import Target
+from core.types import Role
+from core.wire import ChatJob, Refusal
+from deployments.router import metrics
+from deployments.router.faults import BackendFault, Continuing, MidStreamFault, stream_error_event
+from deployments.router.link import Link
+from deployments.router.placement_sync import PlacementSync
+from deployments.router.ports import Clock
+from deployments.router.serving import Serving
+from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
+from policy.context.tokens import TokenCounter
+from policy.gate import Shed
+from policy.link_choice import choose_link
+from policy.stream_migration import continuable, continuation_request
+
+logger = logging.getLogger("ray.serve")
+
+
+class Flow:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        links: Mapping[str, Link],
+        placement: PlacementSync,
+        counters: Mapping[str, TokenCounter],
+        clock: Clock,
+    ) -> None:
+        self._config = config
+        self._links = links
+        self._placement = placement
+        self._counters = counters
+        self._clock = clock
+        self._serving = Serving(config.router)
+        # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
+        # that off the event loop that relays every stream (and fits one at a time, in order).
+        self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
+
+    async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
+        """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
+        chain = self._placement.chain(job.role)
+        tried: list[str] = []
+        original = job.request
+        continuing: Continuing | None = None  # a stream whose link failed after its first token
+        while True:
+            name = self._choose(chain, tried)
+            if name is None:
+                yield self._unavailable(job.role, tried)
+                return
+            link = self._links[name]
+            with link.claimed():
+                admitted = await self._admit(link, job)
+                if isinstance(admitted, Refusal):
+                    if continuing is None:
+                        yield admitted
+                        return
+                    tried.append(name)  # half an answer is out: another link may take the rest
+                    continue
+                try:
+                    async for item in self._serving.serve_on(
+                        link, job, admitted, len(tried), continuing
+                    ):
+                        yield item
+                    return
+                except BackendFault as fault:
+                    logger.warning("backend %s failed before answering: %s", name, fault)
+                    _failed_over(name, tried)
+                except MidStreamFault as fault:
+                    logger.warning("backend %s failed mid-stream: %s", name, fault)
+                    _failed_over(name, tried)
+                    continuing = _continuation(fault, name, continuing, original)
+                    if continuing is None:
+                        yield stream_error_event(f"The backend {name} failed mid-response.")
+                        return
+                    request = continuation_request(original, continuing.partial, continuing.budget)
+                    job = replace(job, request=request)
+
+    def _choose(self, chain: tuple[str, ...], tried: list[str]) -> str | None:
+        views = {name: link.status().view() for name, link in self._links.items()}
+        return choose_link(chain, views, tried)
+
+    async def _admit(self, link: Link, job: ChatJob) -> Fit | Refusal:
+        """The job fitted to `link` and holding one of its slots, or why not."""
+        fitted = await self._fit_or_refusal(job, link.target)
+        if isinstance(fitted, Refusal):
+            return fitted
+        shed = await self._slot(link, job)
+        return fitted if shed is None else shed
+
+    async def _fit_or_refusal(self, job: ChatJob, target: Target) -> Fit | Refusal:
+        try:
+            return await self._fit(job, target)
+        except ContextOverflow as overflow:
+            return Refusal(400, "context_length_exceeded", str(overflow))
+        except Exception as error:  # noqa: BLE001 - a chat template may raise anything on messages it rejects
+            message = f"The messages cannot be rendered: {error}"
+            return Refusal(400, "invalid_request", message)
+
+    async def _slot(self, link: Link, job: ChatJob) -> Refusal | None:
+        """Wait for a slot on `link`; a refusal when admission sheds the job."""
+        waited_from = self._clock.monotonic()
+        try:
+            await link.gate.acquire(job.priority)
+        except Shed as shed:
+            metrics.SHED.labels(job.priority.value, shed.reason).inc()
+            name = link.target.name
+            message = f"The backend {name} is overloaded ({shed.reason}); retry later."
+            return Refusal(429, "overloaded", message, shed.retry_after_s)
+        finally:
+            metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
+                self._clock.monotonic() - waited_from
+            )
+        return None
+
+    async def _fit(self, job: ChatJob, target: Target) -> Fit:
+        """Fit the job to the window of the link that will serve it (windows differ)."""
+        request = job.request
+        fit_args = {
+            "window": max(1, int(target.context_window * job.context_share)),
+            "requested_max_tokens": (
+                request.max_completion_tokens
+                if request.max_completion_tokens is not None
+                else request.max_tokens
+            ),
+            "counter": self._counters[target.tokenizer],
+        }
+        messages = [dict(m) for m in request.messages]
+        quick = pass_through(messages, **fit_args)
+        if quick is not None:  # most requests: proven to fit without tokenizing
+            return quick
+        work = functools.partial(fit_messages, messages, **fit_args)
+        return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
+
+    def _unavailable(self, role: Role, tried: list[str]) -> Refusal:
+        if tried:
+            message = f"Every backend for {role.value!r} failed ({', '.join(tried)})."
+        else:
+            message = f"No backend for {role.value!r} is available now."
+        retry = max(1, round(self._config.router.breaker_cooldown_s))
+        return Refusal(503, "backend_unavailable", message, retry)
+
+
+def _failed_over(name: str, tried: list[str]) -> None:
+    metrics.FAILOVERS.labels(name).inc()
+    tried.append(name)
+
+
+def _continuation(
+    fault: MidStreamFault, name: str, continuing: Continuing | None, original: ChatCompletionRequest
+) -> Continuing | None:
+    """The answer to go on with on the next link, or None where it cannot go on."""
+    partial = fault.tape.partial()
+    if continuing is not None:
+        partial = continuing.partial.then(partial)
+    if not (partial.continuable and continuable(original)):
+        return None
+    budget = continuing.budget if continuing else fault.max_tokens
+    return Continuing(partial, name, budget)

@@ -1,0 +1,154 @@
+"""One chain link (a backend or the fallback) as the router drives it: its slots, breaker and
+KV pressure, the facts recorded about it (`policy.links`), and the jobs it holds."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
+
+from core.config import ClusterConfig
+from core.topology import Target
+from core.types import Role
+from deployments.router import metrics
+from deployments.router.faults import REPLICA_GONE
+from deployments.router.ports import Backend
+from policy.admission import AdmissionQueue
+from policy.breaker import BreakerPolicy, CircuitBreaker, Transition
+from policy.gate import BackendGate, GatePolicy
+from policy.kv_pressure import KvPolicy, KvPressure
+from policy.links import Health, LinkFacts, LinkStatus, link_status
+from policy.oom import OOM_CODE
+
+logger = logging.getLogger("ray.serve")
+
+
+@dataclass
+class Link:
+    target: Target
+    backend: Backend
+    gate: BackendGate
+    breaker: CircuitBreaker
+    kv: KvPressure
+    clock: Callable[[], float]
+    facts: LinkFacts
+    in_flight: int = 0
+    # Jobs that chose this link and have not finished: being fitted, queued for a slot or in
+    # flight. A placement move drains the source until no router replica holds any.
+    claims: int = 0
+    seen_transitions: int = field(default=0)
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        self.claims += 1
+        try:
+            yield
+        finally:
+            self.claims -= 1
+
+    def status(self) -> LinkStatus:
+        return link_status(self.facts, self.breaker, self.kv, self.clock())
+
+    def read(self, health: Health) -> None:
+        self.facts = self.facts.read(health)
+
+    def park(self, parked: bool) -> None:
+        self.facts = self.facts.placed(parked)
+
+    def no_kv_reading(self) -> None:
+        self.facts = self.facts.kv_unobservable()
+
+    def recovered(self, health: Health) -> None:
+        """Seen answering: readings from before the trouble say nothing now (a replaced
+        replica starts empty; a down one left only stale readings, which count as pressure)."""
+        self.read(health)
+        self.kv.forget()
+        self.gate.resume()
+
+    def record_verdict(self, verdict: bool | None) -> None:
+        """True: served; False: a backend fault; None: no verdict (client gone, 4xx)."""
+        if verdict is True:
+            self.breaker.record_success()
+        elif verdict is False:
+            metrics.BACKEND_FAULTS.labels(self.target.name).inc()
+            self.breaker.record_failure()
+        else:
+            self.breaker.record_abandoned()
+        self.count_transitions()
+
+    def note_fault(self, error: BaseException) -> None:
+        """A backend whose only replica died takes no work until Serve has replaced it: without
+        this, requests would wait on Serve's handle for a replica that is not there yet."""
+        if isinstance(error, REPLICA_GONE) and self.target.replicas == 1:
+            self.facts = self.facts.replica_died(self.clock())
+            self.breaker.trip("its only replica died")
+
+    def note_oom(self, error: ErrorResponse) -> None:
+        """A replica out of memory refuses all work until Serve replaces it (llm_server.py);
+        one that only lacked KV room now recovers by itself. Either way, stop sending there:
+        the breaker opens at once, and a passed health probe closes it."""
+        if error.error.type != OOM_CODE:
+            return
+        metrics.BACKEND_OOM.labels(self.target.name).inc()
+        self.breaker.trip(f"out of memory: {error.error.message}")
+
+    def count_transitions(self) -> None:
+        for transition in self.breaker.transitions[self.seen_transitions :]:
+            _log_transition(self.target.name, transition)
+            metrics.BREAKER_TRANSITIONS.labels(self.target.name, transition.target.value).inc()
+        self.seen_transitions = len(self.breaker.transitions)
+
+
+def build_links(
+    config: ClusterConfig,
+    backends: Mapping[str, Backend],
+    placement: Mapping[Role, str],
+    clock: Callable[[], float],
+) -> dict[str, Link]:
+    """A link per backend, each holding `cap // router_replicas` slots (so the replicas' slots
+    never sum past the cap); those not where `placement` puts their role start parked."""
+    settings = config.router
+    breaker_policy = BreakerPolicy(
+        failure_threshold=settings.breaker_failures,
+        cooldown_s=settings.breaker_cooldown_s,
+        half_open_probes=settings.half_open_probes,
+    )
+    kv_policy = KvPolicy(
+        high=settings.kv_cache_high,
+        resume_factor=settings.kv_cache_resume_factor,
+        stale_after_s=settings.kv_stale_after_s,
+    )
+    gate_policy = GatePolicy(settings.queue_timeout_s, settings.retry_after_s)
+    links = {}
+    for name, backend in backends.items():
+        target = config.targets[name]
+        queue = AdmissionQueue(
+            cap=max(1, target.cap // config.gateway.router_replicas),
+            max_queue=settings.max_queue,
+            aging_s=settings.aging_s,
+            shares=settings.class_shares,
+        )
+        role = target.role
+        links[name] = Link(
+            target=target,
+            backend=backend,
+            gate=BackendGate(queue, gate_policy, clock),
+            breaker=CircuitBreaker(breaker_policy, clock),
+            kv=KvPressure(kv_policy),
+            clock=clock,
+            facts=LinkFacts(parked=role is not None and placement.get(role) != name),
+        )
+    return links
+
+
+def _log_transition(backend: str, transition: Transition) -> None:
+    logger.warning(
+        "breaker %s: %s -> %s (%s)",
+        backend,
+        transition.source.value,
+        transition.target.value,
+        transition.reason,
+    )

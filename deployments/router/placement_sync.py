@@ -1,0 +1,145 @@
+"""Where each role serves now, pulled from the placement actor (autoscale/broadcast.py).
+
+Every router replica pulls the actor's view, so all of them follow each move, and one that
+starts late or restarts routes by it at once. Parked backends take no new work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from autoscale.broadcast import SYNC_INTERVAL_S, PlacementView
+from core.config import ClusterConfig
+from core.types import Role
+from deployments.router import metrics
+from deployments.router.faults import describe
+from deployments.router.link import Link
+from deployments.router.ports import Clock, PlacementSource
+from policy.breaker import BreakerState
+from policy.links import Health
+
+logger = logging.getLogger("ray.serve")
+
+# A third of the actor's STALE_AFTER_S: a replica slow to sync still counts as present.
+SYNC_TIMEOUT_S = 5.0
+FIRST_SYNC_WAIT_S = 5.0  # a new router replica waits this long for where models serve now
+
+
+def home_placement(config: ClusterConfig) -> dict[Role, str]:
+    return {b.role: b.name for b in config.home_backends}
+
+
+class PlacementSync:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        links: Mapping[str, Link],
+        source: PlacementSource | None,
+        clock: Clock,
+    ) -> None:
+        self._config = config
+        self._links = links
+        self._source = source
+        self._clock = clock
+        self._placement = home_placement(config)
+        self._moves: list[dict[str, Any]] = []
+        self._moves_counted = 0  # the `seq` of the last move counted in the metrics
+        self._view_version = 0
+        self._synced = asyncio.Event()
+        for role, backend in self._placement.items():
+            if backend in links:
+                metrics.MODEL_POOL.labels(role.value, links[backend].target.pool).set(1)
+
+    @property
+    def follows(self) -> bool:
+        """Whether there is a placement actor to follow (some model can move)."""
+        return self._source is not None
+
+    @property
+    def placements(self) -> Mapping[Role, str]:
+        return self._placement
+
+    @property
+    def moves(self) -> list[dict[str, Any]]:
+        return list(self._moves)
+
+    def chain(self, role: Role) -> tuple[str, ...]:
+        """The role's chain, led by the backend it is placed on now."""
+        chain = self._config.chain(role)
+        placed = self._placement.get(role)
+        if placed is None or (chain and chain[0] == placed):
+            return chain
+        return (placed, *(link for link in chain if link != placed))
+
+    async def first_sync(self) -> None:
+        """Route on the placement actor's view, not the config's home pools, from the start."""
+        if self._source is None or self._synced.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._synced.wait(), FIRST_SYNC_WAIT_S)
+        except TimeoutError:
+            logger.warning("no placement view in %.0f s: routing to home pools", FIRST_SYNC_WAIT_S)
+            self._synced.set()
+
+    async def loop(self) -> None:
+        source = self._source
+        if source is None:
+            return
+        while True:
+            try:
+                await self._sync_once(source)
+            except Exception as error:  # noqa: BLE001 - the actor restarting: keep routing on the last view
+                metrics.LOOP_ERRORS.labels("placement_sync").inc()
+                logger.info("placement sync failed: %s", describe(error))
+            await self._clock.sleep(SYNC_INTERVAL_S)
+
+    async def _sync_once(self, source: PlacementSource) -> None:
+        view = await asyncio.wait_for(source.sync(self._view_version, self.held()), SYNC_TIMEOUT_S)
+        if view is None:
+            # Restarted by Ray with the config it was first made with, maybe older than ours:
+            # start it with ours, and keep routing on the last view meanwhile.
+            await source.start(self._config)
+        else:
+            self.apply(view)
+
+    def held(self) -> dict[str, int]:
+        """Jobs this replica holds per backend: being fitted, queued for a slot or in flight."""
+        return {name: link.claims for name, link in self._links.items()}
+
+    def apply(self, view: PlacementView) -> None:
+        """Send each role's new work where `view` places it; parked backends take none."""
+        for role, backend in view.placements.items():
+            if backend in self._links and self._placement.get(Role(role)) != backend:
+                self._prefer(Role(role), self._links[backend])
+        for link in self._links.values():
+            if link.target.role is not None:
+                link.park(link.target.name in view.parked)
+        self._count_moves(view.moves)
+        self._moves = list(view.moves)
+        self._view_version = view.version
+        self._synced.set()
+
+    def _count_moves(self, moves: tuple[dict[str, Any], ...]) -> None:
+        for move in moves:
+            if move["seq"] <= self._moves_counted:
+                continue
+            if self._view_version:  # on the first view, moves made before this replica are not new
+                metrics.PLACEMENT_MOVES.labels(move["role"], move["kind"], move["outcome"]).inc()
+            self._moves_counted = move["seq"]
+
+    def _prefer(self, role: Role, link: Link) -> None:
+        """The placement actor saw `link`'s replicas RUNNING and healthy before it published
+        the move, so the link is up now, without waiting for a probe."""
+        link.recovered(Health.PLACED)
+        if link.breaker.state is not BreakerState.CLOSED:
+            link.breaker.reset("placed here: running and healthy")
+            link.count_transitions()
+        previous = self._links.get(self._placement.get(role, ""))
+        if previous is not None:
+            metrics.MODEL_POOL.labels(role.value, previous.target.pool).set(0)
+        metrics.MODEL_POOL.labels(role.value, link.target.pool).set(1)
+        self._placement[role] = link.target.name
+        logger.info("placement: %s now served by %s", role.value, link.target.name)

@@ -1,0 +1,92 @@
+"""What the router reaches outside itself, as small typed ports.
+
+The real adapters are in `serve_ports.py` (Serve handles, `serve.status()`, the placement actor);
+unit tests pass fakes, so a Router runs without Ray or a tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+
+from autoscale.broadcast import PlacementView
+from core.config import ClusterConfig
+from policy.context.tokens import TokenCounter
+
+DeploymentKey = tuple[str, str]  # (application, deployment)
+
+
+class ChatStream(Protocol):
+    """A backend's answer, item by item; `cancel` aborts the engine request (a no-op once done)."""
+
+    def __anext__(self) -> Awaitable[Any]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Backend(Protocol):
+    @property
+    def deployment(self) -> DeploymentKey:
+        """The Serve deployment behind it: ours, or one in another app."""
+        ...
+
+    def chat(self, request: ChatCompletionRequest) -> ChatStream: ...
+
+    async def check_health(self) -> None:
+        """Returns when the backend answers healthy; raises otherwise."""
+        ...
+
+    async def kv_cache_usage(self) -> float | None:
+        """The engine's KV-cache usage (0..1); None when it has no such reading to give."""
+        ...
+
+
+@dataclass(frozen=True)
+class DeploymentFacts:
+    status: str  # Serve's deployment status: HEALTHY, UNHEALTHY, UPDATING, UPSCALING, ...
+    running_replicas: int
+
+
+class DeploymentStatuses(Protocol):
+    async def read(self) -> Mapping[DeploymentKey, DeploymentFacts]:
+        """Every deployment Serve knows of, by (application, deployment)."""
+        ...
+
+
+class PlacementSource(Protocol):
+    """The placement actor as one router replica sees it."""
+
+    async def sync(self, version: int, held: Mapping[str, int]) -> PlacementView | None:
+        """Report the view applied and the jobs held per backend; the current view, or None
+        when the actor (restarted) waits for `start`."""
+        ...
+
+    async def start(self, config: ClusterConfig) -> None: ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class RouterPorts:
+    backends: Mapping[str, Backend]  # by backend name (`role@pool`, `cpu-fallback`)
+    deployments: DeploymentStatuses
+    placement: PlacementSource | None  # None: no model can move, so there is nothing to follow
+    counters: Mapping[str, TokenCounter]  # by tokenizer source (Target.tokenizer)
+    clock: Clock

@@ -1,0 +1,91 @@
+"""The router's status report (/healthz, /v1/cluster/status): Serve's facts per backend, with
+each link's breaker, queue and KV pressure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from core.config import ClusterConfig
+from core.topology import Target
+from core.types import Role
+from deployments.router.link import Link
+from deployments.router.ports import DeploymentFacts, DeploymentKey
+from policy.breaker import BreakerState
+
+
+def status_report(
+    config: ClusterConfig,
+    links: Mapping[str, Link],
+    deployments: Mapping[DeploymentKey, DeploymentFacts],
+    placements: Mapping[Role, str],
+    moves: list[dict[str, Any]],
+    now: float,
+) -> dict[str, Any]:
+    backends = {}
+    homes = {t.name for t in config.home_targets}
+    for target in config.targets.values():
+        link = links.get(target.name)
+        if link is None and (target.role is None or target.name not in homes):
+            continue  # not part of this app (benchmarks over bare replicas)
+        facts = deployments.get(link.backend.deployment) if link else None
+        backends[target.name] = backend_report(target, facts, link, now)
+    states = [b["state"] for b in backends.values() if b["state"] != "parked"]
+    return {
+        "status": overall_status(states),
+        "backends": backends,
+        "placements": {name: links[name].target.pool for name in placements.values()},
+        "moves": moves,
+    }
+
+
+def backend_report(
+    target: Target, facts: DeploymentFacts | None, link: Link | None, now: float
+) -> dict[str, Any]:
+    running = facts.running_replicas if facts else 0
+    status = facts.status if facts else "NOT_DEPLOYED"
+    report: dict[str, Any] = {
+        "role": target.role.value if target.role else None,  # None: the fallback, any role
+        "pool": target.pool,
+        "state": backend_state(status, running),
+        "deployment_status": status,
+        "running_replicas": running,
+    }
+    if link is not None:
+        report.update(_link_report(link, report["state"], running, now))
+    return report
+
+
+def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, Any]:
+    breaker = link.breaker.state
+    if link.facts.parked:  # at zero replicas on purpose, or on its way there
+        state = "draining" if running else "parked"
+    elif state == "up" and breaker is not BreakerState.CLOSED:
+        state = "degraded"
+    queue = link.gate.queue
+    return {
+        "state": state,
+        "breaker": breaker.value,
+        "in_flight": link.in_flight,
+        "cap": queue.cap,
+        "queue_depth": queue.depth,
+        "queue_by_priority": {p.value: n for p, n in queue.depth_by_class().items()},
+        "kv_cache_usage": link.kv.usage,
+        "kv_cache_pressure": link.kv.pressured(now),
+    }
+
+
+def backend_state(deployment_status: str, running_replicas: int) -> str:
+    """up: healthy and serving; degraded: serving with trouble; starting; down."""
+    if running_replicas and deployment_status == "HEALTHY":
+        return "up"
+    if running_replicas:
+        return "degraded"
+    return "starting" if deployment_status in {"UPDATING", "UPSCALING"} else "down"
+
+
+def overall_status(states: list[str]) -> str:
+    """ok when every backend is up, down when none serves, degraded in between."""
+    if states and all(s == "up" for s in states):
+        return "ok"
+    return "degraded" if any(s in {"up", "degraded"} for s in states) else "down"

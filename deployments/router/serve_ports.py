@@ -1,0 +1,103 @@
+"""The router's ports as Serve provides them: deployment handles, `serve.status()` and the
+placement actor. Built inside the router replica (`serve_ports`), where those exist."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+from ray import serve
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.serve.exceptions import RayServeException
+from ray.serve.handle import DeploymentHandle
+
+from autoscale.broadcast import PlacementView
+from autoscale.placer import ensure_placer, placement_matters
+from core.config import ClusterConfig
+from deployments.router.ports import (
+    ChatStream,
+    DeploymentFacts,
+    DeploymentKey,
+    RouterPorts,
+    SystemClock,
+)
+from policy.context.counters import counters_for
+
+
+class ServeBackend:
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self._unary = handle
+        self._stream = handle.options(stream=True)  # kept: each .options() builds a router
+
+    @property
+    def deployment(self) -> DeploymentKey:
+        return (self._unary.app_name, self._unary.deployment_name)
+
+    def chat(self, request: ChatCompletionRequest) -> ChatStream:
+        stream: ChatStream = self._stream.chat.remote(request)
+        return stream
+
+    async def check_health(self) -> None:
+        await self._unary.check_health.remote()
+
+    async def kv_cache_usage(self) -> float | None:
+        try:
+            usage: float | None = await self._unary.kv_cache_usage.remote()
+        except (AttributeError, RayServeException) as error:
+            if _method_missing(error):  # a plain LLMServer: it has no reading to give
+                return None
+            raise
+        return usage
+
+
+def _method_missing(error: BaseException) -> bool:
+    """The backend has no such method: Serve says so in a RayServeException's text."""
+    return isinstance(error, AttributeError) or "that does not exist" in str(error)
+
+
+class ServeDeploymentStatuses:
+    async def read(self) -> dict[DeploymentKey, DeploymentFacts]:
+        # serve.status() blocks on the controller: keep it off the routing event loop.
+        overview = await asyncio.to_thread(serve.status)
+        return {
+            (app_name, name): DeploymentFacts(
+                status=str(info.status.value),
+                running_replicas=info.replica_states.get("RUNNING", 0),
+            )
+            for app_name, app in overview.applications.items()
+            for name, info in app.deployments.items()
+        }
+
+
+class ActorPlacement:
+    """The app's placement actor, pulled by this router replica."""
+
+    def __init__(self, actor: Any, replica: str) -> None:
+        self._actor = actor
+        self._replica = replica
+
+    @classmethod
+    def connect(cls, config: ClusterConfig) -> ActorPlacement:
+        context = serve.get_replica_context()
+        namespace = ray.get_runtime_context().namespace
+        return cls(ensure_placer(config, context.app_name, namespace), context.replica_id.unique_id)
+
+    async def sync(self, version: int, held: Mapping[str, int]) -> PlacementView | None:
+        reply = await self._actor.sync.remote(self._replica, version, dict(held))
+        return None if reply["config"] is None else PlacementView.from_json(reply)
+
+    async def start(self, config: ClusterConfig) -> None:
+        await self._actor.start.remote(config)
+
+
+def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) -> RouterPorts:
+    targets = config.targets
+    return RouterPorts(
+        backends={name: ServeBackend(handle) for name, handle in handles.items()},
+        deployments=ServeDeploymentStatuses(),
+        counters=counters_for(targets[name] for name in handles),
+        placement=ActorPlacement.connect(config) if placement_matters(config) else None,
+        clock=SystemClock(),
+    )

@@ -1,0 +1,232 @@
+"""One attempt of a job on one link, holding its slot: send, relay, judge.
+
+A fault before any output raises BackendFault (the job may move down its chain); a stream that
+fails after it raises MidStreamFault (the answer may go on elsewhere). The verdict (served, a
+backend fault, or none) goes to the link's breaker when the attempt ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorResponse,
+)
+from ray.serve.exceptions import RequestCancelledError
+
+from core.config import RouterConfig
+from core.wire import ChatJob, Routed
+from deployments.router import metrics
+from deployments.router.faults import (
+    BACKEND_FAULTS,
+    BackendFault,
+    Continuing,
+    MidStreamFault,
+    describe,
+    engine_error,
+    error_text,
+    is_server_error,
+    split_at_server_error,
+    stream_error_event,
+)
+from deployments.router.link import Link
+from deployments.router.ports import ChatStream
+from policy.context.fit import Fit
+from policy.stream_migration import Rewriter, StreamTape, migration_note
+
+
+@dataclass
+class Attempt:
+    """One job on one link as it goes (`continuing`: this link goes on with an answer another
+    began, so its chunks are rewritten to that answer's)."""
+
+    link: Link
+    fit: Fit
+    streaming: bool
+    continuing: Continuing | None
+    tape: StreamTape = field(init=False)
+    rewriter: Rewriter | None = field(init=False)
+    verdict: bool | None = None  # True: served; False: a backend fault; None: no verdict
+    stream: ChatStream | None = None  # cancelled when the attempt ends, however it ends
+
+    def __post_init__(self) -> None:
+        continuing = self.continuing
+        self.tape = StreamTape(
+            continuing.partial.prompt_tokens if continuing else self.fit.prompt_tokens
+        )
+        self.rewriter = Rewriter(continuing.partial) if continuing else None
+
+    def passed_on(self, item: Any) -> Any:
+        """An item as the client gets it (rewritten when continuing), kept on the tape."""
+        if self.rewriter is not None:
+            item = self.rewriter.lines(item)
+        if self.streaming:
+            self.tape.record(item)
+        return item
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one read of the stream gives the client, and whether the attempt ends there."""
+
+    items: list[Any]
+    ended: bool = False
+    fault: MidStreamFault | None = None  # raised once `items` are out
+
+
+END = Step([], ended=True)
+
+
+class Serving:
+    def __init__(self, settings: RouterConfig) -> None:
+        self._settings = settings
+
+    async def serve_on(
+        self, link: Link, job: ChatJob, fit: Fit, failovers: int, continuing: Continuing | None
+    ) -> AsyncGenerator[Any, None]:
+        """Run the job on `link`, whose slot it holds; raise BackendFault before any output,
+        MidStreamFault when a stream fails after it."""
+        if not link.breaker.try_acquire():  # tripped while we waited for the slot
+            link.gate.release()
+            raise BackendFault("its breaker opened while the job waited")
+        attempt = Attempt(link, fit, bool(job.request.stream), continuing)
+        _enter(link)
+        try:
+            stream, first = await self._first_item(attempt, engine_request(link, job.request, fit))
+            for item in _opening(attempt, first, failovers):
+                yield item
+            if engine_error(first) is not None:  # a client error (4xx): the ingress answers it
+                return
+            while True:
+                step = await self._next_step(attempt, stream)
+                for item in step.items:
+                    yield item
+                if step.fault is not None:
+                    raise step.fault
+                if step.ended:
+                    return
+        finally:
+            _leave(attempt)
+
+    async def _first_item(
+        self, attempt: Attempt, request: ChatCompletionRequest
+    ) -> tuple[ChatStream, Any]:
+        link = attempt.link
+        try:
+            stream = attempt.stream = link.backend.chat(request)
+            first = await asyncio.wait_for(anext(stream), self._settings.first_token_timeout_s)
+        except StopAsyncIteration:
+            attempt.verdict = False
+            raise BackendFault("the response was empty") from None
+        except RequestCancelledError:
+            raise
+        except BACKEND_FAULTS as fault:
+            attempt.verdict = False
+            link.note_fault(fault)
+            raise BackendFault(describe(fault)) from None
+        error = engine_error(first)
+        if error is not None and is_server_error(error):
+            attempt.verdict = False
+            link.note_oom(error)
+            raise BackendFault(f"engine error {error.error.code}: {error.error.message}")
+        return stream, first
+
+    async def _next_step(self, attempt: Attempt, stream: ChatStream) -> Step:
+        try:
+            item = await asyncio.wait_for(anext(stream), self._settings.stream_idle_timeout_s)
+        except StopAsyncIteration:
+            attempt.verdict = attempt.verdict is not False  # an engine error on the way: a fault
+            return END
+        except RequestCancelledError:
+            raise
+        except BACKEND_FAULTS as fault:
+            return _fault_mid_stream(attempt, fault)
+        return _relay(attempt, item)
+
+
+def engine_request(link: Link, request: ChatCompletionRequest, fit: Fit) -> ChatCompletionRequest:
+    return request.model_copy(
+        update={
+            # Each engine answers to its own model id (a backend's is its role name).
+            "model": link.target.model_id,
+            "messages": fit.messages,
+            "max_tokens": fit.max_tokens,
+            "max_completion_tokens": fit.max_tokens,
+        }
+    )
+
+
+def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
+    """What the client gets first: who serves (unless it is a continuation), then the item."""
+    link, fit, continuing = attempt.link, attempt.fit, attempt.continuing
+    error = engine_error(first)
+    opening: list[Any] = []
+    if continuing is None:
+        opening.append(_routed(link, fit, failovers))
+    elif error is not None:
+        # A link that will not continue the answer (its window, its template) has done
+        # nothing wrong and the client already has half an answer: try the next.
+        raise BackendFault(f"it would not continue the answer: {error.error.message}")
+    elif isinstance(first, list) and attempt.rewriter is not None:
+        metrics.STREAM_MIGRATIONS.labels(continuing.source, link.target.name).inc()
+        first = [
+            migration_note(continuing.source, link.target.name),
+            *attempt.rewriter.lines(first),
+        ]
+    if attempt.streaming:
+        attempt.tape.record(first)
+    opening.append(first)
+    return opening
+
+
+def _routed(link: Link, fit: Fit, failovers: int) -> Routed:
+    return Routed(
+        backend=link.target.name,
+        max_tokens=fit.max_tokens,
+        prompt_tokens=fit.prompt_tokens,
+        context_fitted=fit.fitted,
+        dropped_messages=fit.dropped_messages,
+        system_compressed=fit.system_compressed,
+        output_clamped=fit.output_clamped,
+        failovers=failovers,
+    )
+
+
+def _fault_mid_stream(attempt: Attempt, fault: BaseException) -> Step:
+    attempt.verdict = False
+    attempt.link.note_fault(fault)
+    if attempt.streaming:
+        raise MidStreamFault(attempt.tape, attempt.fit.max_tokens, describe(fault)) from None
+    message = f"The backend {attempt.link.target.name} failed mid-response."
+    return Step([stream_error_event(message)], ended=True)
+
+
+def _relay(attempt: Attempt, item: Any) -> Step:
+    head, late = split_at_server_error(item)
+    if late is not None:
+        attempt.verdict = False
+        if isinstance(late, ErrorResponse):
+            attempt.link.note_oom(late)
+        if attempt.streaming:  # what came before the error is the client's; then go on
+            fault = MidStreamFault(attempt.tape, attempt.fit.max_tokens, error_text(late))
+            return Step([attempt.passed_on(head)] if head else [], fault=fault)
+    return Step([attempt.passed_on(item)])
+
+
+def _enter(link: Link) -> None:
+    link.in_flight += 1
+    metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
+
+
+def _leave(attempt: Attempt) -> None:
+    if attempt.stream is not None:
+        attempt.stream.cancel()  # a no-op after the end; aborts the engine request otherwise
+    link = attempt.link
+    link.in_flight -= 1
+    metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
+    link.gate.release()
+    link.record_verdict(attempt.verdict)

@@ -1,0 +1,109 @@
+"""The two background loops that keep the router's view of its links fresh: health (Serve's
+replica status, with probes of troubled links) and each engine's KV-cache usage."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from core.config import RouterConfig
+from deployments.router import metrics
+from deployments.router.faults import describe
+from deployments.router.link import Link
+from deployments.router.ports import Clock, DeploymentFacts, DeploymentStatuses
+from policy.links import Health
+
+logger = logging.getLogger("ray.serve")
+
+HEALTH_PROBE_TIMEOUT_S = 5.0  # a healthy engine answers in milliseconds; a busy one well within
+
+
+class Watch:
+    def __init__(
+        self,
+        settings: RouterConfig,
+        links: Mapping[str, Link],
+        deployments: DeploymentStatuses,
+        clock: Clock,
+    ) -> None:
+        self._settings = settings
+        self._links = links
+        self._deployments = deployments
+        self._clock = clock
+
+    async def health_loop(self) -> None:
+        while True:
+            try:
+                await self.check_health_once()
+            except Exception:  # the loop must outlive any one failed check
+                metrics.LOOP_ERRORS.labels("health").inc()
+                logger.exception("router health check failed")
+            await self._clock.sleep(self._health_interval_s())
+
+    def _health_interval_s(self) -> float:
+        troubled = any(link.status().troubled for link in self._links.values())
+        settings = self._settings
+        return settings.health_interval_s if troubled else settings.health_idle_interval_s
+
+    async def check_health_once(self) -> None:
+        """Mark links without a running replica; probe troubled ones and close them if healthy."""
+        deployments = await self._deployments.read()
+        await asyncio.gather(
+            *(
+                self._check_link(link, deployments.get(link.backend.deployment))
+                for link in self._links.values()
+            )
+        )
+
+    async def _check_link(self, link: Link, facts: DeploymentFacts | None) -> None:
+        if facts is None or not facts.running_replicas:
+            link.read(Health.NO_REPLICA)
+            link.breaker.trip("no running replica")
+        elif not link.status().needs_probe:
+            link.read(Health.RUNNING)
+        elif await self._probe(link):
+            link.recovered(Health.PROBE_PASSED)
+            link.breaker.reset("health check passed")
+        else:
+            # Serve may still count a dead replica as RUNNING: trust only a passed probe.
+            link.read(Health.PROBE_FAILED)
+        link.count_transitions()
+
+    async def _probe(self, link: Link) -> bool:
+        try:
+            await asyncio.wait_for(link.backend.check_health(), HEALTH_PROBE_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - whatever the failure, the link is still unhealthy
+            logger.info("health probe of %s failed: %s", link.target.name, describe(error))
+            return False
+        return True
+
+    async def kv_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.gather(*(self._read_kv(link) for link in self._links.values()))
+            except Exception:  # the loop must outlive any one bad reading
+                metrics.LOOP_ERRORS.labels("kv").inc()
+                logger.exception("router KV-cache reading failed")
+            await self._clock.sleep(self._settings.kv_poll_interval_s)
+
+    async def _read_kv(self, link: Link) -> None:
+        if not link.status().reads_kv:
+            return
+        try:
+            usage = await asyncio.wait_for(
+                link.backend.kv_cache_usage(), self._settings.kv_stale_after_s
+            )
+        except Exception as error:  # noqa: BLE001 - an unanswered reading goes stale: pressure
+            logger.info("KV reading of %s failed: %s", link.target.name, describe(error))
+            return
+        if usage is None:  # a plain LLMServer: stop asking
+            link.no_kv_reading()
+            return
+        now = self._clock.monotonic()
+        link.kv.observe(float(usage), now)
+        metrics.KV_CACHE_USAGE.labels(link.target.name).set(float(usage))
+        if link.kv.pressured(now):
+            link.gate.pause()
+        else:
+            link.gate.resume()
