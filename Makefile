@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit e2e chaos placement stop lint format bench clean
+.PHONY: install model run test unit integration e2e chaos placement stop lint format bench clean
 
 install: $(INSTALLED)
 
@@ -19,7 +19,7 @@ install: $(INSTALLED)
 # GGML_NATIVE=OFF turns on x86-64-v3 (SSE4.2, AVX, AVX2, FMA, F16C, BMI2: every x86 server CPU since
 # 2013); AVX-512 and AMX stay off. pip's own wheel cache is keyed by the source, not the flags, so
 # it could hand back a native build: the wheel lives in a folder named by version and flags, built
-# with no pip cache. tests/unit/test_llama_cpp_portable.py disassembles the installed library.
+# with no pip cache. tests/integration/test_llama_cpp_portable.py disassembles the installed library.
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
 	-DGGML_AMX_BF16=OFF -DGGML_CCACHE=OFF
@@ -66,8 +66,12 @@ format: $(INSTALLED)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-unit: $(INSTALLED) $(MODEL)
+unit: $(INSTALLED)
 	$(VENV)/bin/pytest tests/unit -q
+
+# Real tokenizers and engine processes (llama.cpp, a fake `ollama serve`), no Ray.
+integration: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/integration -q
 
 e2e: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/e2e -q

@@ -31,6 +31,7 @@ from ray.util.state import list_actors
 
 from bench import stack
 from cluster.backends import build_fallback
+from cluster.ray_runtime import this_cluster
 from core.types import FALLBACK_BACKEND
 
 CONFIG = Path(__file__).with_name("chaos.yaml")
@@ -63,7 +64,9 @@ class Tally:
 
 
 def replica_pid(deployment: str) -> int | None:
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000):
+    for actor in list_actors(
+        this_cluster(), filters=[("state", "=", "ALIVE")], detail=True, limit=1000
+    ):
         name = str(actor.get("name") or "")
         if name.startswith(f"SERVE_REPLICA::{stack.ANCHOR_APP}#{deployment}#") and actor.get("pid"):
             return int(actor["pid"])

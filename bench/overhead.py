@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 
 from bench import stack
 from bench.load import LoadResult, run_load

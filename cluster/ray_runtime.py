@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 import ray
@@ -52,25 +53,38 @@ def running_local_cluster(address_file: Path | None = None) -> str | None:
     return address if address and gcs_answers(address) else None
 
 
+def cluster_to_join(environ: Mapping[str, str], address_file: Path | None = None) -> str | None:
+    """The cluster `serve run` joins (RAY_ADDRESS, else a running `ray start` head on this
+    machine), or None to start one. An unreachable RAY_ADDRESS fails now, not after minutes."""
+    given = environ.get("RAY_ADDRESS")
+    if not given:
+        return running_local_cluster(address_file)
+    address = running_local_cluster(address_file) if given == "auto" else given
+    if not address or not (address.startswith("ray://") or gcs_answers(address)):
+        raise RayStartError(f"cannot reach the Ray cluster at RAY_ADDRESS={given}")
+    return address
+
+
 def ensure_ray(config: ClusterConfig) -> None:
-    """Join the running cluster (RAY_ADDRESS or `ray start`), else start one on this machine.
+    """Join the running cluster, else start one on this machine.
 
     A head we start ourselves carries `pool_<name>` for every local pool, so plain
     `serve run cluster.app:build` works on a laptop with no `ray start` first.
     """
     if not ray.is_initialized():
-        if given := os.environ.get("RAY_ADDRESS"):
-            address = running_local_cluster() if given == "auto" else given
-            if not address or not (address.startswith("ray://") or gcs_answers(address)):
-                raise RayStartError(f"cannot reach the Ray cluster at RAY_ADDRESS={given}")
+        if address := cluster_to_join(os.environ):
             ray.init(address=address, namespace=SERVE_NAMESPACE)
-        elif running := running_local_cluster():
-            ray.init(address=running, namespace=SERVE_NAMESPACE)
         else:
             ray.init(
                 address="local", namespace=SERVE_NAMESPACE, resources=local_pool_resources(config)
             )
     check_pools(config, ray.cluster_resources())
+
+
+def this_cluster() -> str:
+    """The GCS address of the cluster this process joined. Ray's state API, given none, reads
+    the address file, which may name a dead cluster (or another one)."""
+    return str(ray.get_runtime_context().gcs_address)
 
 
 def check_pools(config: ClusterConfig, resources: dict[str, float]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["ApiError", "error_type_for"]
+
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",

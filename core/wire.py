@@ -7,6 +7,8 @@ from typing import Any
 
 from core.types import PriorityClass, Role
 
+__all__ = ["ChatJob", "Refusal", "Routed"]
+
 
 @dataclass(frozen=True)
 class ChatJob:

@@ -101,7 +101,7 @@ class Ingress:
     async def healthz(self) -> Response:
         try:
             status: dict[str, Any] = await self._router.status.remote()
-        except Exception as error:  # the router itself is unreachable: that is "down"
+        except Exception as error:  # noqa: BLE001 - the router itself is unreachable: that is "down"
             logger.warning("healthz: router status failed: %s", error)
             status = {"status": "down", "backends": {}, "error": "router unavailable"}
         return JSONResponse(status, status_code=503 if status["status"] == "down" else 200)
@@ -119,7 +119,7 @@ class Ingress:
         # The router's queues, breakers and failovers live in its process: it renders its own.
         try:
             routing: bytes = await self._router.metrics_text.remote()
-        except Exception as error:  # the gateway's own metrics still answer
+        except Exception as error:  # noqa: BLE001 - the gateway's own metrics still answer
             logger.warning("metrics: router unavailable: %s", error)
             routing = b""
         return Response(metrics.render() + routing, media_type=metrics.CONTENT_TYPE)
@@ -235,7 +235,7 @@ def _validate(payload: dict[str, Any], limits: GatewayConfig) -> Any:
         where = ".".join(str(part) for part in first["loc"]) or None
         message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
         raise ApiError(400, "invalid_request", message, param=where) from None
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001
         # vLLM's validators raise what pydantic does not wrap (VLLMValidationError, KeyError)
         # and the sanitizer a plain ValueError: all about the body, none a backend's fault.
         # Our own checks should have caught it first, so it is logged for a new rule.

@@ -118,7 +118,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         source = self._llm_config.model_loading_config.model_source
         try:
             self._counter = await asyncio.to_thread(ChatTemplateCounter.from_pretrained, source)
-        except Exception as error:  # the guard needs exact counts; without them it stays off
+        except Exception as error:  # noqa: BLE001 - the guard needs exact counts; without them it stays off
             logger.warning("memory guard off: no tokenizer for %s (%s)", source, error)
 
     async def kv_cache_usage(self) -> float | None:

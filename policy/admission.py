@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from core.types import PriorityClass
 
+__all__ = ["CLASSES", "AdmissionQueue", "Arrival", "Waiter", "class_limits"]
+
 CLASSES = tuple(PriorityClass)
 
 

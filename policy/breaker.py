@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+__all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "Clock", "Transition"]
+
 Clock = Callable[[], float]
 
 

@@ -16,6 +16,18 @@ from dataclasses import dataclass
 from core.config import DepthConfig
 from core.types import Depth
 
+__all__ = [
+    "CODE",
+    "COMPILED_HINTS",
+    "DEPTH_HEADER",
+    "EFFORT_DEPTHS",
+    "HINTS",
+    "LIST_ITEM",
+    "DepthDecision",
+    "UnknownDepth",
+    "classify",
+]
+
 DEPTH_HEADER = "x-depth"
 
 # vLLM's `reasoning_effort` values.

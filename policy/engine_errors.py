@@ -21,6 +21,18 @@ from typing import Any
 
 from policy.oom import OOM_CODE, error_kind
 
+__all__ = [
+    "BACKEND_4XX",
+    "STATUS_BY_TYPE",
+    "EngineError",
+    "Fault",
+    "exception_fault",
+    "exception_status",
+    "leading_error",
+    "response_fault",
+    "sse_error",
+]
+
 
 class Fault(Enum):
     CLIENT = "client"

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from core.types import PriorityClass
 from policy.admission import AdmissionQueue
 
+__all__ = ["BackendGate", "GatePolicy", "Shed"]
+
 
 class Shed(Exception):
     """Refused by admission: the queue was full of equal or better work, or the wait expired."""

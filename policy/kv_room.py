@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["KvRoom", "admits"]
+
 
 @dataclass(frozen=True)
 class KvRoom:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+__all__ = ["LinkView", "choose_link"]
+
 
 @dataclass(frozen=True)
 class LinkView:

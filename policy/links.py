@@ -15,6 +15,8 @@ from policy.breaker import BreakerState, CircuitBreaker
 from policy.kv_pressure import KvPressure
 from policy.link_choice import LinkView
 
+__all__ = ["Health", "LinkFacts", "LinkStatus", "link_status"]
+
 
 class Health(StrEnum):
     """One health reading of a link."""

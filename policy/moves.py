@@ -23,6 +23,23 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
+__all__ = [
+    "AbandonedBecause",
+    "Action",
+    "Finish",
+    "MoveFacts",
+    "MoveLimits",
+    "MovePlan",
+    "MoveState",
+    "Phase",
+    "Publish",
+    "ScaleTo",
+    "Step",
+    "Wait",
+    "begin",
+    "step",
+]
+
 
 @dataclass(frozen=True)
 class MoveLimits:

@@ -12,6 +12,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+__all__ = [
+    "DEAD_TEXT",
+    "DEAD_TYPES",
+    "OOM_CODE",
+    "OOM_TEXT",
+    "OOM_TYPES",
+    "error_kind",
+    "item_kind",
+]
+
 # The error type a contained replica answers with (HTTP 503): a backend fault, never the client's.
 OOM_CODE = "backend_oom"
 OOM_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})

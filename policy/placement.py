@@ -22,6 +22,8 @@ from typing import Literal
 
 from core.types import GIB
 
+__all__ = ["Decision", "History", "Hold", "ModelPlacement", "Move", "PlacementPolicy", "decide"]
+
 
 @dataclass(frozen=True)
 class PlacementPolicy:

@@ -17,6 +17,17 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+__all__ = [
+    "DATA",
+    "DONE",
+    "Partial",
+    "Rewriter",
+    "StreamTape",
+    "continuable",
+    "continuation_request",
+    "migration_note",
+]
+
 DATA = "data: "
 DONE = "data: [DONE]"
 

@@ -42,7 +42,8 @@ def _load_test_module(file: str) -> Any:
     """A helper module of tests/e2e, imported by path (pytest runs in importlib mode, tests
     are not a package), whose code Serve replicas get by value: they cannot import this folder."""
     spec = importlib.util.spec_from_file_location(f"gps_e2e_{Path(file).stem}", E2E / file)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

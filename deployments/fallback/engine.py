@@ -68,3 +68,7 @@ class FallbackEngine(Protocol):
     def close(self) -> None:
         """Let go of the engine (threads, processes) without waiting: also from `__del__`."""
         ...
+
+    async def aclose(self) -> None:
+        """Stop the engine and wait until its processes have exited."""
+        ...

@@ -135,6 +135,9 @@ class LlamaCppEngine:
     def close(self) -> None:
         self._server.close()
 
+    async def aclose(self) -> None:
+        await self._server.aclose()
+
 
 async def self_test(client: httpx.AsyncClient) -> None:
     """Ready means one real token was generated, not merely that the port is open."""

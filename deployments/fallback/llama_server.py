@@ -83,7 +83,7 @@ class LlamaChat:
     def prepare(self, body: dict[str, Any]) -> Prepared:
         try:
             rendered = self._format(messages=body["messages"])
-        except Exception as error:  # the template rejects the conversation (roles, order)
+        except Exception as error:  # noqa: BLE001 - the template rejects the conversation (roles, order)
             raise BadRequest(
                 "invalid", f"the chat template rejects the messages: {error}"
             ) from None
@@ -191,7 +191,7 @@ async def _lines(chat: LlamaChat, prepared: Prepared, body: dict[str, Any]) -> A
             if not cancelled.is_set():  # the client left while it waited its turn
                 for line in chat.generate(prepared, body, cancelled):
                     emit(line)
-        except Exception as error:  # reported in the stream, never lost in the thread
+        except Exception as error:  # noqa: BLE001 - reported in the stream, never lost in the thread
             emit({"error": f"{type(error).__name__}: {error}", "kind": "engine"})
         finally:
             emit(_END)

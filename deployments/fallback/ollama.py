@@ -265,3 +265,6 @@ class OllamaEngine:
 
     def close(self) -> None:
         self._server.close()
+
+    async def aclose(self) -> None:
+        await self._server.aclose()

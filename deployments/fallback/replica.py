@@ -123,7 +123,7 @@ class CpuFallback:
             except InvalidChat as error:
                 yield error_response(400, "invalid_request", str(error))
                 return
-            except (Exception, StopAsyncIteration) as error:  # nothing sent: the router fails over
+            except (Exception, StopAsyncIteration) as error:  # noqa: BLE001 - nothing sent: the router fails over
                 yield error_response(503, "backend_unavailable", f"CPU fallback: {error!r}")
                 return
             if request.stream:
@@ -150,7 +150,7 @@ class CpuFallback:
                     yield shaper.closing(piece)
                     return
                 yield [shaper.text(piece.text)]
-        except Exception as error:  # after the first token: an error event, never a hang
+        except Exception as error:  # noqa: BLE001 - after the first token: an error event, never a hang
             logger.warning("CPU fallback failed mid-stream: %s", error)
             yield [error_response(503, "backend_unavailable", f"CPU fallback: {error}")]
 
@@ -166,7 +166,7 @@ class CpuFallback:
             while isinstance(item, Piece):
                 text.append(item.text)
                 item = await anext(pieces)
-        except Exception as error:  # nothing was sent yet: a fault the router fails over on
+        except Exception as error:  # noqa: BLE001 - nothing was sent yet: a fault the router fails over on
             return error_response(503, "backend_unavailable", f"CPU fallback: {error}")
         return shaper.whole("".join(text), item)
 
@@ -176,6 +176,12 @@ class CpuFallback:
     async def kv_cache_usage(self) -> float | None:
         """No KV-cache reading: the router's pressure breaker leaves the fallback alone."""
         return None
+
+    async def aclose(self) -> None:
+        """Stop the engine and wait for it (tests; Serve calls `__del__`, which cannot wait)."""
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            await engine.aclose()
 
     def __del__(self) -> None:  # Serve calls it when the replica is shut down
         engine = getattr(self, "_engine", None)

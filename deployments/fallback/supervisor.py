@@ -34,6 +34,7 @@ RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 UP_POLL_S = 0.1
 # A server whose connection just broke is reaped within milliseconds if it died.
 DEATH_GRACE_S = 1.0
+STOP_TIMEOUT_S = 10.0  # a stopped server that has not exited by then is killed
 
 Command = Callable[[int], Sequence[str]]  # the server's argv, given its port
 ReadyCheck = Callable[[httpx.AsyncClient], Awaitable[None]]  # raises until it serves
@@ -142,13 +143,14 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._start_timeout_s
         while True:
-            assert self._process is not None and self._client is not None
+            assert self._process is not None
+            assert self._client is not None
             if self._process.returncode is not None:
                 raise EngineUnavailable(f"{self.name} exited with {self._process.returncode}")
             try:
                 await self._ready_check(self._client)
                 return
-            except Exception as error:  # not up yet, or up and not right yet: ask again
+            except Exception as error:  # noqa: BLE001 - not up yet, or up and not right yet: ask again
                 if loop.time() > deadline:
                     self._kill()
                     raise EngineUnavailable(f"{self.name} did not serve in time: {error}") from None
@@ -167,7 +169,7 @@ class Supervisor:
                 await self._launch()
                 self.restarts += 1
                 failures = 0
-            except Exception as error:  # keep trying: the replica reports unhealthy meanwhile
+            except Exception as error:  # noqa: BLE001 - keep trying: the replica reports unhealthy meanwhile
                 failures += 1
                 logger.warning("%s restart failed: %s", self.name, error)
                 self._kill()
@@ -176,6 +178,24 @@ class Supervisor:
         if self._process is not None and self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._process.send_signal(self._stop_signal)
+
+    async def aclose(self) -> None:
+        """Stop watching and stop the server, and wait until it has exited (killed if it must)."""
+        watcher, process, client = self._watcher, self._process, self._client
+        self._client = None
+        self.close()
+        if watcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if process is not None:
+            try:
+                await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        if client is not None:
+            await client.aclose()
 
     def close(self) -> None:
         """Stop watching and stop the server, without waiting (also from `__del__`)."""

@@ -14,6 +14,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+__all__ = [
+    "EDGE_SHARE",
+    "MAX_UNIT_CHARS",
+    "Unit",
+    "compress",
+    "query_terms",
+    "score_unit",
+    "split_units",
+]
+
 MAX_UNIT_CHARS = 1200  # longer lines are split into sentences, then into slices of this size
 EDGE_SHARE = 0.10
 

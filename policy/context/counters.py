@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from core.topology import Target
 from policy.context.tokens import CharEstimateCounter, ChatTemplateCounter, TokenCounter
 
+__all__ = ["counters_for", "load_counter"]
+
 logger = logging.getLogger("ray.serve")
 
 
@@ -16,7 +18,7 @@ def load_counter(source: str) -> TokenCounter:
     embedded ones); the character estimate if none can load."""
     try:
         return ChatTemplateCounter.from_pretrained(source)
-    except Exception as error:  # any loader failure leaves us counting by estimate
+    except Exception as error:  # noqa: BLE001 - any loader failure leaves us counting by estimate
         logger.warning("no tokenizer for %s (%s): counting by character estimate", source, error)
         return CharEstimateCounter()
 

@@ -28,6 +28,19 @@ from dataclasses import dataclass
 from policy.context.compress import compress
 from policy.context.tokens import Message, TokenCounter, message_text
 
+__all__ = [
+    "MARKER",
+    "MAX_ATTEMPTS",
+    "MESSAGE_OVERHEAD_TOKENS",
+    "PROMPT_OVERHEAD_TOKENS",
+    "ContextOverflow",
+    "Fit",
+    "FitPolicy",
+    "fit_messages",
+    "group_turns",
+    "pass_through",
+]
+
 # Template tokens around one message (ChatML: <|im_start|>role\n ... <|im_end|>\n); the exact
 # count at the end corrects any error, this only steers the search.
 MESSAGE_OVERHEAD_TOKENS = 5

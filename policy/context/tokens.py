@@ -14,6 +14,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+__all__ = [
+    "CONTENT_CACHE_ENTRIES",
+    "PLAIN_KEYS",
+    "PLAIN_ROLES",
+    "CharEstimateCounter",
+    "ChatTemplateCounter",
+    "Message",
+    "TokenCounter",
+    "is_plain",
+    "message_text",
+]
+
 Message = dict[str, Any]
 
 CONTENT_CACHE_ENTRIES = 4096
@@ -90,7 +102,7 @@ class ChatTemplateCounter:
                     ]
                 ),
             ]
-        except Exception:  # a template that rejects empty or unusual turns: always count
+        except Exception:  # noqa: BLE001 - a template that rejects empty or unusual turns: always count
             return None
         # `base` holds the generation prompt and any default system prompt the template adds
         # when none is given; counting it twice also covers a system message's own frame.

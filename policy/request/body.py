@@ -19,6 +19,8 @@ import numpy as np
 
 from core.errors import ApiError
 
+__all__ = ["nesting_exceeds", "parse_object"]
+
 # A JSON string from its opening quote to its closing one, or to the end of a truncated body.
 # It cannot fail once started (a lone backslash at the end still matches), so `sub` never
 # backtracks and rescans: linear even on adversarial input.

@@ -8,6 +8,17 @@ from typing import Any, NoReturn
 
 from core.errors import ApiError
 
+__all__ = [
+    "check_optional",
+    "fail",
+    "fail_choice",
+    "is_int",
+    "is_number",
+    "json_kind",
+    "require",
+    "short",
+]
+
 
 def fail(param: str, problem: str) -> NoReturn:
     raise ApiError(400, "invalid_request", f"Invalid request: {param} {problem}.", param=param)

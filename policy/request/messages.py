@@ -13,6 +13,15 @@ from typing import Any
 from core.errors import ApiError
 from policy.request.fields import check_optional, fail, fail_choice, json_kind, require
 
+__all__ = [
+    "ASSISTANT_WITHOUT_CONTENT",
+    "AUDIO_FORMATS",
+    "IMAGE_DETAILS",
+    "PART_TYPES",
+    "ROLES",
+    "check_messages",
+]
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # audio_url and video_url are vLLM's. `file` is OpenAI's, but no backend here reads it: vLLM has
 # no parser for it, and the CPU fallback would drop it without a word.

@@ -23,6 +23,18 @@ from policy.request.fields import (
 )
 from policy.request.messages import check_messages
 
+__all__ = [
+    "BOOL_FIELDS",
+    "INT_RANGES",
+    "LOGIT_BIAS_RANGE",
+    "MAX_STOP_SEQUENCES",
+    "NUMBER_RANGES",
+    "RESPONSE_FORMATS",
+    "STRING_FIELDS",
+    "TOOL_CHOICES",
+    "check_chat_request",
+]
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's bounds for seeds and token counts
 # (low, high), inclusive: OpenAI's ranges. top_p may not be 0 either: vLLM wants (0, 1].
 NUMBER_RANGES = {

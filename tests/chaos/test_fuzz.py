@@ -19,6 +19,8 @@ import httpx
 import pytest
 from ray.util.state import list_actors
 
+from cluster.ray_runtime import this_cluster
+
 API_KEY = "test-user-key"  # tests/e2e/gateway.yaml
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 SEED = int(os.environ.get("GPS_FUZZ_SEED", "13"))  # a failure replays from its seed and index
@@ -35,7 +37,8 @@ FAULT_METRICS = ("gps_backend_faults_total", "gps_failovers_total", "gps_backend
 
 def _load(path: Path) -> Any:
     spec = importlib.util.spec_from_file_location(f"gps_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -52,7 +55,7 @@ def breakers(http: httpx.Client) -> dict[str, str]:
 
 def replicas() -> set[str]:
     """The gateway's live replica actors (a replaced replica comes back under a new id)."""
-    actors = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
+    actors = list_actors(this_cluster(), filters=[("state", "=", "ALIVE")], limit=10_000)
     return {
         str(actor.get("name"))
         for actor in actors

@@ -21,6 +21,8 @@ from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 from ray.util.state import list_actors
 
+from cluster.ray_runtime import this_cluster
+
 API_KEY = "test-user-key"  # tests/e2e/gateway.yaml
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 ORCHESTRATOR, CODING = "orchestrator@local", "coding@local"
@@ -30,7 +32,9 @@ RECOVERY_S = 480  # Serve replaces a vLLM replica in about a minute here; genero
 
 def replica_pid(deployment: str, state: str = "ALIVE") -> int | None:
     """The worker process of the deployment's replica actor in `state`, if there is one."""
-    for actor in list_actors(filters=[("state", "=", state)], detail=True, limit=1000):
+    for actor in list_actors(
+        this_cluster(), filters=[("state", "=", state)], detail=True, limit=1000
+    ):
         name = actor.get("name") or ""
         if name.startswith(f"SERVE_REPLICA::gateway#{deployment}#") and actor.get("pid"):
             return int(actor["pid"])
@@ -74,7 +78,7 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
         try:
             if check():
                 return
-        except Exception:  # the app answering slowly while it recovers
+        except Exception:  # noqa: BLE001 - the app answering slowly while it recovers
             pass
         time.sleep(2)
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
@@ -214,7 +218,8 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
         if len(lines) == 4:
             server.send_signal(signal.SIGKILL)
     stream = read_stream([x for x in lines if x])
-    assert stream["done"] and not stream["errors"], lines[-3:]
+    assert stream["done"], lines[-3:]
+    assert not stream["errors"], lines[-3:]
     assert not _running(server)
     # The replica never died: the same worker answers, with a new engine child, which took the
     # rest of the answer (the kill came after four lines of up to 400 tokens).

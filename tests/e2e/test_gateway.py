@@ -8,10 +8,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from core.config import ClusterConfig
 
-HELLO = [{"role": "user", "content": "Say hello in three words."}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello in three words."}]
 
 
 def chat_body(**overrides: Any) -> dict[str, Any]:
@@ -29,7 +30,8 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["code"] == code
-    assert error["message"] and error["type"]
+    assert error["message"]
+    assert error["type"]
     assert "Traceback" not in response.text
     return dict(error)
 

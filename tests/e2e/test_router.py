@@ -180,7 +180,8 @@ def test_overload_sheds_background_with_429_and_users_see_no_errors(
     assert [r.status_code for r in users] == [200] * len(users)
     assert background[429] > 0
     assert set(background) <= {200, 429}, background
-    assert retry_after and all(value.isdigit() for value in retry_after)
+    assert retry_after
+    assert all(value.isdigit() for value in retry_after)
 
 
 def replica_actor_names(deployment: str) -> list[str]:
@@ -223,7 +224,7 @@ def test_a_killed_replica_loses_no_request_and_its_breaker_closes_when_it_is_bac
 
     def back() -> bool:
         app = serve.status().applications["gateway"].deployments[deployment]
-        running = app.replica_states.get("RUNNING", 0) == 1
+        running: bool = app.replica_states.get("RUNNING", 0) == 1
         return running and status(http)["backends"][ORCHESTRATOR]["breaker"] == "closed"
 
     wait_for(back, 480, "Serve to replace the replica and the breaker to close")

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from autoscale.vram import GIB, NvmlSource
+from autoscale.vram import NvmlSource
+from core.types import GIB
 from policy.oom import error_kind
 
 torch = pytest.importorskip("torch")
@@ -130,7 +131,8 @@ def test_a_real_vram_drop_decides_an_offload_and_recovery_a_restore(
     away = ModelPlacement("reasoning", 3, ("local", "cloud"), "cloud")
     back = decide(free_now(), [away], History({}, {"reasoning": 0}), 120, policy)
     print(
-        f"\nplacement on real NVML: local free {squeezed['local'] / GIB:.2f} GiB while held -> "
+        f"\nplacement on real NVML: local free {(squeezed['local'] or 0) / GIB:.2f} GiB "
+        "while held -> "
         f"{move.kind} {move.role} {move.source}->{move.target} ({move.reason}); "
         f"allocation to decision {decided_s:.2f} s; after release: "
         f"{[(m.kind, m.source, m.target) for m in back.moves]}"

@@ -90,7 +90,8 @@ def wait_serving(app: subprocess.Popen[bytes]) -> list[psutil.Process]:
         pytest.fail("the app did not serve in time")
     engines = engine_processes()
     titles = " ".join(" ".join(p.cmdline()) for p in engines)
-    assert "llama_server" in titles and "VLLM::" in titles, titles
+    assert "llama_server" in titles, titles
+    assert "VLLM::" in titles, titles
     return engines
 
 

@@ -33,7 +33,8 @@ def test_admits_up_to_the_cap_then_queues() -> None:
     assert q.arrive(1, USER, 0).admitted
     assert q.arrive(2, USER, 0).admitted
     third = q.arrive(3, USER, 0)
-    assert not third.admitted and third.shed == ()
+    assert not third.admitted
+    assert third.shed == ()
     assert (q.in_flight, q.depth) == (2, 1)
     assert q.release(1) == [3]
     assert (q.in_flight, q.depth) == (2, 0)
@@ -64,7 +65,8 @@ def test_a_full_queue_sheds_the_lowest_class_newest_first() -> None:
     q.arrive(1, BACKGROUND, 1)
     q.arrive(2, BACKGROUND, 2)
     arrival = q.arrive(3, USER, 3)
-    assert arrival.shed == (2,) and not arrival.admitted
+    assert arrival.shed == (2,)
+    assert not arrival.admitted
     assert q.depth_by_class() == {USER: 1, AGENT: 0, BACKGROUND: 1}
 
 
@@ -122,7 +124,8 @@ def test_an_aged_background_waiter_gets_the_higher_share_at_the_next_event() -> 
         q.arrive(t, BACKGROUND, 0)
     assert not q.arrive(3, BACKGROUND, 0).admitted
     arrival = q.arrive(4, BACKGROUND, 25)  # ticket 3 has waited two classes' worth: user-level
-    assert arrival.granted == (3,) and not arrival.admitted
+    assert arrival.granted == (3,)
+    assert not arrival.admitted
     assert q.in_flight == 4
 
 
@@ -165,7 +168,8 @@ def test_kv_pressure_hysteresis_and_staleness() -> None:
     assert not kv.pressured(2)
     assert kv.pressured(7.1)  # the reading went stale
     kv.forget()  # a replaced engine: trusted again until it reports
-    assert not kv.pressured(100) and kv.usage is None
+    assert not kv.pressured(100)
+    assert kv.usage is None
 
 
 def gate(cap: int = 1, max_queue: int = 4, timeout_s: float = 5.0) -> BackendGate:
@@ -210,7 +214,8 @@ def test_gate_sheds_with_retry_after_on_timeout_and_when_displaced() -> None:
         return displaced.value, timed_out.value, g.queue.depth
 
     displaced, timed_out, depth = asyncio.run(scenario())
-    assert "displaced" in displaced.reason and displaced.retry_after_s == 3
+    assert "displaced" in displaced.reason
+    assert displaced.retry_after_s == 3
     assert "timed out" in timed_out.reason
     assert depth == 0
 

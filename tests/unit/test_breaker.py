@@ -58,7 +58,8 @@ def test_half_open_after_cooldown_lets_one_probe_through() -> None:
     assert not b.try_acquire()  # the probe slot is taken
     b.record_success()
     assert b.state is BreakerState.CLOSED
-    assert b.try_acquire() and b.try_acquire()
+    assert b.try_acquire()
+    assert b.try_acquire()
 
 
 def test_a_failed_probe_reopens_with_a_fresh_cooldown() -> None:

@@ -444,7 +444,8 @@ def test_bad_class_shares_are_refused(
     data = base()
     data["router"] = {"class_shares": shares}
     message = config_error(tmp_path, data)
-    assert "router" in message and expected in message
+    assert "router" in message
+    assert expected in message
 
 
 def test_key_priority_above_its_cap_is_refused(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ RULES = DepthConfig()
 
 
 def depth_of(text: str, **kwargs: str) -> Depth:
-    return classify(text, rules=RULES, **kwargs).depth  # type: ignore[arg-type]
+    return classify(text, rules=RULES, **kwargs).depth
 
 
 def test_header_wins_over_everything() -> None:

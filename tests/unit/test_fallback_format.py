@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
@@ -32,10 +33,12 @@ def test_chat_params_take_the_fitted_limits_and_flatten_text_parts() -> None:
     assert chat_params(bare, default_max_tokens=500).max_tokens == 500
 
 
-def lines_json(lines: list[str]) -> list[dict[str, object] | str]:
-    out: list[dict[str, object] | str] = []
+def lines_json(lines: list[str]) -> list[Any]:
+    """Each SSE line's JSON body, or the "[DONE]" terminator."""
+    out: list[Any] = []
     for line in lines:
-        assert line.startswith("data: ") and line.endswith("\n\n")
+        assert line.startswith("data: ")
+        assert line.endswith("\n\n")
         body = line[len("data: ") : -2]
         out.append(body if body == "[DONE]" else json.loads(body))
     return out
@@ -46,13 +49,16 @@ def test_a_stream_opens_with_the_role_and_closes_with_reason_usage_and_done() ->
     opening = lines_json(shaper.opening("Hel"))
     closing = lines_json(shaper.closing(Finish("length", prompt_tokens=9, completion_tokens=4)))
     role, first = opening
-    assert isinstance(role, dict) and isinstance(first, dict)
-    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # type: ignore[index]
-    assert first["choices"][0]["delta"] == {"content": "Hel"}  # type: ignore[index]
-    assert role["id"] == first["id"] and str(role["id"]).startswith("chatcmpl-")
+    assert isinstance(role, dict)
+    assert isinstance(first, dict)
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["choices"][0]["delta"] == {"content": "Hel"}
+    assert role["id"] == first["id"]
+    assert str(role["id"]).startswith("chatcmpl-")
     end, usage, done = closing
-    assert end["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
-    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 13  # type: ignore[index]
+    assert end["choices"][0]["finish_reason"] == "length"
+    assert usage["choices"] == []
+    assert usage["usage"]["total_tokens"] == 13
     assert done == "[DONE]"
 
 

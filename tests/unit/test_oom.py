@@ -31,13 +31,9 @@ def test_memory_error_is_oom_and_other_errors_are_not() -> None:
 def test_engine_death_is_told_apart_from_oom_and_causes_are_followed() -> None:
     dead = EngineDeadError("EngineCore encountered an issue. See stack trace (above).")
     assert error_kind(dead) == "engine_dead"
-    try:
-        try:
-            raise MemoryError("CUDA out of memory")
-        except MemoryError as cause:
-            raise EngineDeadError("EngineCore encountered an issue.") from cause
-    except EngineDeadError as chained:
-        assert error_kind(chained) == "oom"
+    chained = EngineDeadError("EngineCore encountered an issue.")
+    chained.__cause__ = MemoryError("CUDA out of memory")  # as `raise ... from cause` sets it
+    assert error_kind(chained) == "oom"
 
 
 def test_error_responses_and_sse_error_lines_are_read() -> None:

@@ -11,7 +11,7 @@ import pytest
 from cluster.ray_runtime import (
     RayStartError,
     check_pools,
-    ensure_ray,
+    cluster_to_join,
     local_pool_resources,
     running_local_cluster,
 )
@@ -117,12 +117,23 @@ def test_no_or_garbled_address_file_is_no_cluster(tmp_path: Path, content: str |
     assert running_local_cluster(address_file) is None
 
 
-def test_an_unreachable_ray_address_is_refused_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_unreachable_ray_address_is_refused_at_once(tmp_path: Path) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
     with pytest.raises(RayStartError, match="cannot reach the Ray cluster at RAY_ADDRESS"):
-        ensure_ray(mixed_config())
+        cluster_to_join({"RAY_ADDRESS": f"127.0.0.1:{port}"}, tmp_path / "none")
+
+
+def test_no_ray_address_and_no_running_cluster_means_start_one(tmp_path: Path) -> None:
+    assert cluster_to_join({}, tmp_path / "none") is None
+
+
+def test_a_reachable_ray_address_or_client_url_is_joined(tmp_path: Path) -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        assert cluster_to_join({"RAY_ADDRESS": address}, tmp_path / "none") == address
+    client = "ray://head.example:10001"  # Ray Client: reached by ray.init itself
+    assert cluster_to_join({"RAY_ADDRESS": client}, tmp_path / "none") == client

@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.testclient import TestClient
 
 from core.config import GatewayConfig, load_config
@@ -39,7 +39,8 @@ API_KEY = "test-user-key"  # its sha256 is in tests/e2e/gateway.yaml
 def _load(path: Path) -> Any:
     """A helper module imported by path: tests are not a package."""
     spec = importlib.util.spec_from_file_location(f"gps_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
@@ -129,7 +130,7 @@ async def answer(ingress: Ingress, body: bytes, headers: dict[str, str]) -> tupl
         response: Response = await ingress._chat(request)
     except ApiError as error:
         return error.status, error.body()
-    if response.media_type == "text/event-stream":
+    if isinstance(response, StreamingResponse):
         return response.status_code, [part async for part in response.body_iterator]
     return response.status_code, json.loads(bytes(response.body))
 
@@ -147,8 +148,10 @@ def ingress(router: CheckingRouter) -> Ingress:
 def assert_openai_error(body: Any) -> None:
     error = body["error"]
     assert set(error) == {"message", "type", "code", "param"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["type"] == "invalid_request_error" and isinstance(error["code"], str)
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert isinstance(error["code"], str)
     json.dumps(body)  # what the client gets is JSON
 
 

@@ -46,8 +46,16 @@ def spawn_tree(tmp_path: object, armed: bool) -> tuple[subprocess.Popen[str], li
     replica = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, text=True, env=env)
     assert replica.stdout is not None
     pids = [int(pid) for pid in replica.stdout.readline().split()]
-    assert len(pids) == 2 and all(process_alive(pid) for pid in pids)
+    assert len(pids) == 2
+    assert all(process_alive(pid) for pid in pids)
     return replica, pids
+
+
+def sigkill(replica: subprocess.Popen[str]) -> None:
+    replica.kill()
+    replica.wait()
+    assert replica.stdout is not None
+    replica.stdout.close()
 
 
 def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
@@ -68,16 +76,14 @@ def _hook_installed() -> None:
 
 def test_engine_processes_die_with_a_replica_killed_by_sigkill(tmp_path: object) -> None:
     replica, pids = spawn_tree(tmp_path, armed=True)
-    replica.kill()
-    replica.wait()
+    sigkill(replica)
     assert wait_gone(pids, timeout_s=30) == [], "engine processes outlived their replica"
 
 
 def test_without_the_variable_they_would_be_orphaned(tmp_path: object) -> None:
     """The control: what happens to vLLM's processes without the hook."""
     replica, pids = spawn_tree(tmp_path, armed=False)
-    replica.kill()
-    replica.wait()
+    sigkill(replica)
     try:
         assert wait_gone(pids, timeout_s=2) == pids
     finally:

@@ -56,9 +56,9 @@ def fallback(loop: asyncio.AbstractEventLoop) -> Iterator[CpuFallback]:
         keep_alive="1m",
     )
     replica = CpuFallback.__new__(CpuFallback)
-    loop.run_until_complete(replica.__init__(settings))  # Serve awaits its async __init__
+    loop.run_until_complete(CpuFallback.__init__(replica, settings))  # Serve awaits it
     yield replica
-    replica.__del__()
+    loop.run_until_complete(replica.aclose())
 
 
 def ask(loop: asyncio.AbstractEventLoop, replica: CpuFallback, **fields: Any) -> list[Any]:
@@ -155,8 +155,9 @@ def test_a_client_that_leaves_stops_its_generation(loop: asyncio.AbstractEventLo
     try:
         pieces, stats = loop.run_until_complete(leave_then_ask())
     finally:
-        engine.close()
-    assert isinstance(pieces[-1], Finish) and pieces[-1].completion_tokens == 2
+        loop.run_until_complete(engine.aclose())
+    assert isinstance(pieces[-1], Finish)
+    assert pieces[-1].completion_tokens == 2
     # One worker runs requests in order: the second ran after the first had stopped early.
     assert stats["cancelled"] == 1
 
@@ -186,12 +187,15 @@ def test_an_engine_killed_mid_answer_is_restarted_and_the_answer_completed(
         cut = loop.run_until_complete(answer(kill_after=3))
         health = loop.run_until_complete(engine.check_health())
     finally:
-        engine.close()
+        loop.run_until_complete(engine.aclose())
     assert health is None  # healthy again, on a new process
-    assert engine.pid != first_pid and engine.restarts == 1 and engine.retried == 1
+    assert engine.pid != first_pid
+    assert engine.restarts == 1
+    assert engine.retried == 1
     # One answer, as if nothing happened: the restarted engine went on from the text already
     # sent (greedy decoding gives the same words), and the count covers the whole of it.
-    assert len(whole) > 4 and isinstance(whole[-1], Finish)
+    assert len(whole) > 4
+    assert isinstance(whole[-1], Finish)
     assert _text(cut) == _text(whole)
     assert cut[-1] == whole[-1]
 
@@ -217,21 +221,21 @@ asyncio.run(main())
 def test_an_engine_dies_with_its_replica_killed_by_sigkill() -> None:
     if not GGUF.is_file():
         pytest.fail(f"{GGUF} is missing: run `make model` (make test does it)")
-    replica = subprocess.Popen(
+    with subprocess.Popen(  # the `with` kills nothing, but closes the pipe and reaps
         [sys.executable, "-c", REPLICA_SCRIPT, str(GGUF)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert replica.stdout is not None
-        engine_pid = int(replica.stdout.readline())
-        assert process_alive(engine_pid)
-        replica.kill()  # SIGKILL: no code of the replica runs
-        replica.wait()
-        deadline = time.monotonic() + 30
-        while process_alive(engine_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not process_alive(engine_pid), f"engine {engine_pid} outlived its replica"
-    finally:
-        replica.kill()
+    ) as replica:
+        try:
+            assert replica.stdout is not None
+            engine_pid = int(replica.stdout.readline())
+            assert process_alive(engine_pid)
+            replica.kill()  # SIGKILL: no code of the replica runs
+            replica.wait()
+            deadline = time.monotonic() + 30
+            while process_alive(engine_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not process_alive(engine_pid), f"engine {engine_pid} outlived its replica"
+        finally:
+            replica.kill()
 
 
 def process_alive(pid: int) -> bool:

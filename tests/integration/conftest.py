@@ -1,3 +1,9 @@
+"""Integration tests: real tokenizers, real engine processes, real signals; no Ray.
+
+They need `make model` (the demo model and its GGUF) and take tens of seconds; tests/unit
+needs neither.
+"""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -64,7 +64,7 @@ def run_with(engine: OllamaEngine, work: Callable[[], Awaitable[T]]) -> T:
         try:
             return await work()
         finally:
-            engine.close()
+            await engine.aclose()
 
     return asyncio.run(scenario())
 
@@ -163,7 +163,8 @@ def test_a_server_that_dies_is_restarted_and_serves_again(fake_ollama: str, gguf
             if engine.restarts == 1:
                 break
             await asyncio.sleep(0.05)
-        assert engine.restarts == 1 and engine.pid != first_pid
+        assert engine.restarts == 1
+        assert engine.pid != first_pid
         await engine.check_health()
         return await collect(engine, params)
 
@@ -179,7 +180,7 @@ def test_an_error_line_mid_stream_is_an_engine_fault(fake_ollama: str, gguf: Pat
         async with httpx.AsyncClient(base_url=engine.base_url) as client:
             await client.post("/_fake/fail", json={"mode": "error_line"})
         got: list[Piece | Finish] = []
-        with pytest.raises(EngineUnavailable, match="injected failure"):
+        with pytest.raises(EngineUnavailable, match="injected failure"):  # noqa: PT012 - mid-stream
             async for piece in engine.chat(params):
                 got.append(piece)
         return got
@@ -206,7 +207,7 @@ def test_auto_picks_ollama_where_the_binary_is_on_path(
 
     async def scenario() -> tuple[str, Any]:
         replica = CpuFallback.__new__(CpuFallback)
-        await replica.__init__(settings)  # Serve awaits its async __init__
+        await CpuFallback.__init__(replica, settings)  # Serve awaits its async __init__
         try:
             return await replica.engine(), [item async for item in replica.chat(request)]
         finally:
@@ -224,5 +225,6 @@ def test_the_real_ollama_binary_serves_the_demo_gguf() -> None:
     engine = engine_for(binary, str(DEMO_GGUF))
     params = ChatParams(messages=[{"role": "user", "content": "Say hello."}], max_tokens=8)
     pieces = run_with(engine, lambda: collect(engine, params))
-    assert isinstance(pieces[-1], Finish) and pieces[-1].completion_tokens <= 8
+    assert isinstance(pieces[-1], Finish)
+    assert pieces[-1].completion_tokens <= 8
     assert "".join(p.text for p in pieces if isinstance(p, Piece)).strip()
