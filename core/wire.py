@@ -1,13 +1,54 @@
-"""What the Ingress and the Router send each other (plain, picklable values)."""
+"""What the deployments send each other (plain, picklable values).
+
+Ingress -> router: a `ChatJob`; router -> ingress: `Routed` then the answer, or a `Refusal`.
+Router -> engine: vLLM's own request, carrying the prompt count the router fitted it with
+(`with_prompt_count`), so the engine's replica never tokenizes the prompt a second time.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from core.types import PriorityClass, Role
 
-__all__ = ["ChatJob", "Refusal", "Routed"]
+__all__ = [
+    "PROMPT_COUNT_FIELD",
+    "ChatJob",
+    "PromptCount",
+    "Refusal",
+    "Routed",
+    "take_prompt_count",
+    "with_prompt_count",
+]
+
+# An extra field on vLLM's request (its schema allows extras); taken off before vLLM sees it.
+PROMPT_COUNT_FIELD = "gps_prompt_count"
+Request = TypeVar("Request", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class PromptCount:
+    """The prompt's tokens as the router fitted it: exact, or an upper bound that fit."""
+
+    tokens: int
+    exact: bool
+
+
+def with_prompt_count(request: Request, count: PromptCount) -> Request:
+    return request.model_copy(update={PROMPT_COUNT_FIELD: count})
+
+
+def take_prompt_count(request: Request) -> tuple[Request, PromptCount | None]:
+    """The request without the carried count (a copy), and the count if one was carried."""
+    extra = getattr(request, "__pydantic_extra__", None) or {}
+    if PROMPT_COUNT_FIELD not in extra:
+        return request, None
+    bare = request.model_copy()
+    count = (bare.__pydantic_extra__ or {}).pop(PROMPT_COUNT_FIELD)
+    return bare, count if isinstance(count, PromptCount) else None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.serve.llm import LLMServer
 
+from core.wire import PromptCount, take_prompt_count
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
 from policy.kv_room import KvRoom, admits
@@ -115,11 +116,6 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         self._stats = _EngineStats()
         manager.stat_loggers.append(self._stats)
         self._capacity = _kv_capacity_tokens(client)
-        source = self._llm_config.model_loading_config.model_source
-        try:
-            self._counter = await asyncio.to_thread(ChatTemplateCounter.from_pretrained, source)
-        except Exception as error:  # noqa: BLE001 - the guard needs exact counts; without them it stays off
-            logger.warning("memory guard off: no tokenizer for %s (%s)", source, error)
 
     async def kv_cache_usage(self) -> float | None:
         """The engine's KV-cache usage (0..1) after its last step; None if not observable."""
@@ -130,8 +126,9 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             yield oom_response(f"This replica is being replaced: {self._failure}")
             return
         started = False  # once the answer has begun, a failure is the stream's, not the request's
+        request, count = take_prompt_count(request)
         try:
-            refusal = await self._guard(request)  # its chat template may reject the messages
+            refusal = await self._guard(request, count)  # its template may reject the messages
             if refusal is not None:
                 yield refusal
                 return
@@ -152,6 +149,22 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             else:
                 yield client_error(str(error))
 
+    async def _count_exactly(self, request: Any) -> int | None:
+        """The prompt's exact count, for the rare request whose bound did not fit the room:
+        the tokenizer loads on first need, not at start (most replicas never need it). None
+        when it cannot load: then the guard lets the request through, as with no guard."""
+        if self._counter is None:
+            source = self._llm_config.model_loading_config.model_source
+            try:
+                self._counter = await asyncio.to_thread(
+                    ChatTemplateCounter.from_pretrained, source
+                )
+            except Exception as error:  # noqa: BLE001 - any loader failure: no exact counts
+                logger.warning("memory guard: no tokenizer for %s (%s)", source, error)
+                return None
+        messages = [dict(m) for m in request.messages]
+        return await asyncio.to_thread(self._counter.count_prompt, messages)
+
     def _contain(self, kind: str, detail: str) -> ErrorResponse:
         """Answer with the controlled code and mark the replica for replacement."""
         what = "ran out of memory" if kind == "oom" else "engine died"
@@ -160,19 +173,19 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             logger.error("replica %s: %s; refusing work until Serve replaces it", what, detail)
         return oom_response(f"The backend {what}; the request can be retried elsewhere.")
 
-    async def _guard(self, request: Any) -> ErrorResponse | None:
-        if self._stats is None or self._capacity is None or self._counter is None:
-            return None
+    async def _guard(self, request: Any, count: PromptCount | None) -> ErrorResponse | None:
+        """Refuse what the KV cache has no room for now, by the count the router fitted the
+        prompt with; only a bound that does not prove it fits is counted here, exactly."""
+        if self._stats is None or self._capacity is None or count is None:
+            return None  # not sent through our router: nothing counted, no guard
         room = KvRoom(self._capacity, self._stats.usage, self._stats.running)
         if room.running == 0:
             return None  # an idle engine holds a whole window (vLLM checked at start)
         max_tokens = request.max_completion_tokens or request.max_tokens or 0
-        messages = [dict(m) for m in request.messages]
-        bound = self._counter.upper_bound(messages)
-        if bound is not None and admits(room, bound + max_tokens):
-            return None  # proven to fit without tokenizing
-        prompt = await asyncio.to_thread(self._counter.count_prompt, messages)
-        if admits(room, prompt + max_tokens):
+        if admits(room, count.tokens + max_tokens):
+            return None  # exact, or a bound that fits: either way it fits
+        prompt = count.tokens if count.exact else await self._count_exactly(request)
+        if prompt is None or admits(room, prompt + max_tokens):
             return None
         return oom_response(
             f"Not enough KV cache free for this request now: it needs {prompt + max_tokens} "

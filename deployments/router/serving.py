@@ -19,7 +19,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from ray.serve.exceptions import RequestCancelledError
 
 from core.config import RouterConfig
-from core.wire import ChatJob, Routed
+from core.wire import ChatJob, PromptCount, Routed, with_prompt_count
 from deployments.router import metrics
 from deployments.router.faults import (
     BACKEND_FAULTS,
@@ -149,7 +149,7 @@ class Serving:
 
 
 def engine_request(link: Link, request: ChatCompletionRequest, fit: Fit) -> ChatCompletionRequest:
-    return request.model_copy(
+    fitted = request.model_copy(
         update={
             # Each engine answers to its own model id (a backend's is its role name).
             "model": link.target.model_id,
@@ -158,6 +158,7 @@ def engine_request(link: Link, request: ChatCompletionRequest, fit: Fit) -> Chat
             "max_completion_tokens": fit.max_tokens,
         }
     )
+    return with_prompt_count(fitted, PromptCount(fit.prompt_tokens, exact=fit.counted))
 
 
 def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:

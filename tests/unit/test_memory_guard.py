@@ -1,0 +1,110 @@
+"""The replica's memory guard judges by the prompt count the router carried with the request.
+
+The engine is a fake (LLMServer.chat patched); the replica has no tokenizer, and for every
+request that carries an exact count, or a bound that fits, it never needs one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorResponse,
+)
+from ray.serve.llm import LLMServer
+
+from core.wire import PROMPT_COUNT_FIELD, PromptCount, take_prompt_count, with_prompt_count
+from deployments.llm_server import ObservedLLMServer
+from policy.oom import OOM_CODE
+
+CAPACITY = 1000  # tokens of KV cache
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+class _Stats:
+    def __init__(self, usage: float, running: int) -> None:
+        self.usage, self.running = usage, running
+
+
+class _Replica(ObservedLLMServer):
+    def __del__(self) -> None:  # type: ignore[override]  # no engine to stop
+        pass
+
+
+def guarded_replica(monkeypatch: pytest.MonkeyPatch, usage: float) -> tuple[Any, list[Any]]:
+    """A replica whose engine is `usage` full with one request running; what reached it."""
+    reached: list[Any] = []
+
+    async def engine_chat(self: Any, request: Any, raw: Any = None) -> AsyncIterator[Any]:
+        reached.append(request)
+
+        async def stream() -> AsyncIterator[Any]:
+            yield "data: {}\n\n"
+
+        return stream()
+
+    monkeypatch.setattr(LLMServer, "chat", engine_chat)
+    server: Any = object.__new__(_Replica)
+    server._failure = server._counter = None
+    server._stats = _Stats(usage, running=1)
+    server._capacity = CAPACITY
+    return server, reached
+
+
+def ask(server: Any, count: PromptCount | None, max_tokens: int = 100) -> Any:
+    request = ChatCompletionRequest(model="m", messages=MESSAGES, max_tokens=max_tokens)
+    if count is not None:
+        request = with_prompt_count(request, count)
+
+    async def first() -> Any:
+        return [item async for item in server.chat(request)][0]
+
+    return asyncio.run(first())
+
+
+def test_an_exact_count_that_fits_the_free_cache_reaches_the_engine_without_the_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, reached = guarded_replica(monkeypatch, usage=0.5)  # 500 tokens free
+    assert ask(server, PromptCount(400, exact=True)) == "data: {}\n\n"
+    assert PROMPT_COUNT_FIELD not in (reached[0].__pydantic_extra__ or {})
+    assert server._counter is None  # nothing was tokenized here
+
+
+def test_an_exact_count_past_the_free_cache_is_refused_as_the_backends_fault(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, reached = guarded_replica(monkeypatch, usage=0.5)
+    answer = ask(server, PromptCount(401, exact=True))
+    assert isinstance(answer, ErrorResponse)
+    assert answer.error.type == OOM_CODE
+    assert "needs 501 tokens (401 prompt + 100 output), 500 are free" in answer.error.message
+    assert reached == []
+    assert server._counter is None
+
+
+def test_a_bound_that_fits_is_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    server, reached = guarded_replica(monkeypatch, usage=0.5)
+    assert ask(server, PromptCount(400, exact=False)) == "data: {}\n\n"
+    assert server._counter is None
+
+
+def test_no_carried_count_means_no_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    server, reached = guarded_replica(monkeypatch, usage=0.99)
+    assert ask(server, None) == "data: {}\n\n"
+    assert len(reached) == 1
+
+
+def test_the_count_survives_pickling_and_is_taken_off_a_copy() -> None:
+    request = ChatCompletionRequest(model="m", messages=MESSAGES)
+    carried = pickle.loads(pickle.dumps(with_prompt_count(request, PromptCount(7, exact=True))))
+    bare, count = take_prompt_count(carried)
+    assert count == PromptCount(7, exact=True)
+    assert PROMPT_COUNT_FIELD not in (bare.__pydantic_extra__ or {})
+    assert PROMPT_COUNT_FIELD in (carried.__pydantic_extra__ or {})  # the sender's copy is kept
+    assert take_prompt_count(bare) == (bare, None)
