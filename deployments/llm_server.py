@@ -156,9 +156,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         if self._counter is None:
             source = self._llm_config.model_loading_config.model_source
             try:
-                self._counter = await asyncio.to_thread(
-                    ChatTemplateCounter.from_pretrained, source
-                )
+                self._counter = await asyncio.to_thread(ChatTemplateCounter.from_pretrained, source)
             except Exception as error:  # noqa: BLE001 - any loader failure: no exact counts
                 logger.warning("memory guard: no tokenizer for %s (%s)", source, error)
                 return None
