@@ -62,7 +62,8 @@ def ask(server: Any, count: PromptCount | None, max_tokens: int = 100) -> Any:
         request = with_prompt_count(request, count)
 
     async def first() -> Any:
-        return [item async for item in server.chat(request)][0]
+        items = [item async for item in server.chat(request)]
+        return items[0]
 
     return asyncio.run(first())
 
@@ -91,6 +92,7 @@ def test_an_exact_count_past_the_free_cache_is_refused_as_the_backends_fault(
 def test_a_bound_that_fits_is_enough(monkeypatch: pytest.MonkeyPatch) -> None:
     server, reached = guarded_replica(monkeypatch, usage=0.5)
     assert ask(server, PromptCount(400, exact=False)) == "data: {}\n\n"
+    assert len(reached) == 1
     assert server._counter is None
 
 
