@@ -1,10 +1,62 @@
-"""OpenAI-style errors: `{"error": {"message", "type", "code", "param"}}` with the right status."""
+"""The gateway's one error taxonomy: every code a client can see, and who is at fault.
+
+Clients get OpenAI's error JSON `{"error": {"message", "type", "code", "param"}}`; `type`
+follows the status (`error_type_for`), `code` is one of `ErrorCode`. The tree, by fault:
+
+    the client's (never charged to a backend, never failed over)
+    ├── 400 invalid_json, json_too_deep, too_many_messages, missing_model,
+    │       invalid_request (a field, or what an engine rejects: policy.engine_errors),
+    │       context_length_exceeded (the latest user message alone cannot fit),
+    │       invalid_priority
+    ├── 401 missing_api_key, invalid_api_key
+    ├── 404 model_not_found, not_found          405 method_not_allowed
+    └── 413 request_too_large
+    the gateway's capacity (the client may retry: Retry-After)
+    └── 429 overloaded (shed by admission, or waited past router.queue_timeout_s)
+    a backend's (charged to its breaker; the job moves down its chain)
+    ├── backend_oom          out of memory or a dead engine (policy.oom): the replica is replaced
+    ├── backend_error        any other engine failure (5xx, or 502 when the engine said 4xx)
+    ├── backend_unavailable  503: every link of the chain failed or is down
+    └── backend_failed       an SSE error event: the stream broke after its first token and
+                             no link could continue it (policy.stream_migration)
+    ours
+    └── 500 internal_error   a bug in the gateway: logged with its trace, never shown
+
+In-process, a failure travels as an exception until an adapter turns it into one of these:
+`ApiError` (ingress: raised by the request checks, rendered by deployments/error_response.py),
+`Refusal` (router -> ingress, core/wire.py), vLLM's `ErrorResponse` (engine -> router), which
+`policy.engine_errors` reads as an `EngineError` and judges `Fault.CLIENT` or `Fault.BACKEND`.
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
-__all__ = ["ApiError", "error_type_for"]
+__all__ = ["ApiError", "ErrorCode", "error_type_for"]
+
+
+class ErrorCode(StrEnum):
+    INVALID_JSON = "invalid_json"
+    JSON_TOO_DEEP = "json_too_deep"
+    TOO_MANY_MESSAGES = "too_many_messages"
+    MISSING_MODEL = "missing_model"
+    INVALID_REQUEST = "invalid_request"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    INVALID_PRIORITY = "invalid_priority"
+    MISSING_API_KEY = "missing_api_key"
+    INVALID_API_KEY = "invalid_api_key"
+    MODEL_NOT_FOUND = "model_not_found"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    REQUEST_TOO_LARGE = "request_too_large"
+    OVERLOADED = "overloaded"
+    BACKEND_OOM = "backend_oom"
+    BACKEND_ERROR = "backend_error"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    BACKEND_FAILED = "backend_failed"
+    INTERNAL_ERROR = "internal_error"
+
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",

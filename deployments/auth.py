@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.config import ApiKeyConfig, hash_key
-from core.errors import ApiError
+from core.errors import ApiError, ErrorCode
 from core.types import PriorityClass
 
 PRIORITY_HEADER = "x-priority"
@@ -37,7 +37,7 @@ class KeyRing:
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(
                 401,
-                "missing_api_key",
+                ErrorCode.MISSING_API_KEY,
                 "No API key given: send the header 'Authorization: Bearer <key>'.",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -45,7 +45,7 @@ class KeyRing:
         if key is None:
             raise ApiError(
                 401,
-                "invalid_api_key",
+                ErrorCode.INVALID_API_KEY,
                 "The API key is not valid.",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -63,7 +63,7 @@ def claimed_priority(header: str | None, caller: Caller) -> PriorityClass:
             choices = ", ".join(c.value for c in PriorityClass)
             raise ApiError(
                 400,
-                "invalid_priority",
+                ErrorCode.INVALID_PRIORITY,
                 f"X-Priority must be one of: {choices}.",
                 param="X-Priority",
             ) from None

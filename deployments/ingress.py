@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from core.config import ClusterConfig, GatewayConfig
-from core.errors import ApiError
+from core.errors import ApiError, ErrorCode
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Refusal, Routed
 from deployments import metrics
@@ -43,9 +43,11 @@ logger = logging.getLogger("ray.serve")
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
 # What Starlette itself refuses (routing), as OpenAI error codes.
-HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
+HTTP_ERROR_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
 # Error types our replicas set that clients see as the error's code (the fallback's too).
-PASSED_THROUGH_CODES = frozenset({OOM_CODE, "backend_unavailable", "context_length_exceeded"})
+PASSED_THROUGH_CODES = frozenset(
+    {OOM_CODE, ErrorCode.BACKEND_UNAVAILABLE, ErrorCode.CONTEXT_LENGTH_EXCEEDED}
+)
 
 
 @app.exception_handler(ApiError)
@@ -57,14 +59,16 @@ async def _api_error(_: Request, error: Exception) -> Response:
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, error: Exception) -> Response:
     assert isinstance(error, StarletteHTTPException)
-    code = HTTP_ERROR_CODES.get(error.status_code, "invalid_request")
+    code = HTTP_ERROR_CODES.get(error.status_code, ErrorCode.INVALID_REQUEST)
     return error_response(ApiError(error.status_code, code, str(error.detail)))
 
 
 @app.exception_handler(Exception)
 async def _unexpected(_: Request, error: Exception) -> Response:
     logger.exception("unexpected error in the ingress")
-    return error_response(ApiError(500, "internal_error", "The gateway hit an internal error."))
+    return error_response(
+        ApiError(500, ErrorCode.INTERNAL_ERROR, "The gateway hit an internal error.")
+    )
 
 
 class Ingress:
@@ -171,12 +175,14 @@ class Ingress:
         """The role a request names; None for `auto`, which the depth router resolves."""
         name = payload.get("model")
         if not isinstance(name, str) or not name:
-            raise ApiError(400, "missing_model", "The field 'model' is required.", param="model")
+            raise ApiError(
+                400, ErrorCode.MISSING_MODEL, "The field 'model' is required.", param="model"
+            )
         if name not in self._served:
             available = ", ".join(self._served)
             raise ApiError(
                 404,
-                "model_not_found",
+                ErrorCode.MODEL_NOT_FOUND,
                 f"The model {name!r} does not exist. Available models: {available}.",
                 param="model",
             )
@@ -199,13 +205,13 @@ class Ingress:
                 reasoning_effort=effort if isinstance(effort, str) else None,
             )
         except UnknownDepth as error:
-            raise ApiError(400, "invalid_request", str(error), param="X-Depth") from None
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, str(error), param="X-Depth") from None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
     too_large = ApiError(
         413,
-        "request_too_large",
+        ErrorCode.REQUEST_TOO_LARGE,
         f"The request body exceeds the limit of {limit} bytes.",
     )
     declared = request.headers.get("content-length")
@@ -234,14 +240,16 @@ def _validate(payload: dict[str, Any], limits: GatewayConfig) -> Any:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or None
         message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, "invalid_request", message, param=where) from None
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
     except Exception as error:  # noqa: BLE001
         # vLLM's validators raise what pydantic does not wrap (VLLMValidationError, KeyError)
         # and the sanitizer a plain ValueError: all about the body, none a backend's fault.
         # Our own checks should have caught it first, so it is logged for a new rule.
         logger.warning("request refused by vLLM's schema, not ours: %r", error)
         param = getattr(error, "parameter", None)
-        raise ApiError(400, "invalid_request", f"Invalid request: {error}", param=param) from None
+        raise ApiError(
+            400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}", param=param
+        ) from None
 
 
 def _has_image_parts(payload: dict[str, Any]) -> bool:
@@ -285,12 +293,12 @@ def _engine_error(response: ErrorResponse) -> ApiError:
     error = EngineError(info.code, info.type, info.message, info.param)
     if response_fault(error) is Fault.CLIENT:  # whatever an engine rejects as invalid: 400
         if "context length" in info.message.lower():
-            code = "context_length_exceeded"
+            code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
         else:
-            code = info.type if info.type in PASSED_THROUGH_CODES else "invalid_request"
+            code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.INVALID_REQUEST
         return ApiError(400, code, info.message, param=info.param)
     status = info.code if isinstance(info.code, int) and info.code >= 500 else 502
-    code = info.type if info.type in PASSED_THROUGH_CODES else "backend_error"
+    code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.BACKEND_ERROR
     return ApiError(status, code, info.message)
 
 

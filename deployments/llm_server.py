@@ -27,6 +27,7 @@ from typing import Any
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.serve.llm import LLMServer
 
+from core.errors import ErrorCode
 from core.wire import PromptCount, take_prompt_count
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
@@ -60,7 +61,9 @@ def judged(item: Any) -> Any:
         response = client_error(error.message, error.param)
     else:
         code = error.code if error.code is not None and error.code >= 500 else 502
-        info = ErrorInfo(message=error.message, type=error.kind or "backend_error", code=code)
+        info = ErrorInfo(
+            message=error.message, type=error.kind or ErrorCode.BACKEND_ERROR, code=code
+        )
         response = ErrorResponse(error=info)
     return [response] if isinstance(item, list) else response
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.errors import ErrorCode
+
 __all__ = [
     "DEAD_TEXT",
     "DEAD_TYPES",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 # The error type a contained replica answers with (HTTP 503): a backend fault, never the client's.
-OOM_CODE = "backend_oom"
+OOM_CODE = ErrorCode.BACKEND_OOM
 OOM_TYPES = frozenset({"OutOfMemoryError", "MemoryError"})
 DEAD_TYPES = frozenset({"EngineDeadError"})
 OOM_TEXT = ("out of memory", "outofmemoryerror", "cuda error: out of memory")

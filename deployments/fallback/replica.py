@@ -18,6 +18,7 @@ from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
+from core.errors import ErrorCode
 from deployments.fallback.engine import (
     FallbackEngine,
     Finish,
@@ -108,7 +109,9 @@ class CpuFallback:
 
     async def chat(self, request: ChatCompletionRequest) -> AsyncIterator[Any]:
         if (request.n or 1) > 1:
-            yield error_response(400, "invalid_request", "The CPU fallback answers n=1 only.")
+            yield error_response(
+                400, ErrorCode.INVALID_REQUEST, "The CPU fallback answers n=1 only."
+            )
             return
         default_max = max(1, self._settings.context_window // 4)
         pieces = self._engine.chat(chat_params(request, default_max))
@@ -118,13 +121,13 @@ class CpuFallback:
             try:
                 first = await anext(pieces)
             except PromptTooLong as error:
-                yield error_response(400, "context_length_exceeded", str(error))
+                yield error_response(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(error))
                 return
             except InvalidChat as error:
-                yield error_response(400, "invalid_request", str(error))
+                yield error_response(400, ErrorCode.INVALID_REQUEST, str(error))
                 return
             except (Exception, StopAsyncIteration) as error:  # noqa: BLE001 - nothing sent: the router fails over
-                yield error_response(503, "backend_unavailable", f"CPU fallback: {error!r}")
+                yield error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error!r}")
                 return
             if request.stream:
                 async for item in self._stream(first, pieces, shaper):
@@ -152,7 +155,7 @@ class CpuFallback:
                 yield [shaper.text(piece.text)]
         except Exception as error:  # noqa: BLE001 - after the first token: an error event, never a hang
             logger.warning("CPU fallback failed mid-stream: %s", error)
-            yield [error_response(503, "backend_unavailable", f"CPU fallback: {error}")]
+            yield [error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error}")]
 
     async def _whole(
         self,
@@ -167,7 +170,7 @@ class CpuFallback:
                 text.append(item.text)
                 item = await anext(pieces)
         except Exception as error:  # noqa: BLE001 - nothing was sent yet: a fault the router fails over on
-            return error_response(503, "backend_unavailable", f"CPU fallback: {error}")
+            return error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error}")
         return shaper.whole("".join(text), item)
 
     async def check_health(self) -> None:

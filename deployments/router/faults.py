@@ -12,6 +12,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import RayServeException
 
+from core.errors import ErrorCode
 from policy.engine_errors import EngineError, sse_error
 from policy.stream_migration import Partial, StreamTape
 
@@ -46,7 +47,9 @@ class Continuing:
 
 def stream_error_event(message: str) -> list[str]:
     """An SSE error event and the terminator, for failures after the first token was sent."""
-    error = {"error": {"message": message, "type": "server_error", "code": "backend_failed"}}
+    error = {
+        "error": {"message": message, "type": "server_error", "code": ErrorCode.BACKEND_FAILED}
+    }
     return [f"data: {json.dumps(error)}\n\n", "data: [DONE]\n\n"]
 
 

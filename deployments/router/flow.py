@@ -20,6 +20,7 @@ from typing import Any
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
 from core.config import ClusterConfig
+from core.errors import ErrorCode
 from core.topology import Target
 from core.types import Role
 from core.wire import ChatJob, Refusal
@@ -112,10 +113,10 @@ class Flow:
         try:
             return await self._fit(job, target)
         except ContextOverflow as overflow:
-            return Refusal(400, "context_length_exceeded", str(overflow))
+            return Refusal(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(overflow))
         except Exception as error:  # noqa: BLE001 - a chat template may raise anything on messages it rejects
             message = f"The messages cannot be rendered: {error}"
-            return Refusal(400, "invalid_request", message)
+            return Refusal(400, ErrorCode.INVALID_REQUEST, message)
 
     async def _slot(self, link: Link, job: ChatJob) -> Refusal | None:
         """Wait for a slot on `link`; a refusal when admission sheds the job."""
@@ -126,7 +127,7 @@ class Flow:
             metrics.SHED.labels(job.priority.value, shed.reason).inc()
             name = link.target.name
             message = f"The backend {name} is overloaded ({shed.reason}); retry later."
-            return Refusal(429, "overloaded", message, shed.retry_after_s)
+            return Refusal(429, ErrorCode.OVERLOADED, message, shed.retry_after_s)
         finally:
             metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
                 self._clock.monotonic() - waited_from
@@ -158,7 +159,7 @@ class Flow:
         else:
             message = f"No backend for {role.value!r} is available now."
         retry = max(1, round(self._config.router.breaker_cooldown_s))
-        return Refusal(503, "backend_unavailable", message, retry)
+        return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
 
 
 def _failed_over(name: str, tried: list[str]) -> None:

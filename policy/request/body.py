@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import ApiError
+from core.errors import ApiError, ErrorCode
 
 __all__ = ["nesting_exceeds", "parse_object"]
 
@@ -62,7 +62,7 @@ def parse_object(body: bytes, max_depth: int) -> dict[str, Any]:
     if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(payload):
         raise _invalid("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff unpaired)")
     if not isinstance(payload, dict):
-        raise ApiError(400, "invalid_request", "The request body must be a JSON object.")
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, "The request body must be a JSON object.")
     return payload
 
 
@@ -87,9 +87,11 @@ def _has_lone_surrogate(payload: Any) -> bool:
 
 def _too_deep(limit: int) -> ApiError:
     return ApiError(
-        400, "json_too_deep", f"The request body nests arrays and objects more than {limit} deep."
+        400,
+        ErrorCode.JSON_TOO_DEEP,
+        f"The request body nests arrays and objects more than {limit} deep.",
     )
 
 
 def _invalid(reason: str) -> ApiError:
-    return ApiError(400, "invalid_json", f"The request body is not valid JSON: {reason}.")
+    return ApiError(400, ErrorCode.INVALID_JSON, f"The request body is not valid JSON: {reason}.")

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from core.errors import ApiError
+from core.errors import ApiError, ErrorCode
 
 __all__ = [
     "check_optional",
@@ -21,7 +21,9 @@ __all__ = [
 
 
 def fail(param: str, problem: str) -> NoReturn:
-    raise ApiError(400, "invalid_request", f"Invalid request: {param} {problem}.", param=param)
+    raise ApiError(
+        400, ErrorCode.INVALID_REQUEST, f"Invalid request: {param} {problem}.", param=param
+    )
 
 
 def fail_choice(param: str, value: Any, allowed: tuple[str, ...], context: str = "") -> NoReturn:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.errors import ApiError
+from core.errors import ApiError, ErrorCode
 from policy.request.fields import check_optional, fail, fail_choice, json_kind, require
 
 __all__ = [
@@ -47,7 +47,7 @@ def check_messages(messages: Any, limit: int) -> None:
     if len(messages) > limit:
         raise ApiError(
             400,
-            "too_many_messages",
+            ErrorCode.TOO_MANY_MESSAGES,
             f"messages holds {len(messages)} messages; this gateway takes at most {limit}.",
             param="messages",
         )
