@@ -34,6 +34,9 @@ class PlacementView:
     placements: Mapping[str, str]
     parked: frozenset[str]
     moves: tuple[dict[str, Any], ...] = ()
+    # Placement rounds that ended in an error since the actor started: the routers expose it
+    # as gps_loop_errors_total{loop="placement"} (the actor has no /metrics of its own).
+    loop_errors: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +44,7 @@ class PlacementView:
             "placements": dict(self.placements),
             "parked": sorted(self.parked),
             "moves": list(self.moves),
+            "loop_errors": self.loop_errors,
         }
 
     @classmethod
@@ -50,6 +54,7 @@ class PlacementView:
             dict(data["placements"]),
             frozenset(data["parked"]),
             tuple(data.get("moves", ())),
+            int(data.get("loop_errors", 0)),
         )
 
 

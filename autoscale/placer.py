@@ -78,6 +78,7 @@ class Placer:
         self._ports = ports if ports is not None else ray_ports(app)
         self._clock = self._ports.clock
         self._task: asyncio.Task[None] | None = None
+        self._loop_errors = 0  # failed rounds, reported to the routers with each view
         self._configure(config)
 
     def _configure(
@@ -156,6 +157,7 @@ class Placer:
             except Exception:  # the loop must outlive any one bad round: log, count, go on
                 logger.exception("placement round failed")
                 LOOP_ERRORS.labels(loop="placement").inc()
+                self._loop_errors += 1
             await self._clock.sleep(self._config.placement.interval_s)
 
     async def sync(self, replica: str, version: int, held: dict[str, int]) -> dict[str, Any]:
@@ -163,6 +165,7 @@ class Placer:
         current view, with `config` null while this actor waits for `start` (restarted: the
         router then starts it with its own config and does not apply this view)."""
         view = self._broadcast.report(replica, version, held).to_json()
+        view["loop_errors"] = self._loop_errors
         return {**view, "config": self._fingerprint if self._task is not None else None}
 
     async def run_once(self) -> list[dict[str, Any]]:

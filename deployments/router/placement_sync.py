@@ -47,6 +47,7 @@ class PlacementSync:
         self._placement = home_placement(config)
         self._moves: list[dict[str, Any]] = []
         self._moves_counted = 0  # the `seq` of the last move counted in the metrics
+        self._placer_errors = 0  # the placement actor's failed rounds, last seen
         self._view_version = 0
         self._synced = asyncio.Event()
         for role, backend in self._placement.items():
@@ -118,9 +119,19 @@ class PlacementSync:
             if link.target.role is not None:
                 link.park(link.target.name in view.parked)
         self._count_moves(view.moves)
+        self._count_loop_errors(view.loop_errors)
         self._moves = list(view.moves)
         self._view_version = view.version
         self._synced.set()
+
+    def _count_loop_errors(self, seen: int) -> None:
+        """The placement actor's failed rounds, counted here: its process has no /metrics.
+        A restarted actor counts from zero again: a smaller figure is all new (as Prometheus
+        reads a counter reset)."""
+        new = seen - self._placer_errors if seen >= self._placer_errors else seen
+        if new:
+            metrics.LOOP_ERRORS.labels("placement").inc(new)
+        self._placer_errors = seen
 
     def _count_moves(self, moves: tuple[dict[str, Any], ...]) -> None:
         for move in moves:

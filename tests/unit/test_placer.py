@@ -265,3 +265,6 @@ def test_a_failing_vram_source_is_counted_and_the_loop_goes_on() -> None:
     setup = asyncio.run(scenario())
     assert errors() - before == 3  # one per round since the start settled; the loop lived on
     assert setup.moves() == []
+    # The routers are told, with each view: the actor's own registry is never scraped.
+    reply = asyncio.run(setup.placer.sync("router-1", 0, {}))
+    assert reply["loop_errors"] == 3

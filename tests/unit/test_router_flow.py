@@ -552,6 +552,17 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
     assert 'gps_model_pool{pool="local",role="reasoning"} 0.0' in metrics
 
 
+def test_the_placement_actors_failed_rounds_are_counted_by_the_router() -> None:
+    handles = {n: FakeBackend(ok) for n in ("reasoning@local", "reasoning@cloud", "cpu-fallback")}
+    router = make_router(placed_config(), handles)
+    homes = {"reasoning": "reasoning@local"}
+    before = sample("gps_loop_errors_total", loop="placement")
+    for version, errors in ((1, 2), (2, 2), (3, 5), (4, 1)):  # the actor restarted before 4
+        view = PlacementView(version, homes, frozenset({"reasoning@cloud"}), loop_errors=errors)
+        router.apply_placement(view)
+    assert sample("gps_loop_errors_total", loop="placement") == before + 5 + 1
+
+
 # -- watching: health, KV, placement sync ------------------------------------------------------
 
 
