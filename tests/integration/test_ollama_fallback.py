@@ -211,7 +211,7 @@ def test_auto_picks_ollama_where_the_binary_is_on_path(
         try:
             return await replica.engine(), [item async for item in replica.chat(request)]
         finally:
-            replica.__del__()
+            await replica.aclose()
 
     engine, [response] = asyncio.run(scenario())
     assert engine == "ollama"
