@@ -72,8 +72,10 @@ def ensure_ray(config: ClusterConfig) -> None:
     `serve run cluster.app:build` works on a laptop with no `ray start` first.
     """
     if not ray.is_initialized():
-        if address := cluster_to_join(os.environ):
-            ray.init(address=address, namespace=SERVE_NAMESPACE)
+        if cluster_to_join(os.environ):
+            # "auto", not the address itself: it resolves to the same (RAY_ADDRESS, else the
+            # file just probed) and also finds the token a `ray start` cluster requires.
+            ray.init(address="auto", namespace=SERVE_NAMESPACE)
         else:
             ray.init(
                 address="local", namespace=SERVE_NAMESPACE, resources=local_pool_resources(config)

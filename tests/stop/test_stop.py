@@ -75,6 +75,13 @@ def serve_run() -> subprocess.Popen[bytes]:
     )
 
 
+def kill_group(app: subprocess.Popen[bytes]) -> None:
+    """Whatever is left of the app's process group, killed and reaped."""
+    if app.poll() is None:
+        os.killpg(app.pid, signal.SIGKILL)
+    app.wait(timeout=60)
+
+
 def wait_serving(app: subprocess.Popen[bytes]) -> list[psutil.Process]:
     """Wait until the app answers, and return its engine processes (there must be some)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -118,8 +125,7 @@ def test_ctrl_c_then_ray_stop_force_leaves_no_engine(clean_ray: None) -> None:
         app.wait(timeout=60)
         print(f"serve run exited {time.monotonic() - stopped_at:.1f} s after Ctrl-C")
     finally:
-        if app.poll() is None:
-            os.killpg(app.pid, signal.SIGKILL)
+        kill_group(app)
 
 
 def test_ctrl_c_alone_ends_the_app_and_its_engines(clean_ray: None) -> None:
@@ -133,8 +139,7 @@ def test_ctrl_c_alone_ends_the_app_and_its_engines(clean_ray: None) -> None:
         assert wait_gone(engines) == []
         print(f"serve run exited {exit_s:.1f} s after Ctrl-C, every engine gone")
     finally:
-        if app.poll() is None:
-            os.killpg(app.pid, signal.SIGKILL)
+        kill_group(app)
 
 
 def test_serve_shutdown_on_a_running_cluster_leaves_no_engine(clean_ray: None) -> None:
@@ -156,4 +161,4 @@ def test_serve_shutdown_on_a_running_cluster_leaves_no_engine(clean_ray: None) -
         # Ray is still up: only the replicas' own shutdown can have stopped the engines.
         assert wait_gone(engines) == []
     finally:
-        os.killpg(app.pid, signal.SIGKILL)
+        kill_group(app)
