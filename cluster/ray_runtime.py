@@ -72,10 +72,11 @@ def ensure_ray(config: ClusterConfig) -> None:
     `serve run cluster.app:build` works on a laptop with no `ray start` first.
     """
     if not ray.is_initialized():
-        if cluster_to_join(os.environ):
-            # "auto", not the address itself: it resolves to the same (RAY_ADDRESS, else the
+        if address := cluster_to_join(os.environ):
+            # A GCS address goes as "auto": it resolves to the same one (RAY_ADDRESS, else the
             # file just probed) and also finds the token a `ray start` cluster requires.
-            ray.init(address="auto", namespace=SERVE_NAMESPACE)
+            given = address if address.startswith("ray://") else "auto"
+            ray.init(address=given, namespace=SERVE_NAMESPACE)
         else:
             ray.init(
                 address="local", namespace=SERVE_NAMESPACE, resources=local_pool_resources(config)
