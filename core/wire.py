@@ -37,8 +37,9 @@ class PromptCount:
     exact: bool
 
 
-def with_prompt_count(request: Request, count: PromptCount) -> Request:
-    return request.model_copy(update={PROMPT_COUNT_FIELD: count})
+def with_prompt_count(request: Request, count: PromptCount, **changes: Any) -> Request:
+    """A copy carrying the count, with any other field `changes` made in the same copy."""
+    return request.model_copy(update={**changes, PROMPT_COUNT_FIELD: count})
 
 
 def take_prompt_count(request: Request) -> tuple[Request, PromptCount | None]:

@@ -149,16 +149,16 @@ class Serving:
 
 
 def engine_request(link: Link, request: ChatCompletionRequest, fit: Fit) -> ChatCompletionRequest:
-    fitted = request.model_copy(
-        update={
-            # Each engine answers to its own model id (a backend's is its role name).
-            "model": link.target.model_id,
-            "messages": fit.messages,
-            "max_tokens": fit.max_tokens,
-            "max_completion_tokens": fit.max_tokens,
-        }
+    count = PromptCount(fit.prompt_tokens, exact=fit.counted)
+    return with_prompt_count(
+        request,
+        count,
+        # Each engine answers to its own model id (a backend's is its role name).
+        model=link.target.model_id,
+        messages=fit.messages,
+        max_tokens=fit.max_tokens,
+        max_completion_tokens=fit.max_tokens,
     )
-    return with_prompt_count(fitted, PromptCount(fit.prompt_tokens, exact=fit.counted))
 
 
 def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
