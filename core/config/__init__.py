@@ -16,6 +16,14 @@ from core.config.load import (
     load_config,
     parse_config,
 )
+from core.config.recovery import (
+    ClusterManagerConfig,
+    CommandProvisioner,
+    NoProvisioner,
+    ProvisionerConfig,
+    RayAutoscalerProvisioner,
+    TerraformProvisioner,
+)
 from core.config.sections import (
     DEFAULT_CAPS,
     DEFAULT_CLASS_SHARES,
@@ -39,6 +47,8 @@ __all__ = [
     "EMBEDDED_CONFIG",
     "ApiKeyConfig",
     "ClusterConfig",
+    "ClusterManagerConfig",
+    "CommandProvisioner",
     "ConfigError",
     "DepthConfig",
     "DepthRoute",
@@ -46,9 +56,13 @@ __all__ = [
     "FrozenDict",
     "GatewayConfig",
     "ModelConfig",
+    "NoProvisioner",
     "PlacementConfig",
     "PoolConfig",
+    "ProvisionerConfig",
+    "RayAutoscalerProvisioner",
     "RouterConfig",
+    "TerraformProvisioner",
     "hash_key",
     "keys_from_env",
     "load_config",

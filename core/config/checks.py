@@ -21,6 +21,7 @@ def cross_section_problems(config: ClusterConfig) -> list[str]:
         *_aliases(config),
         *_chains(config),
         *_keys(config),
+        *_gateway_resource(config),
     ]
 
 
@@ -149,3 +150,13 @@ def _keys(config: ClusterConfig) -> list[str]:
     if len(set(hashes)) != len(hashes):
         problems.append("api_keys: the same key is listed twice; remove the duplicate")
     return problems
+
+
+def _gateway_resource(config: ClusterConfig) -> list[str]:
+    resource = config.gateway.resource
+    if resource is not None and resource in {p.resource for p in config.pools}:
+        return [
+            f"gateway.resource: {resource!r} is a pool's resource; the gateway must not stand on "
+            "a pool that can die: use a resource only gateway nodes carry (e.g. 'gateway')"
+        ]
+    return []

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, model_validator
 from core import topology
 from core.config.base import Frozen, FrozenDict, frozen_dict
 from core.config.checks import cross_section_problems
+from core.config.recovery import ClusterManagerConfig
 from core.config.sections import (
     ApiKeyConfig,
     DepthConfig,
@@ -39,6 +40,7 @@ class ClusterConfig(Frozen):
     gateway: GatewayConfig = GatewayConfig()
     router: RouterConfig = RouterConfig()
     depth: DepthConfig = DepthConfig()
+    cluster_manager: ClusterManagerConfig = ClusterManagerConfig()
     # Set by the loader: where relative model paths are resolved from.
     base_dir: Path = Path(".")
 

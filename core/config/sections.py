@@ -17,6 +17,7 @@ from core.config.base import (
     Name,
     frozen_dict,
 )
+from core.config.recovery import NoProvisioner, ProvisionerConfig
 from core.types import Depth, PoolKind, PriorityClass, Role
 
 __all__ = [
@@ -50,6 +51,8 @@ class PoolConfig(Frozen):
     name: Name
     kind: PoolKind
     priority: int = Field(0, ge=0, description="Lower is preferred; local pools usually 0.")
+    # What replaces the pool's nodes when they die (core/config/recovery.py).
+    provisioner: ProvisionerConfig = NoProvisioner()
 
     @property
     def resource(self) -> str:
@@ -230,6 +233,10 @@ class GatewayConfig(Frozen):
     # Each router replica enforces its share of every cap (cap // replicas), so the sum holds
     # without shared state; one replica keeps queues globally ordered (see README).
     router_replicas: int = Field(1, ge=1)
+    # Where the ingress, router, placement actor and cluster manager run: nodes carrying this
+    # Ray resource (start them with `--resources='{"gateway": 1}'`); none means the head node.
+    # Never a pool's resource: a node that can die must not take the front door with it.
+    resource: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # Every request in an engine's batch slows the others (on CPU engines almost linearly): half the

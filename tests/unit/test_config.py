@@ -564,3 +564,40 @@ def test_a_malformed_keep_alive_is_refused(tmp_path: Path) -> None:
     data = base()
     data["fallback"]["keep_alive"] = "forever"
     assert "fallback.keep_alive" in config_error(tmp_path, data)
+
+
+def test_provisioner_shorthand_and_full_form() -> None:
+    from core.config import CommandProvisioner, RayAutoscalerProvisioner
+
+    config = load_config(None)
+    pools = [
+        {"name": "local", "kind": "local"},
+        {"name": "cloud", "kind": "cloud", "provisioner": "ray_autoscaler"},
+        {
+            "name": "mesh",
+            "kind": "mesh",
+            "provisioner": {"type": "command", "command": ["./join.sh", "--fast"]},
+        },
+    ]
+    raw = config.model_dump(mode="json", exclude={"base_dir"})
+    parsed = type(config).model_validate({**raw, "pools": pools})
+    assert isinstance(parsed.pool("cloud").provisioner, RayAutoscalerProvisioner)
+    mesh = parsed.pool("mesh").provisioner
+    assert isinstance(mesh, CommandProvisioner)
+    assert mesh.command == ("./join.sh", "--fast")
+    assert parsed.pool("local").provisioner.type == "none"
+
+
+def test_unknown_provisioner_type_is_refused() -> None:
+    config = load_config(None)
+    raw = config.model_dump(mode="json", exclude={"base_dir"})
+    pools = [{"name": "local", "kind": "local", "provisioner": "kubernetes"}]
+    with pytest.raises(ValueError, match="provisioner"):
+        type(config).model_validate({**raw, "pools": pools})
+
+
+def test_gateway_may_not_stand_on_a_pool() -> None:
+    config = load_config(None)
+    raw = config.model_dump(mode="json", exclude={"base_dir"})
+    with pytest.raises(ValueError, match=r"gateway\.resource"):
+        type(config).model_validate({**raw, "gateway": {"resource": "pool_local"}})
