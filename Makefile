@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit integration e2e chaos placement stop lint format bench clean
+.PHONY: install model run test unit integration e2e chaos placement recovery stop lint format bench clean
 
 install: $(INSTALLED)
 
@@ -80,17 +80,22 @@ e2e: $(INSTALLED) $(MODEL)
 placement: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/placement -q -s
 
+# A pool's node killed, drained, replaced by the command provisioner, and back: its own cluster.
+recovery: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/recovery -q -s
+
 chaos: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/chaos -q
 
 stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
-# Sessions of their own after the shared app's: placement runs a three-node cluster, stop starts
-# and stops whole apps with `serve run`.
+# Sessions of their own after the shared app's: placement and recovery run three-node clusters,
+# stop starts and stops whole apps with `serve run`.
 test: lint $(MODEL)
-	$(VENV)/bin/pytest tests -q --ignore=tests/placement --ignore=tests/stop
+	$(VENV)/bin/pytest tests -q --ignore=tests/placement --ignore=tests/stop --ignore=tests/recovery
 	$(VENV)/bin/pytest tests/placement -q -s
+	$(VENV)/bin/pytest tests/recovery -q -s
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # Every benchmark runs even when an earlier one misses its target; the exit status says if any did.
@@ -102,6 +107,7 @@ bench: $(INSTALLED) $(MODEL)
 	$(PY) -m bench.failover || status=1; \
 	$(PY) -m bench.fallback || status=1; \
 	$(PY) -m bench.placement || status=1; \
+	$(PY) -m bench.recovery || status=1; \
 	$(PY) -m bench.chaos || status=1; \
 	exit $$status
 

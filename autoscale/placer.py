@@ -33,6 +33,7 @@ from typing import Any
 from autoscale.broadcast import STALE_AFTER_S, SYNC_INTERVAL_S, Broadcast
 from autoscale.metrics import LOOP_ERRORS
 from autoscale.policy import KvReplicaScaler
+from autoscale.pool_states import ManagerPoolHealth
 from autoscale.ports import PlacerPorts, SystemClock
 from autoscale.probe import ProbeReadings
 from autoscale.saved import KvPlacementStore, SavedPlacements, config_fingerprint
@@ -70,6 +71,7 @@ def ray_ports(app: str) -> PlacerPorts:
         replicas=KvReplicaScaler(app),
         store=KvPlacementStore(app),
         clock=SystemClock(),
+        pools=ManagerPoolHealth(app),
     )
 
 
@@ -178,9 +180,10 @@ class Placer:
             self._settle_pending = False
             await self._settle()
         free = await self._ports.vram.free_bytes_by_pool()
+        down = await self._ports.pools.unhealthy_pools()
         read_at = self._clock.wall()  # wall clock: the move records are read off this actor
         decision = decide(
-            free, self._placements(), self._history, self._clock.monotonic(), self._policy
+            free, self._placements(), self._history, self._clock.monotonic(), self._policy, down
         )
         for hold in decision.holds:
             logger.info("placement: %s holds (%s): %s", hold.pool, hold.role, hold.reason)
@@ -321,6 +324,7 @@ def ensure_placer(config: ClusterConfig, app: str, namespace: str) -> Any:
         lifetime="detached",
         get_if_exists=True,
         max_restarts=-1,
+        resources=config.gateway_resources,
     ).remote(config, app)
     actor.start.remote(config)
     return actor

@@ -1,7 +1,8 @@
 """What the placement actor reaches outside itself, as small typed ports.
 
 The real adapters sit beside the I/O they wrap (`probe.ProbeReadings`, `policy.KvReplicaScaler`,
-`saved.KvPlacementStore`, `serve_status.ServeDeploymentStatus`, `SystemClock` here); unit tests
+`saved.KvPlacementStore`, `serve_status.ServeDeploymentStatus`, `pool_states.ManagerPoolHealth`,
+`SystemClock` here); unit tests
 pass fakes, so a whole move runs without Ray on a clock they turn by hand.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from autoscale.saved import SavedPlacements
@@ -58,6 +59,19 @@ class PlacementStore(Protocol):
     def save(self, saved: SavedPlacements) -> None: ...
 
 
+class PoolHealth(Protocol):
+    async def unhealthy_pools(self) -> frozenset[str]:
+        """Pools the cluster manager declared unhealthy (draining, provisioning, failed)."""
+        ...
+
+
+class AllPoolsUp:
+    """For a cluster with no cluster manager: no pool is ever declared down."""
+
+    async def unhealthy_pools(self) -> frozenset[str]:
+        return frozenset()
+
+
 @dataclass(frozen=True)
 class PlacerPorts:
     vram: VramReadings
@@ -65,6 +79,7 @@ class PlacerPorts:
     replicas: ReplicaScaler
     store: PlacementStore
     clock: Clock
+    pools: PoolHealth = field(default_factory=AllPoolsUp)
 
 
 class SystemClock:

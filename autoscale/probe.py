@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from autoscale.vram import NodeReading, NvmlSource
@@ -50,14 +51,15 @@ def pool_free_bytes(
     return free
 
 
-def start_probes(namespace: str) -> dict[str, Any]:
-    """A detached probe on every alive node (an existing one is reused); handles by node id."""
+def start_probes(namespace: str, table: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A detached probe on every alive node of `table` (Ray's node table, read now if None; an
+    existing probe is reused); handles by node id."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     remote_probe = ray.remote(num_cpus=0, num_gpus=0)(VramProbe)
     probes = {}
-    for node in ray.nodes():
+    for node in ray.nodes() if table is None else table:
         if not node.get("Alive"):
             continue
         node_id = node["NodeID"]
@@ -71,15 +73,63 @@ def start_probes(namespace: str) -> dict[str, Any]:
     return probes
 
 
-def node_pools(prefix: str = "pool_") -> dict[str, set[str]]:
-    """Each alive node's pools, from the `pool_<name>` resources it was started with."""
+def pools_of(node: dict[str, Any], prefix: str = "pool_") -> frozenset[str]:
+    """A node's pools, from the `pool_<name>` resources it was started with."""
+    return frozenset(r[len(prefix) :] for r in node.get("Resources", {}) if r.startswith(prefix))
+
+
+def node_pools() -> dict[str, set[str]]:
+    """Each alive node's pools."""
     import ray
 
+    return {node["NodeID"]: set(pools_of(node)) for node in ray.nodes() if node.get("Alive")}
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One Ray node as the GCS and its probe see it this round."""
+
+    node_id: str
+    alive: bool
+    address: str
+    pools: frozenset[str]
+    reading: NodeReading | None  # None: no probe answer (or the node is dead)
+
+
+async def read_probes(probes: Mapping[str, Any]) -> dict[str, NodeReading]:
+    """Each probe's reading, in parallel; one that fails or is late is left out."""
+    replies = await asyncio.gather(
+        *(asyncio.wait_for(p.read.remote(), PROBE_READ_TIMEOUT_S) for p in probes.values()),
+        return_exceptions=True,
+    )
     return {
-        node["NodeID"]: {r[len(prefix) :] for r in node["Resources"] if r.startswith(prefix)}
-        for node in ray.nodes()
-        if node.get("Alive")
+        node: NodeReading.from_json(reply)
+        for node, reply in zip(probes, replies, strict=True)
+        if isinstance(reply, dict)
     }
+
+
+class RayNodes:
+    """The cluster manager's `NodeSource`: every node in Ray's node table (the dead too), with
+    its probe's reading for the alive ones. A probe that cannot answer, on a node the GCS still
+    calls alive, is a node to distrust: a GPU fallen off the bus hangs NVML calls."""
+
+    async def nodes(self) -> list[NodeSnapshot]:
+        import ray
+
+        table = await asyncio.to_thread(ray.nodes)  # a GCS call: off the actor's event loop
+        probes = start_probes(ray.get_runtime_context().namespace, table)
+        readings = await read_probes(probes)
+        return [
+            NodeSnapshot(
+                node_id=node["NodeID"],
+                alive=bool(node.get("Alive")),
+                address=str(node.get("NodeManagerAddress", "")),
+                pools=pools_of(node),
+                reading=readings.get(node["NodeID"]),
+            )
+            for node in table
+        ]
 
 
 class ProbeReadings:
@@ -90,9 +140,5 @@ class ProbeReadings:
         import ray
 
         probes = start_probes(namespace=ray.get_runtime_context().namespace)
-        replies = await asyncio.gather(
-            *(asyncio.wait_for(p.read.remote(), PROBE_READ_TIMEOUT_S) for p in probes.values()),
-            return_exceptions=True,
-        )
-        readings = [NodeReading.from_json(r) for r in replies if isinstance(r, dict)]
-        return pool_free_bytes(readings, node_pools())
+        readings = await read_probes(probes)
+        return pool_free_bytes(readings.values(), node_pools())

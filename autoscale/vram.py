@@ -41,6 +41,9 @@ class NodeReading:
     node: str
     gpus: tuple[GpuReading, ...] = ()
     error: str | None = None  # why there is no reading ("no NVIDIA driver", ...)
+    # Hardware faults NVML reported (uncorrectable ECC errors, fatal Xid events): the node's
+    # GPUs cannot be trusted with a replica until the node is replaced or reset.
+    faults: tuple[str, ...] = ()
 
     @property
     def has_gpu(self) -> bool:
@@ -72,7 +75,8 @@ class NodeReading:
             )
             for g in data.get("gpus", ())
         )
-        return cls(node=str(data["node"]), gpus=gpus, error=data.get("error"))
+        faults = tuple(str(f) for f in data.get("faults", ()))
+        return cls(node=str(data["node"]), gpus=gpus, error=data.get("error"), faults=faults)
 
 
 class VramSource(Protocol):
@@ -84,6 +88,7 @@ class NvmlSource:
     """The real probe: NVML through `pynvml` (the `nvidia-ml-py` package)."""
 
     node: str = field(default_factory=socket.gethostname)
+    _xids: XidWatch | None = field(default=None, init=False, repr=False)
 
     def read(self) -> NodeReading:
         try:
@@ -96,11 +101,78 @@ class NvmlSource:
             return NodeReading(self.node, error=f"no NVIDIA GPU readable: {error}")
         try:
             count = pynvml.nvmlDeviceGetCount()
-            return NodeReading(self.node, tuple(_read_gpu(pynvml, i) for i in range(count)))
+            gpus = tuple(_read_gpu(pynvml, i) for i in range(count))
+            if self._xids is None:
+                self._xids = XidWatch.started(pynvml, count)
+            faults = (*self._xids.faults(), *_ecc_faults(pynvml, count))
+            return NodeReading(self.node, gpus, faults=faults)
         except pynvml.NVMLError as error:
             return NodeReading(self.node, error=f"NVML read failed: {error}")
         finally:
             pynvml.nvmlShutdown()
+
+
+# Xids that mean the GPU itself is broken (double-bit ECC, fallen off the bus, row-remapping
+# failure, NVLink, contained/uncontained memory errors), not that one program misbehaved
+# (13, 31, 43 are application faults and leave the GPU usable).
+FATAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+
+@dataclass
+class XidWatch:
+    """An NVML event set registered for critical Xid events, polled without waiting on each
+    read. It holds its own NVML init so events between reads are kept; faults are sticky."""
+
+    pynvml: Any
+    event_set: Any
+    seen: list[str] = field(default_factory=list)
+
+    @classmethod
+    def started(cls, pynvml: Any, count: int) -> XidWatch:
+        pynvml.nvmlInit()
+        event_set = pynvml.nvmlEventSetCreate()
+        for index in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                pynvml.nvmlDeviceRegisterEvents(
+                    handle, pynvml.nvmlEventTypeXidCriticalError, event_set
+                )
+            except pynvml.NVMLError:  # not supported on this GPU (e.g. some consumer boards)
+                continue
+        return cls(pynvml, event_set)
+
+    def faults(self) -> list[str]:
+        while True:
+            try:
+                event = self.pynvml.nvmlEventSetWait_v2(self.event_set, 0)
+            except self.pynvml.NVMLError:  # timeout: no event pending
+                return list(self.seen)
+            xid = int(event.eventData)
+            if xid in FATAL_XIDS:
+                self.seen.append(f"Xid {xid} on GPU {_gpu_index(self.pynvml, event.device)}")
+
+
+def _gpu_index(pynvml: Any, handle: Any) -> str:
+    try:
+        return str(pynvml.nvmlDeviceGetIndex(handle))
+    except pynvml.NVMLError:
+        return "?"
+
+
+def _ecc_faults(pynvml: Any, count: int) -> list[str]:
+    """Uncorrectable ECC errors since the driver loaded, where the GPU has ECC."""
+    faults = []
+    for index in range(count):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            errors = pynvml.nvmlDeviceGetTotalEccErrors(
+                handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+            )
+        except pynvml.NVMLError:  # no ECC on this GPU
+            continue
+        if errors:
+            faults.append(f"{errors} uncorrectable ECC errors on GPU {index}")
+    return faults
 
 
 def _read_gpu(pynvml: Any, index: int) -> GpuReading:

@@ -38,7 +38,7 @@ def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Applica
         name="router",
         num_replicas=config.gateway.router_replicas,
         max_ongoing_requests=10_000,
-        ray_actor_options=front_actor_options(),
+        ray_actor_options=front_actor_options(config.gateway_resources),
         # The ingress and the proxy already log every request; a third line per request costs
         # CPU the engines need (bench/overhead.py). The router logs what it decides.
         logging_config={"enable_access_log": False},

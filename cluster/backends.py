@@ -12,7 +12,7 @@ from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 from autoscale.placer import placement_matters
 from autoscale.policy import placement_policy
 from core.config import ClusterConfig
-from core.topology import Backend
+from core.topology import RESOURCE_SLIVER, Backend
 from core.types import DEPLOYMENT_PREFIX
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.llm_server import ObservedLLMServer
@@ -20,7 +20,7 @@ from deployments.parent_death import ENV as PARENT_DEATH_ENV
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
 # replicas a node takes (DESIGN.md section 5).
-POOL_RESOURCE_SLIVER = 0.001
+POOL_RESOURCE_SLIVER = RESOURCE_SLIVER
 
 
 def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True) -> LLMConfig:
@@ -87,13 +87,14 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
 
 
 def build_fallback(config: ClusterConfig) -> Application:
-    """The CPU replica every chain ends on: no GPU, on its pool or (with none) the head node."""
+    """The CPU replica every chain ends on: no GPU, on its pool or (with none) beside the
+    gateway."""
     fallback = config.fallback
     actor_options: dict[str, Any] = {"num_cpus": fallback.num_cpus, "num_gpus": 0}
     if fallback.pool is not None:
         actor_options["resources"] = {config.pool(fallback.pool).resource: POOL_RESOURCE_SLIVER}
-    else:  # Ray's built-in resource of the node `ray start --head` ran on
-        actor_options["resources"] = {"node:__internal_head__": POOL_RESOURCE_SLIVER}
+    else:  # beside the gateway: the last link must not die with a pool's node
+        actor_options["resources"] = config.gateway_resources
     deployment = serve.deployment(CpuFallback).options(
         name=config.fallback_target.deployment_name,
         num_replicas=1,

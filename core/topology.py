@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from core.config.cluster import ClusterConfig
 
 __all__ = [
+    "HEAD_NODE_RESOURCE",
+    "RESOURCE_SLIVER",
     "Backend",
     "Target",
     "backend_target",
@@ -24,6 +26,7 @@ __all__ = [
     "chain",
     "fallback_source",
     "fallback_target",
+    "gateway_resources",
     "home_backends",
     "resolve_path",
     "served_names",
@@ -76,6 +79,18 @@ def backends(config: ClusterConfig) -> tuple[Backend, ...]:
 def home_backends(config: ClusterConfig) -> tuple[Backend, ...]:
     """The backends deployed at start: each model on its first pool."""
     return tuple(Backend(role=m.role, pool=m.home_pool) for m in config.models)
+
+
+# Ray's built-in resource of the node `ray start --head` ran on.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+# A sliver pins an actor to the nodes carrying a resource without limiting how many they take.
+RESOURCE_SLIVER = 0.001
+
+
+def gateway_resources(config: ClusterConfig) -> dict[str, float]:
+    """Ray resources that keep the ingress, router, placement actor and cluster manager off the
+    pools (whose nodes can die): `gateway.resource`'s nodes, or the head node."""
+    return {config.gateway.resource or HEAD_NODE_RESOURCE: RESOURCE_SLIVER}
 
 
 def fallback_source(config: ClusterConfig) -> str:

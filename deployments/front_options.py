@@ -21,6 +21,11 @@ FRONT_ENV_VARS = {
 }
 
 
-def front_actor_options() -> dict[str, Any]:
-    # No CPU reserved: they must schedule beside the engines on a small machine.
-    return {"num_cpus": 0, "runtime_env": {"env_vars": dict(FRONT_ENV_VARS)}}
+def front_actor_options(resources: dict[str, float]) -> dict[str, Any]:
+    """No CPU reserved: they must schedule beside the engines on a small machine. `resources`
+    keep them on the gateway's nodes (`ClusterConfig.gateway_resources`), never on a pool's."""
+    return {
+        "num_cpus": 0,
+        "resources": dict(resources),
+        "runtime_env": {"env_vars": dict(FRONT_ENV_VARS)},
+    }

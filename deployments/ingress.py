@@ -114,9 +114,19 @@ class Ingress:
     async def cluster_status(self, request: Request) -> Response:
         self._keys.authenticate(request.headers.get("authorization"))
         status: dict[str, Any] = await self._router.status.remote()
-        pools = [p.model_dump(mode="json") for p in self._config.pools]
-        # The router's status carries the placements (backend -> pool, as moved) and moves.
-        return JSONResponse({**status, "pools": pools})
+        # The router's status carries the placements (backend -> pool, as moved), the moves,
+        # and each pool's state, nodes and the recovery events from the cluster manager.
+        states = status.get("pools", {})
+        pools = {
+            p.name: {
+                **p.model_dump(mode="json"),
+                "state": "healthy",
+                "nodes": [],
+                **states.get(p.name, {}),
+            }
+            for p in self._config.pools
+        }
+        return JSONResponse({**status, "pools": pools, "events": status.get("events", [])})
 
     @app.get("/metrics")
     async def prometheus(self) -> Response:
@@ -337,5 +347,5 @@ def build_ingress(config: ClusterConfig, router: Any) -> Any:
         num_replicas=config.gateway.ingress_replicas,
         # Backpressure lives in the router; the ingress must never be the queue.
         max_ongoing_requests=10_000,
-        ray_actor_options=front_actor_options(),
+        ray_actor_options=front_actor_options(config.gateway_resources),
     ).bind(config, router)

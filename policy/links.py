@@ -1,7 +1,8 @@
 """What state a failover link is in, derived from what has been recorded about it (pure).
 
 The router records facts as they arrive: the last health reading, its only replica dying,
-placement parking it, its engine having no KV reading to give. Whether the link runs, awaits
+placement parking it, its engine having no KV reading to give, the cluster manager declaring
+its pool down. Whether the link runs, awaits
 recovery or is worth a health check is computed from those facts, with its breaker and KV
 pressure, never stored beside them.
 """
@@ -39,6 +40,7 @@ class LinkFacts:
     replica_died_at: float | None = None  # its only replica died, and nothing vouched since
     parked: bool = False  # at zero replicas on purpose, or draining on its way there
     kv_observable: bool = True  # False once the engine said it has no KV reading to give
+    pool_down: bool = False  # the cluster manager declared its pool unhealthy (nodes died)
 
     def read(self, health: Health) -> LinkFacts:
         died = None if health.vouches else self.replica_died_at
@@ -53,12 +55,16 @@ class LinkFacts:
     def kv_unobservable(self) -> LinkFacts:
         return replace(self, kv_observable=False)
 
+    def on_pool(self, down: bool) -> LinkFacts:
+        return replace(self, pool_down=down)
+
 
 @dataclass(frozen=True)
 class LinkStatus:
     running: bool  # not known to be down (a link is trusted until a reading says otherwise)
     awaiting_recovery: bool  # its only replica died: out until a probe passes
     parked: bool
+    pool_down: bool
     breaker: BreakerState
     breaker_passes: bool
     kv_pressured: bool
@@ -71,8 +77,9 @@ class LinkStatus:
 
     @property
     def troubled(self) -> bool:
-        """Down, recovering or tripped (and not parked): worth a health check soon."""
-        return not self.parked and (not self.running or self.needs_probe)
+        """Down, recovering or tripped (and not parked, its pool not down): worth a health
+        check soon."""
+        return not self.parked and not self.pool_down and (not self.running or self.needs_probe)
 
     @property
     def reads_kv(self) -> bool:
@@ -80,7 +87,8 @@ class LinkStatus:
 
     def view(self) -> LinkView:
         return LinkView(
-            running=self.running and not self.parked,  # a parked link only drains
+            # A parked link only drains; one on a dead pool takes nothing new.
+            running=self.running and not self.parked and not self.pool_down,
             breaker_passes=self.breaker_passes,
             kv_pressured=self.kv_pressured,
         )
@@ -96,6 +104,7 @@ def link_status(
         running=not awaiting and facts.health is not Health.NO_REPLICA,
         awaiting_recovery=awaiting,
         parked=facts.parked,
+        pool_down=facts.pool_down,
         breaker=breaker.state,
         breaker_passes=breaker.can_pass(),
         kv_pressured=kv.pressured(now),

@@ -12,6 +12,10 @@ Every interval the placement actor reads free VRAM per pool and asks `decide` wh
   thresholds (hysteresis) and the cooldown keep models from flapping between pools.
 - A pool below the line with nothing that can move says why (`Hold`): a model stays where it is
   rather than go where there is no room. A pool with no reading is never a target.
+- **Evacuate**: a model on a pool the cluster manager declared unhealthy (`down`: its nodes
+  died) goes first, whatever its priority and any cooldown, to the first pool on its list that
+  is up and has `offload_below` free. Down pools are never a target, and a model comes home
+  only once its home is up again (through the usual restore, hysteresis included).
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class History:
         """`move` done at `now`: both its pools rest from now; an offload notes when the model
         left home (the first pool it left, if it moves on), a restore forgets it."""
         left_home_at = dict(self.left_home_at)
-        if move.kind == "offload":
+        if move.kind in ("offload", "evacuate"):
             left_home_at.setdefault(move.role, now)
         else:
             left_home_at.pop(move.role, None)
@@ -96,7 +100,7 @@ class Move:
     role: str
     source: str
     target: str
-    kind: Literal["offload", "restore"]
+    kind: Literal["offload", "restore", "evacuate"]
     reason: str
 
 
@@ -125,10 +129,14 @@ def decide(
     history: History,
     now: float,
     policy: PlacementPolicy,
+    down: frozenset[str] = frozenset(),
 ) -> Decision:
-    """The moves to make now (at most one per pool), and why pools that needed one got none."""
-    round_ = _Round(free, history, now, policy)
-    for pool in sorted(p for p, room in free.items() if room is not None):
+    """The moves to make now (at most one per pool, evacuations aside), and why pools that
+    needed one got none. `down`: pools the cluster manager declared unhealthy."""
+    round_ = _Round(free, history, now, policy, down)
+    for model in sorted((m for m in models if m.current in down), key=lambda m: m.role):
+        round_.evacuate(model)
+    for pool in sorted(p for p, room in free.items() if room is not None and p not in down):
         round_.offload_from(pool, [m for m in models if m.current == pool])
     for model in sorted((m for m in models if m.away), key=lambda m: (m.priority, m.role)):
         round_.restore(model)
@@ -143,6 +151,7 @@ class _Round:
     history: History
     now: float
     policy: PlacementPolicy
+    down: frozenset[str] = frozenset()
     touched: set[str] = field(default_factory=set)  # pools already changed this round
     moves: list[Move] = field(default_factory=list)
     holds: list[Hold] = field(default_factory=list)
@@ -155,7 +164,8 @@ class _Round:
     def can_take(self, pool: str) -> bool:
         room = self.free.get(pool)
         return (
-            pool not in self.touched
+            pool not in self.down
+            and pool not in self.touched
             and self.cooling(pool) == 0
             and room is not None
             and room >= self.policy.restore_above_bytes
@@ -178,8 +188,23 @@ class _Round:
             reason = f"{_gb(room)} free; no pool can take {roles}: staying"
             self.holds.append(Hold(pool, here[0].role, reason))
 
+    def evacuate(self, model: ModelPlacement) -> None:
+        """Off a dead pool now: no cooldown, any priority; room enough not to be offloaded."""
+        for pool in model.pools:
+            room = self.free.get(pool)
+            if pool in self.down or room is None or room < self.policy.offload_below_bytes:
+                continue
+            reason = f"{model.current} is down; {pool} has {_gb(room)} free"
+            self.moves.append(Move(model.role, model.current, pool, "evacuate", reason))
+            self.touched.update((model.current, pool))
+            return
+        reason = f"{model.current} is down and no pool on {model.role}'s list is up with room"
+        self.holds.append(Hold(model.current, model.role, reason))
+
     def restore(self, model: ModelPlacement) -> None:
         home_room = self.free.get(model.home)
+        if model.current in self.down or model.home in self.down:
+            return  # evacuated above, or home is not back yet
         if home_room is None or home_room < self.policy.restore_above_bytes:
             return
         away_s = self.now - self.history.left_home_at.get(model.role, self.now)

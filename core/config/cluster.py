@@ -69,6 +69,10 @@ class ClusterConfig(Frozen):
     def fallback_source(self) -> str:
         return topology.fallback_source(self)
 
+    @property
+    def gateway_resources(self) -> dict[str, float]:
+        return topology.gateway_resources(self)
+
     def backend_target(self, backend: Backend) -> Target:
         return topology.backend_target(self, backend)
 

@@ -13,7 +13,8 @@ derived from what was recorded about it (`policy.links`).
 State is in memory. With `gateway.router_replicas` > 1, each replica enforces `cap // replicas`
 of every backend, so the sum of slots never exceeds the cap; queues are then ordered per replica.
 Where each model serves now every replica pulls from the placement actor (`placement_sync.py`),
-so all of them follow each move, and one that starts late or restarts routes by it at once.
+so all of them follow each move, and one that starts late or restarts routes by it at once; which
+pools are down, from the cluster manager (`pool_sync.py`): their links take no new work.
 
 Everything outside (backends, Serve's status, the placement actor, tokenizers, the clock) comes
 in through `ports.RouterPorts`; `ServeRouter` is the Router with Serve's own (`serve_ports.py`).
@@ -35,8 +36,9 @@ from deployments.router.faults import stream_error_event
 from deployments.router.flow import Flow
 from deployments.router.link import build_links
 from deployments.router.placement_sync import PlacementSync, home_placement
+from deployments.router.pool_sync import PoolSync
 from deployments.router.ports import RouterPorts
-from deployments.router.report import backend_state, overall_status, status_report
+from deployments.router.report import backend_state, overall_status, status_report, with_pools
 from deployments.router.serve_ports import serve_ports
 from deployments.router.watch import Watch
 
@@ -60,6 +62,7 @@ class Router:
         self._links = build_links(config, ports.backends, home_placement(config), clock.monotonic)
         source = ports.placement if watch else None
         self._placement = PlacementSync(config, self._links, source, clock)
+        self._pools = PoolSync(self._links, ports.pools if watch else None, clock)
         self._health = Watch(config.router, self._links, ports.deployments, clock)
         self._flow = Flow(config, self._links, self._placement, ports.counters, clock)
         self._loops: list[asyncio.Task[None]] = []
@@ -86,9 +89,10 @@ class Router:
         deployments = await self._ports.deployments.read()
         placement = self._placement
         now = self._ports.clock.monotonic()
-        return status_report(
+        report = status_report(
             self._config, self._links, deployments, placement.placements, placement.moves, now
         )
+        return with_pools(report, self._pools.pools, self._pools.events)
 
     async def metrics_text(self) -> bytes:
         for name, link in self._links.items():
@@ -116,6 +120,8 @@ class Router:
             ]
             if self._placement.follows:
                 self._loops.append(asyncio.create_task(self._placement.loop()))
+            if self._pools.follows:
+                self._loops.append(asyncio.create_task(self._pools.loop()))
 
 
 class ServeRouter(Router):

@@ -58,6 +58,9 @@ class Link:
     def park(self, parked: bool) -> None:
         self.facts = self.facts.placed(parked)
 
+    def on_pool(self, down: bool) -> None:
+        self.facts = self.facts.on_pool(down)
+
     def no_kv_reading(self) -> None:
         self.facts = self.facts.kv_unobservable()
 

@@ -90,6 +90,27 @@ MODEL_POOL = Gauge(
     registry=REGISTRY,
 )
 
+# Pool recovery, from the cluster manager's report (its actor has no /metrics of its own).
+POOL_STATE = Gauge(
+    "gps_pool_state",
+    "1 for each pool's current state (healthy, draining, provisioning, failed), 0 for the others.",
+    ["pool", "state"],
+    registry=REGISTRY,
+)
+RECOVERIES = Counter(
+    "gps_recoveries",
+    "Pool recoveries by outcome: recovered (GPU_RECOVERED) or failed (POOL_FAILED).",
+    ["pool", "outcome"],
+    registry=REGISTRY,
+)
+RECOVERY_SECONDS = Histogram(
+    "gps_recovery_seconds",
+    "From a pool declared dead (draining) to healthy again.",
+    ["pool"],
+    buckets=(30, 60, 120, 300, 600, 1200, 1800, 3600),
+    registry=REGISTRY,
+)
+
 
 def render() -> bytes:
     return generate_latest(REGISTRY)

@@ -69,6 +69,14 @@ class PlacementSource(Protocol):
     async def start(self, config: ClusterConfig) -> None: ...
 
 
+class PoolSource(Protocol):
+    """The cluster manager as one router replica sees it."""
+
+    async def report(self) -> Mapping[str, Any]:
+        """{"pools": {name: {"state", "reason", "nodes", ...}}, "events": [...]}."""
+        ...
+
+
 class Clock(Protocol):
     def monotonic(self) -> float: ...
 
@@ -90,3 +98,4 @@ class RouterPorts:
     placement: PlacementSource | None  # None: no model can move, so there is nothing to follow
     counters: Mapping[str, TokenCounter]  # by tokenizer source (Target.tokenizer)
     clock: Clock
+    pools: PoolSource | None = None  # None: no cluster manager, every pool counts as healthy

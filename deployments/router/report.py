@@ -39,6 +39,18 @@ def status_report(
     }
 
 
+def with_pools(
+    report: dict[str, Any], pools: Mapping[str, Any], events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The cluster manager's pools and events added; a pool not healthy makes the whole
+    status at best degraded (`/healthz` says so while a pool recovers)."""
+    unhealthy = [name for name, pool in pools.items() if pool["state"] != "healthy"]
+    status = report["status"]
+    if unhealthy and status == "ok":
+        status = "degraded"
+    return {**report, "status": status, "pools": dict(pools), "events": events}
+
+
 def backend_report(
     target: Target, facts: DeploymentFacts | None, link: Link | None, now: float
 ) -> dict[str, Any]:
@@ -60,6 +72,8 @@ def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, 
     breaker = link.breaker.state
     if link.facts.parked:  # at zero replicas on purpose, or on its way there
         state = "draining" if running else "parked"
+    elif link.facts.pool_down:  # its pool's nodes died: no new work until it recovers
+        state = "pool_down"
     elif state == "up" and breaker is not BreakerState.CLOSED:
         state = "degraded"
     queue = link.gate.queue

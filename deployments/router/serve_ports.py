@@ -1,5 +1,6 @@
-"""The router's ports as Serve provides them: deployment handles, `serve.status()` and the
-placement actor. Built inside the router replica (`serve_ports`), where those exist."""
+"""The router's ports as Serve provides them: deployment handles, `serve.status()`, the
+placement actor and the cluster manager. Built inside the router replica (`serve_ports`),
+where those exist."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from autoscale.broadcast import PlacementView
+from autoscale.cluster_manager import ensure_cluster_manager
 from autoscale.placer import ensure_placer, placement_matters
 from core.config import ClusterConfig
 from deployments.router.ports import (
@@ -92,6 +94,24 @@ class ActorPlacement:
         await self._actor.start.remote(config)
 
 
+class ManagerPools:
+    """The app's cluster manager, started by the first router replica (like the placement
+    actor) and pulled by each."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    @classmethod
+    def connect(cls, config: ClusterConfig) -> ManagerPools:
+        context = serve.get_replica_context()
+        namespace = ray.get_runtime_context().namespace
+        return cls(ensure_cluster_manager(config, context.app_name, namespace))
+
+    async def report(self) -> Mapping[str, Any]:
+        report: Mapping[str, Any] = await self._actor.report.remote()
+        return report
+
+
 def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) -> RouterPorts:
     targets = config.targets
     return RouterPorts(
@@ -100,4 +120,5 @@ def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) 
         counters=counters_for(targets[name] for name in handles),
         placement=ActorPlacement.connect(config) if placement_matters(config) else None,
         clock=SystemClock(),
+        pools=ManagerPools.connect(config),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -216,7 +217,18 @@ def test_cluster_status_needs_a_key_and_shows_placements(gateway: str, http: htt
         "coding@local": "local",
         "vision@local": "local",
     }
-    assert [p["name"] for p in status["pools"]] == ["local"]
+    assert list(status["pools"]) == ["local"]
+    # The cluster manager sees this machine's node in the pool, alive and sound (its first
+    # round may still be under way if this test runs early).
+    for _ in range(60):
+        local = http.get("/v1/cluster/status").json()["pools"]["local"]
+        if local["nodes"]:
+            break
+        time.sleep(0.5)
+    assert local["state"] == "healthy"
+    assert local["kind"] == "local"
+    assert len(local["nodes"]) == 1
+    assert isinstance(status["events"], list)
     assert status["backends"]["coding@local"]["running_replicas"] == 1
 
 

@@ -10,22 +10,19 @@ moves must change nothing.
 
 from __future__ import annotations
 
-import itertools
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 
 from autoscale.placer import PLACER_NAME
-from autoscale.probe import start_probes
-from autoscale.vram import NodeReading
+from bench import multinode
+from bench.multinode import Stream, cluster_status, wait_for
 from cluster.app import build_app
 from core.config import load_config
 
@@ -33,15 +30,6 @@ CONFIG = Path(__file__).with_name("placed.yaml")
 PORT = 18600
 NAMESPACE = "serve"
 LOCAL, CLOUD = "reasoning@local", "reasoning@cloud"
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -62,51 +50,6 @@ def cluster() -> Iterator[dict[str, str]]:
     nodes.shutdown()
 
 
-class Stream:
-    """Requests every 0.25 s in a thread, streamed and whole in turn: status and backend of each.
-    A stream counts as a success only if it ends with [DONE] and carries no error event."""
-
-    def __init__(self) -> None:
-        self.results: list[tuple[float, int, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        body = {
-            "model": "reasoning",
-            "messages": [{"role": "user", "content": "Say OK."}],
-            "max_tokens": 4,
-        }
-        streamed = {**body, "stream": True, "max_tokens": 24, "ignore_eos": True}
-        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
-            for n in itertools.count():
-                if self._stop.is_set():
-                    return
-                if n % 2:
-                    with client.stream("POST", "/v1/chat/completions", json=streamed) as reply:
-                        lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
-                        whole = lines[-1:] == ["data: [DONE]"] and not any(
-                            '"error"' in line for line in lines
-                        )
-                        code = reply.status_code if whole else 599
-                else:
-                    reply = client.post("/v1/chat/completions", json=body)
-                    code = reply.status_code
-                self.results.append((time.monotonic(), code, reply.headers.get("x-backend", "")))
-                time.sleep(0.25)
-
-    def __enter__(self) -> Stream:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def first_from(self, backend: str, after: float) -> float | None:
-        return next((t for t, _, b in self.results if b == backend and t >= after), None)
-
-
 def answers(actor: Any) -> bool:
     try:
         ray.get(actor.__ray_ready__.remote(), timeout=10)
@@ -122,14 +65,12 @@ def every_router_places(backend: str, pool: str) -> bool:
 
 
 def status() -> dict[str, Any]:
-    reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{PORT}/v1/cluster/status").json()
-    return reply
+    return cluster_status(PORT)
 
 
 def report_free(node: str, free_gb: float) -> None:
     """The node's probe reports `free_gb` free from now on."""
-    probe = start_probes(NAMESPACE)[node]
-    ray.get(probe.inject.remote(NodeReading.rehearsal(node, free_gb).to_json()))
+    multinode.report_free(NAMESPACE, node, free_gb)
 
 
 def move_by_vram(stream: Stream, node: str, free_gb: float, target: str, source: str) -> float:
@@ -149,7 +90,7 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
 ) -> None:
     assert status()["placements"] == {LOCAL: "local"}
     assert status()["backends"][CLOUD]["state"] == "parked"
-    with Stream() as stream:
+    with Stream(PORT, "reasoning") as stream:
         wait_for(lambda: len(stream.results) >= 4, 60, "the stream to start")
         out_s = move_by_vram(stream, cluster["local"], 2, CLOUD, LOCAL)
 
@@ -163,7 +104,7 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
         assert status()["backends"][LOCAL]["state"] == "parked"
 
         back_s = move_by_vram(stream, cluster["local"], 30, LOCAL, CLOUD)
-    failed = [(t, code, b) for t, code, b in stream.results if code != 200]
+    failed = stream.failed()
     moves = status()["moves"]
     print(
         f"\nmove out: {out_s:.1f} s from the drop to the first answer on cloud; move back: "
@@ -173,7 +114,7 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
     )
     assert failed == []
     assert [(m["kind"], m["outcome"]) for m in moves] == [("offload", "done"), ("restore", "done")]
-    served = [b for _, _, b in stream.results]
+    served = [b for _, _, b, _ in stream.results]
     assert served[0] == LOCAL
     assert CLOUD in served
     assert served[-1] == LOCAL

@@ -180,3 +180,41 @@ def test_after_a_restart_every_model_away_starts_its_cooldowns_again() -> None:
     homes = {"reasoning": "local", "vision": "local"}
     history = History.resumed(homes, {"reasoning": "cloud", "vision": "local"}, now=7)
     assert history == History({"local": 7, "cloud": 7}, {"reasoning": 7})
+
+
+def test_a_dead_pool_is_evacuated_at_once_whatever_the_priority_and_cooldown() -> None:
+    # Cloud is home here; both pools just changed (cooldown), and the model is P0.
+    model = ModelPlacement("reasoning", 0, ("cloud", "local"), "cloud")
+    history = History(last_change={"cloud": 0, "local": 0})
+    reading = {"cloud": None, "local": int(7 * GIB)}
+    decision = decide(reading, [model], history, 1, POLICY, down=frozenset({"cloud"}))
+    [move] = decision.moves
+    assert (move.source, move.target, move.kind) == ("cloud", "local", "evacuate")
+
+
+def test_an_evacuation_needs_a_pool_that_is_up_and_has_room() -> None:
+    model = ModelPlacement("reasoning", 3, ("cloud", "local"), "cloud")
+    cramped = {"cloud": int(40 * GIB), "local": int(5 * GIB)}
+    decision = decide(cramped, [model], History(), 0, POLICY, down=frozenset({"cloud"}))
+    assert decision.moves == ()
+    [hold] = decision.holds
+    assert "cloud is down" in hold.reason
+    both_down = decide(free(30), [model], History(), 0, POLICY, down=frozenset({"cloud", "local"}))
+    assert both_down.moves == ()
+
+
+def test_nothing_moves_onto_a_down_pool_nor_home_before_it_is_up() -> None:
+    # local is short of memory; cloud has room but is down: no offload there.
+    assert decide(free(2), models(), History(), 0, POLICY, down=frozenset({"cloud"})).moves == ()
+    # Evacuated from home (local) long ago; home has room but is still down: no restore.
+    away = [m for m in models(reasoning="cloud") if m.role == "reasoning"]
+    history = History(left_home_at={"reasoning": 0})
+    assert decide(free(30), away, history, 1000, POLICY, down=frozenset({"local"})).moves == ()
+    [move] = decide(free(30), away, history, 1000, POLICY).moves
+    assert move.kind == "restore"
+
+
+def test_an_evacuation_starts_the_away_time_like_an_offload() -> None:
+    move = Move("reasoning", "local", "cloud", "evacuate", "local is down")
+    after = History().after_move(move, 50)
+    assert after.left_home_at == {"reasoning": 50}

@@ -1,0 +1,66 @@
+"""Run a child process for a provisioner: asynchronously, in a session of its own, killed with
+its whole process group when the call is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoscale.provisioners import ProvisionFailed
+
+KILL_GRACE_S = 5.0
+TAIL_LINES = 5
+TAIL_CHARS = 800
+
+
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @staticmethod
+    def tail(text: str) -> str:
+        """The last lines of a stream, bounded: enough to say why, never a whole log."""
+        lines = [line for line in text.splitlines() if line.strip()]
+        return " | ".join(lines[-TAIL_LINES:])[-TAIL_CHARS:] or "(no output)"
+
+
+async def run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Done:
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            env=dict(env),
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: a cancel kills everything it began
+        )
+    except OSError as error:  # missing or not executable
+        raise ProvisionFailed(f"cannot run {argv[0]}: {error.strerror or error}") from None
+    try:
+        stdout, stderr = await process.communicate()
+    except asyncio.CancelledError:
+        await _kill_group(process)
+        raise
+    return Done(
+        process.returncode or 0, stdout.decode(errors="replace"), stderr.decode(errors="replace")
+    )
+
+
+async def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM to the group, then SIGKILL to whatever of it is left after a grace (children
+    that ignore SIGTERM, or outlive their parent); the child reaped before the caller goes on."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    await process.wait()

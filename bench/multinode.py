@@ -1,0 +1,100 @@
+"""What the multi-node tests and benchmarks share: a steady request stream, waiting, and
+driving the VRAM probes (this machine has no GPU; readings are injected through the probes'
+own interface)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import ray
+
+from autoscale.probe import start_probes
+from autoscale.vram import NodeReading
+
+# A stream that ends without [DONE], or with an error event, counts as this status.
+BROKEN_STREAM = 599
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Seconds until `check()` holds; TimeoutError naming `what` past `timeout_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Stream:
+    """Requests every `pause_s` in a thread, streamed and whole in turn: (time, status,
+    backend, streamed) of each. A stream counts as a success only if it ends with [DONE] and
+    carries no error event."""
+
+    def __init__(self, port: int, model: str, pause_s: float = 0.25) -> None:
+        self.results: list[tuple[float, int, str, bool]] = []
+        self._port = port
+        self._model = model
+        self._pause_s = pause_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = {
+            "model": self._model,
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 4,
+        }
+        streamed = {**body, "stream": True, "max_tokens": 24, "ignore_eos": True}
+        with httpx.Client(base_url=f"http://127.0.0.1:{self._port}", timeout=180) as client:
+            for n in itertools.count():
+                if self._stop.is_set():
+                    return
+                try:
+                    code, backend = self._one(client, body, streamed, stream=bool(n % 2))
+                except httpx.HTTPError:
+                    code, backend = 0, ""
+                self.results.append((time.monotonic(), code, backend, bool(n % 2)))
+                time.sleep(self._pause_s)
+
+    @staticmethod
+    def _one(
+        client: httpx.Client, body: dict[str, Any], streamed: dict[str, Any], stream: bool
+    ) -> tuple[int, str]:
+        if not stream:
+            reply = client.post("/v1/chat/completions", json=body)
+            return reply.status_code, reply.headers.get("x-backend", "")
+        with client.stream("POST", "/v1/chat/completions", json=streamed) as reply:
+            lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
+            whole = lines[-1:] == ["data: [DONE]"] and not any('"error"' in x for x in lines)
+            code = reply.status_code if whole else BROKEN_STREAM
+            return code, reply.headers.get("x-backend", "")
+
+    def __enter__(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def first_from(self, backend: str, after: float) -> float | None:
+        return next((t for t, _, b, _ in self.results if b == backend and t >= after), None)
+
+    def failed(self, since: float = 0.0) -> list[tuple[float, int, str, bool]]:
+        return [r for r in self.results if r[1] != 200 and r[0] >= since]
+
+
+def report_free(namespace: str, node: str, free_gb: float) -> None:
+    """The node's VRAM probe reports one GPU with `free_gb` free from now on."""
+    probe = start_probes(namespace)[node]
+    ray.get(probe.inject.remote(NodeReading.rehearsal(node, free_gb).to_json()))
+
+
+def cluster_status(port: int) -> dict[str, Any]:
+    reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{port}/v1/cluster/status").json()
+    return reply

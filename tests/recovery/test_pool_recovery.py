@@ -1,0 +1,163 @@
+"""A pool's node dies; the cluster manager drains the pool, has it replaced and brings it back.
+
+A Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`: a head, a node with
+`pool_local`, a node with `pool_cloud`), real demo-model replicas: reasoning is home on cloud
+with a chain to local (recovery.yaml). While a steady stream of whole and streamed requests
+runs, the cloud node's processes are killed with SIGKILL (no clean `ray stop`). The pool must
+be draining within `dead_after_s` plus the GCS's own detection and one interval; no whole request
+may fail; the `command` provisioner (start_node.py) starts a real replacement node; the pool is
+healthy again, GPU_RECOVERED is recorded, and reasoning serves on cloud again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import ray
+from ray import serve
+from ray.cluster_utils import Cluster
+from ray.util.state import list_actors
+
+from bench.multinode import Stream, cluster_status, report_free, wait_for
+from cluster.app import build_app
+from cluster.ray_runtime import this_cluster
+from core.config import load_config
+
+CONFIG = Path(__file__).with_name("recovery.yaml")
+PORT = 18650
+NAMESPACE = "serve"
+CLOUD, LOCAL = "reasoning@cloud", "reasoning@local"
+# Ray's GCS calls a node dead after its health checks fail (about 15 s by default), and the
+# manager's probe of it fails as soon as its processes are gone; either starts the clock.
+GCS_DETECTION_S = 30
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    pids = tmp_path_factory.mktemp("recovery") / "node-pids"
+    # Inherited by the raylets and so by the cluster manager, which runs the provisioner.
+    os.environ["GPS_TEST_NODE_PIDS"] = str(pids)
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    local = nodes.add_node(num_cpus=1, resources={"pool_local": 1})
+    cloud = nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
+    ray.init(address=nodes.address, namespace=NAMESPACE)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    report_free(NAMESPACE, local.node_id, 30)
+    report_free(NAMESPACE, cloud.node_id, 40)
+    serve.run(build_app(load_config(CONFIG, environ={})), name="recovered", route_prefix="/")
+    yield {"nodes": nodes, "cloud": cloud, "local": local, "pids": pids}
+    serve.shutdown()
+    ray.shutdown()
+    kill_started_nodes(pids)
+    nodes.shutdown()
+    del os.environ["GPS_TEST_NODE_PIDS"]
+
+
+def kill_started_nodes(pids: Path) -> None:
+    """The nodes start_node.py started: each `ray start --block` and everything under it."""
+    if not pids.exists():
+        return
+    for line in pids.read_text().split():
+        try:
+            parent = psutil.Process(int(line))
+        except psutil.NoSuchProcess:
+            continue
+        group = [parent, *parent.children(recursive=True)]
+        for process in group:
+            process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(group, timeout=30)
+
+
+def pool(name: str) -> dict[str, Any]:
+    reply: dict[str, Any] = cluster_status(PORT)["pools"][name]
+    return reply
+
+
+def event(kind: str) -> dict[str, Any] | None:
+    return next((e for e in cluster_status(PORT)["events"] if e["type"] == kind), None)
+
+
+def new_cloud_node(old: str) -> str | None:
+    return next(
+        (
+            n["NodeID"]
+            for n in ray.nodes()
+            if n["Alive"] and "pool_cloud" in n["Resources"] and n["NodeID"] != old
+        ),
+        None,
+    )
+
+
+def test_the_gateway_stands_on_the_head_node(cluster: dict[str, Any]) -> None:
+    """Ingress, router, placement actor, cluster manager and fallback: none on a pool's node."""
+    head = cluster["nodes"].head_node.node_id
+    gateway_classes = ("ingress", "router", "Placer", "ClusterManager", "cpu-fallback")
+    placed = {
+        a.class_name: a.node_id
+        for a in list_actors(this_cluster(), filters=[("state", "=", "ALIVE")], limit=1000)
+        if any(part in a.class_name for part in gateway_classes)
+    }
+    assert len(placed) >= 5, placed
+    assert set(placed.values()) == {head}, placed
+
+
+def test_a_dead_pool_is_drained_replaced_and_serves_again(cluster: dict[str, Any]) -> None:
+    settings = load_config(CONFIG, environ={}).cluster_manager
+    assert cluster_status(PORT)["placements"] == {CLOUD: "cloud"}
+    wait_for(lambda: pool("cloud")["nodes"] != [], 60, "the manager to see the cloud node")
+    assert pool("cloud")["state"] == "healthy"
+    with Stream(PORT, "reasoning") as stream:
+        wait_for(lambda: stream.first_from(CLOUD, 0) is not None, 120, "answers from cloud")
+        killed_wall, killed = time.time(), time.monotonic()
+        cluster["nodes"].remove_node(cluster["cloud"], allow_graceful=False)  # SIGKILL
+
+        wait_for(lambda: event("POOL_DRAINING") is not None, 120, "the pool to be drained")
+        draining = event("POOL_DRAINING")
+        assert draining is not None
+        detected_s = draining["at"] - killed_wall
+        wait_for(lambda: stream.first_from("cpu-fallback", killed) is not None, 60, "fallback")
+        first_fallback_s = (stream.first_from("cpu-fallback", killed) or 0) - killed
+
+        wait_for(lambda: new_cloud_node(cluster["cloud"].node_id) is not None, 240, "a new node")
+        new_node = new_cloud_node(cluster["cloud"].node_id)
+        assert new_node is not None
+        report_free(NAMESPACE, new_node, 40)  # its "GPU" has room again: reasoning may go home
+        wait_for(lambda: event("GPU_RECOVERED") is not None, 120, "GPU_RECOVERED")
+        recovered = event("GPU_RECOVERED")
+        assert recovered is not None
+        assert pool("cloud")["state"] == "healthy"
+        recovered_s = recovered["at"] - killed_wall
+
+        back_from = time.monotonic()
+        wait_for(lambda: stream.first_from(CLOUD, back_from) is not None, 480, "cloud again")
+        home_s = time.monotonic() - killed
+    whole_failed = [r for r in stream.failed() if not r[3]]
+    streams_failed = [r for r in stream.failed() if r[3]]
+    status = cluster_status(PORT)
+    print(
+        f"\nrecovery: detected (draining) {detected_s:.1f} s after the kill; first fallback "
+        f"answer {first_fallback_s:.1f} s; GPU_RECOVERED {recovered_s:.1f} s; serving on cloud "
+        f"again {home_s:.1f} s; {len(stream.results)} requests, whole failed "
+        f"{len(whole_failed)}, streams broken {len(streams_failed)}; events "
+        f"{[(e['type'], e['pool']) for e in status['events']]}; moves "
+        f"{[(m['kind'], m['from'], m['to'], m['outcome']) for m in status['moves']]}"
+    )
+    assert detected_s <= settings.dead_after_s + settings.interval_s + GCS_DETECTION_S
+    assert whole_failed == []
+    types = [e["type"] for e in status["events"] if e["pool"] == "cloud"]
+    assert types[:3] == ["POOL_UNHEALTHY", "POOL_DRAINING", "NODE_PROVISIONING"]
+    assert "NODE_JOINED" in types
+    assert types[-1] == "GPU_RECOVERED"
+    assert ("evacuate", CLOUD, LOCAL, "done") in [
+        (m["kind"], m["from"], m["to"], m["outcome"]) for m in status["moves"]
+    ]
+    assert status["placements"] == {CLOUD: "cloud"}
