@@ -112,6 +112,10 @@ class Router:
         """Send each role's new work where `view` places it; parked backends take none."""
         self._placement.apply(view)
 
+    def apply_pool_report(self, report: Mapping[str, Any]) -> None:
+        """Take the cluster manager's report: links on unhealthy pools take no new work."""
+        self._pools.apply(report)
+
     def _start_loops(self) -> None:
         if self._watch and not self._loops:
             self._loops = [

@@ -693,3 +693,41 @@ def test_the_status_reports_tripped_parked_and_draining_backends() -> None:
     assert tripped["backends"]["reasoning@local"]["breaker"] == "open"
     assert tripped["status"] == "degraded"  # parked backends do not count
     assert raised["backends"]["reasoning@cloud"]["state"] == "draining"
+
+
+def pool_report(local: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    pools = {"local": {"state": local, "nodes": []}, "cloud": {"state": "healthy", "nodes": []}}
+    return {"pools": pools, "events": events}
+
+
+def test_a_pool_the_cluster_manager_declared_down_takes_no_new_work() -> None:
+    local, cloud, fallback = FakeBackend(ok), FakeBackend(ok), FakeBackend(ok)
+    handles = {"reasoning@local": local, "reasoning@cloud": cloud, "cpu-fallback": fallback}
+    router = make_router(placed_config(), handles)
+    reasoning = job(role=Role.REASONING)
+    unhealthy = {"seq": 1, "type": "POOL_UNHEALTHY", "pool": "local", "at": 1.0, "detail": "x"}
+    draining = {**unhealthy, "seq": 2, "type": "POOL_DRAINING"}
+    recovered = {**unhealthy, "seq": 3, "type": "GPU_RECOVERED", "seconds": 42.0}
+    before = sample("gps_recoveries_total", pool="local", outcome="recovered")
+
+    async def scenario() -> tuple[list[str], dict[str, Any]]:
+        seen = [await served_by(router, reasoning)]
+        router.apply_pool_report(pool_report("healthy", [unhealthy]))  # first: not counted
+        router.apply_pool_report(pool_report("draining", [unhealthy, draining]))
+        seen.append(await served_by(router, reasoning))
+        status = await router.status()
+        router.apply_pool_report(pool_report("healthy", [unhealthy, draining, recovered]))
+        router.apply_pool_report(pool_report("healthy", [unhealthy, draining, recovered]))
+        seen.append(await served_by(router, reasoning))
+        return seen, status
+
+    seen, status = asyncio.run(scenario())
+    assert seen == ["reasoning@local", "cpu-fallback", "reasoning@local"]
+    assert status["backends"]["reasoning@local"]["state"] == "pool_down"
+    assert status["status"] == "degraded"
+    assert status["pools"]["local"]["state"] == "draining"
+    assert [e["type"] for e in status["events"]] == ["POOL_UNHEALTHY", "POOL_DRAINING"]
+    after = sample("gps_recoveries_total", pool="local", outcome="recovered")
+    assert after - before == 1
+    assert sample("gps_pool_state", pool="local", state="healthy") == 1
+    assert sample("gps_pool_state", pool="local", state="draining") == 0
