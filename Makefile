@@ -61,6 +61,7 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/terraform fmt -check -recursive terraform/
 
 format: $(INSTALLED)
 	$(VENV)/bin/ruff format .

@@ -1,0 +1,90 @@
+"""The deployment files stay true: cluster.yaml and cluster.local.yaml valid against Ray's own
+schema, and the pools in them and in the KubeRay manifest those of the GPU example config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import ray
+import yaml
+
+from core.config import ClusterConfig, load_config
+
+ROOT = Path(__file__).parents[2]
+SCHEMA = Path(ray.__file__).parent / "autoscaler" / "ray-schema.json"
+CLUSTER_YAMLS = ["ray_configs/cluster.yaml", "ray_configs/cluster.local.yaml"]
+
+
+def load(path: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / path).read_text())
+    return data
+
+
+def gpu_example() -> ClusterConfig:
+    return load_config(ROOT / "ray_configs" / "gpu.example.yaml", environ={})
+
+
+@pytest.mark.parametrize("path", CLUSTER_YAMLS)
+def test_cluster_yaml_is_valid_against_rays_schema(path: str) -> None:
+    jsonschema.validate(load(path), json.loads(SCHEMA.read_text()))
+
+
+def pool_resources(resources: dict[str, Any]) -> set[str]:
+    return {r for r in resources if r.startswith("pool_")}
+
+
+def test_cluster_yaml_has_a_gpu_node_type_per_pool_and_a_head_without_one() -> None:
+    cluster = load("ray_configs/cluster.yaml")
+    types = cluster["available_node_types"]
+    head = types[cluster["head_node_type"]]
+    assert pool_resources(head["resources"]) == set()
+    workers = [t for name, t in types.items() if name != cluster["head_node_type"]]
+    assert {r for t in workers for r in pool_resources(t["resources"])} == {
+        p.resource for p in gpu_example().pools
+    }
+    assert all(t["resources"].get("GPU", 0) >= 1 for t in workers)
+    starts = " ".join(cluster["head_start_ray_commands"])
+    assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in starts
+    assert "serve start" in starts
+    assert any("'.[gpu]'" in c for c in cluster["setup_commands"])
+
+
+def test_the_local_cluster_has_the_test_pools() -> None:
+    cluster = load("ray_configs/cluster.local.yaml")
+    assert cluster["provider"]["type"] == "fake_multinode"
+    types = cluster["available_node_types"]
+    assert {r for t in types.values() for r in pool_resources(t["resources"])} == {
+        "pool_local",
+        "pool_cloud",
+    }
+
+
+def kuberay() -> dict[str, Any]:
+    return load("deploy/kuberay/rayservice.yaml")
+
+
+def test_kuberay_has_one_worker_group_per_pool_carrying_its_resource() -> None:
+    groups = kuberay()["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    carried = {}
+    for group in groups:
+        # KubeRay passes the value to `ray start --resources=` as is: a quoted JSON string.
+        resources = json.loads(json.loads(group["rayStartParams"]["resources"]))
+        carried[group["groupName"]] = set(resources)
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert int(limits["nvidia.com/gpu"]) >= 1
+    assert carried == {p.name: {p.resource} for p in gpu_example().pools}
+
+
+def test_kuberay_serves_the_app_with_the_example_config() -> None:
+    serve_config = yaml.safe_load(kuberay()["spec"]["serveConfigV2"])
+    [app] = serve_config["applications"]
+    assert app["import_path"] == "cluster.app:build"
+    assert (ROOT / app["args"]["config"]).exists()
+    assert serve_config["proxy_location"] == "HeadOnly"
+    module, attribute = app["import_path"].split(":")
+    imported = __import__(module, fromlist=[attribute])
+    assert callable(getattr(imported, attribute))
