@@ -55,6 +55,10 @@ _ABANDONED_LOGS = {
     moves.AbandonedBecause.ROUTERS_NOT_SWITCHED: (
         "placement: not every router replica switched %s to %s: move abandoned; %s keeps serving"
     ),
+    moves.AbandonedBecause.SOURCE_BACK: (
+        "placement: %s: the source pool recovered before %s came up: evacuation abandoned; %s "
+        "serves again"
+    ),
 }
 
 
@@ -201,7 +205,11 @@ class Placer:
         """Make-before-break (`policy.moves`), step by step; the move's record."""
         replicas = self._config.model_for(Role(move.role)).replicas
         plan = moves.MovePlan(
-            move.role, f"{move.role}@{move.source}", f"{move.role}@{move.target}", replicas
+            move.role,
+            f"{move.role}@{move.source}",
+            f"{move.role}@{move.target}",
+            replicas,
+            evacuation=move.kind == "evacuate",
         )
         record: dict[str, Any] = {
             "at": self._clock.wall(),
@@ -233,16 +241,28 @@ class Placer:
     async def _move_facts(self, state: moves.MoveState) -> moves.MoveFacts:
         plan = state.plan
         target = None
+        source_back = False
         if state.watches_target:
             target = await self._ports.deployments.health(DEPLOYMENT_PREFIX + plan.target)
+            if plan.evacuation:
+                source_back = await self._source_back(plan)
         return moves.MoveFacts(
             target_running=target.running if target else 0,
             target_healthy=target.healthy if target else False,
+            source_back=source_back,
             # During a move the latest view is the one it published (moves run one at a time).
             views_applied=self._broadcast.applied(self._broadcast.view.version),
             source_held=self._broadcast.held(plan.source),
             target_held=self._broadcast.held(plan.target),
         )
+
+    async def _source_back(self, plan: moves.MovePlan) -> bool:
+        """An evacuation's source pool is healthy again and Serve runs its replicas there."""
+        pool = plan.source.split("@", 1)[1]
+        if pool in await self._ports.pools.unhealthy_pools():
+            return False
+        source = await self._ports.deployments.health(DEPLOYMENT_PREFIX + plan.source)
+        return source.running >= plan.replicas and source.healthy
 
     async def _act(self, action: moves.ScaleTo | moves.Publish | moves.Wait) -> None:
         match action:

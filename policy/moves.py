@@ -4,7 +4,8 @@ A model moves from its source backend to a target backend without losing a reque
 
 1. ask for its replicas on the target and wait until they are RUNNING and the deployment
    HEALTHY; past `move_timeout_s` the target is asked back to zero and the move abandoned (the
-   source never stopped serving);
+   source never stopped serving). An evacuation (off a pool whose nodes died) is abandoned the
+   same way as soon as the source is back: its pool healthy again and its replicas serving;
 2. publish the view that sends the role's new work to the target and parks the source, and wait
    until every router replica has applied it; past `drain_timeout_s` the old view is published
    again, the target drained and asked back to zero, and the move abandoned;
@@ -57,6 +58,7 @@ class MovePlan:
     source: str
     target: str
     replicas: int
+    evacuation: bool = False  # off a pool the cluster manager declared down
 
 
 class Phase(Enum):
@@ -73,6 +75,7 @@ class Phase(Enum):
 class AbandonedBecause(Enum):
     TARGET_NOT_UP = "the target did not come up in time"
     ROUTERS_NOT_SWITCHED = "not every router replica switched in time"
+    SOURCE_BACK = "the source's pool recovered and it serves again"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class MoveFacts:
 
     target_running: int = 0  # replicas RUNNING on the target (read only while it comes up)
     target_healthy: bool = False
+    source_back: bool = False  # an evacuation's source: pool healthy, replicas serving again
     views_applied: bool = False  # every live router replica applied the latest published view
     source_held: int = 0  # jobs the router replicas hold on the source
     target_held: int = 0
@@ -162,6 +166,8 @@ def _target_coming_up(state: MoveState, facts: MoveFacts, now: float, limits: Mo
     plan = state.plan
     if now >= state.deadline:
         return Step(ScaleTo(plan.target, 0), state.abandoning(AbandonedBecause.TARGET_NOT_UP))
+    if plan.evacuation and facts.source_back:
+        return Step(ScaleTo(plan.target, 0), state.abandoning(AbandonedBecause.SOURCE_BACK))
     if facts.target_running >= plan.replicas and facts.target_healthy:
         switching = state.entering(Phase.SWITCHING, now + limits.drain_timeout_s)
         return Step(Publish(plan.role, plan.target, plan.source), switching)

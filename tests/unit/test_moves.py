@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -26,9 +27,11 @@ LIMITS = MoveLimits(move_timeout_s=60, drain_timeout_s=20, target_poll_s=1, rout
 UP = MoveFacts(target_running=2, target_healthy=True)  # the target RUNNING and HEALTHY
 
 
-def run(facts_at: Callable[[float, MoveState], MoveFacts]) -> list[tuple[float, Step]]:
+def run(
+    facts_at: Callable[[float, MoveState], MoveFacts], plan: MovePlan = PLAN
+) -> list[tuple[float, Step]]:
     """Drive a move from t=0 to its Finish: each Wait turns the clock; every step with its time."""
-    now, state = 0.0, begin(PLAN, 0.0)
+    now, state = 0.0, begin(plan, 0.0)
     steps: list[tuple[float, Step]] = []
     while not steps or not isinstance(steps[-1][1].action, Finish):
         taken = step(state, facts_at(now, state), now, LIMITS)
@@ -149,3 +152,20 @@ def test_the_target_is_watched_only_while_it_comes_up() -> None:
 
     run(facts)
     assert watched == [False, True, False, False]
+
+
+def test_an_evacuation_whose_source_comes_back_first_is_abandoned_at_once() -> None:
+    evacuation = dataclasses.replace(PLAN, evacuation=True)
+
+    def facts(now: float, state: MoveState) -> MoveFacts:
+        return MoveFacts(target_running=0, source_back=now >= 12)
+
+    steps = run(facts, evacuation)
+    assert actions(steps) == [
+        ScaleTo("reasoning@cloud", 2),
+        Wait(1),
+        ScaleTo("reasoning@cloud", 0),
+        Finish("abandoned", 12.0, AbandonedBecause.SOURCE_BACK),
+    ]
+    # An ordinary move ignores the source: it serves all along.
+    assert run(facts)[-1][1].action == Finish("abandoned", 60.0, AbandonedBecause.TARGET_NOT_UP)

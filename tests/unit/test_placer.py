@@ -174,19 +174,30 @@ class Rig:
         return [(m["seq"], m["kind"], m["from"], m["to"], m["outcome"]) for m in moves]
 
 
-def rig(broken: frozenset[str] = frozenset()) -> Rig:
+@dataclass
+class FakePools:
+    """The cluster manager's verdict: pools declared down."""
+
+    down: frozenset[str] = frozenset()
+
+    async def unhealthy_pools(self) -> frozenset[str]:
+        return self.down
+
+
+def rig(broken: frozenset[str] = frozenset(), pools: FakePools | None = None) -> Rig:
     clock = FakeClock()
     vram = FakeVram(clock, [(0, {"local": 20, "cloud": 40})])
     cluster = FakeCluster(clock, broken)
     store = FakeStore()
-    placer = Placer(CONFIG, "app", PlacerPorts(vram, cluster, cluster, store, clock))
+    ports = PlacerPorts(vram, cluster, cluster, store, clock, pools or FakePools())
+    placer = Placer(CONFIG, "app", ports)
     router = FakeRouter(placer, cluster, clock)
     clock.on_tick.append(router.sync)
     return Rig(placer, clock, vram, cluster, router, store)
 
 
-async def started(broken: frozenset[str] = frozenset()) -> Rig:
-    setup = rig(broken)
+async def started(broken: frozenset[str] = frozenset(), pools: FakePools | None = None) -> Rig:
+    setup = rig(broken, pools)
     await setup.placer.start(CONFIG)
     setup.clock.now = STARTUP_S  # the home deployments came up with the app
     await setup.router.sync()
@@ -268,3 +279,28 @@ def test_a_failing_vram_source_is_counted_and_the_loop_goes_on() -> None:
     # The routers are told, with each view: the actor's own registry is never scraped.
     reply = asyncio.run(setup.placer.sync("router-1", 0, {}))
     assert reply["loop_errors"] == 3
+
+
+def test_a_dead_pool_is_evacuated_and_an_evacuation_stops_when_its_source_comes_back() -> None:
+    async def scenario(back_at: float | None) -> Rig:
+        pools = FakePools()
+        setup = await started(pools=pools)
+        pools.down = frozenset({"local"})  # local's nodes died (its replicas "run" on here)
+        if back_at is None:
+            await setup.run_until(STARTUP_S + 120)
+        else:
+            await setup.run_until(STARTUP_S + back_at)
+            pools.down = frozenset()
+            await setup.run_until(STARTUP_S + 120)
+        await setup.placer.stop()
+        return setup
+
+    gone = asyncio.run(scenario(back_at=None))
+    local, cloud = "reasoning@local", "reasoning@cloud"
+    assert gone.moves() == [(1, "evacuate", local, cloud, "done")]
+    assert gone.router.serving == cloud
+    back = asyncio.run(scenario(back_at=20))
+    assert back.moves() == [(1, "evacuate", local, cloud, "abandoned")]
+    assert back.router.serving == local
+    assert back.cluster.asked[CLOUD] == 0
+    assert back.cluster.asked[LOCAL] == 1
