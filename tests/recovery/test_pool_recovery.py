@@ -157,7 +157,10 @@ def test_a_dead_pool_is_drained_replaced_and_serves_again(cluster: dict[str, Any
     assert types[:3] == ["POOL_UNHEALTHY", "POOL_DRAINING", "NODE_PROVISIONING"]
     assert "NODE_JOINED" in types
     assert types[-1] == "GPU_RECOVERED"
-    assert ("evacuate", CLOUD, LOCAL, "done") in [
-        (m["kind"], m["from"], m["to"], m["outcome"]) for m in status["moves"]
-    ]
+    # The placement actor began evacuating to local; it finished (and the model came home by a
+    # restore) or, the cloud pool back first, gave the evacuation up.
+    evacuations = [m for m in status["moves"] if m["kind"] == "evacuate"]
+    assert [(m["from"], m["to"]) for m in evacuations] == [(CLOUD, LOCAL)]
+    if evacuations[0]["outcome"] == "done":
+        assert [m["kind"] for m in status["moves"]][-1] == "restore"
     assert status["placements"] == {CLOUD: "cloud"}
