@@ -124,16 +124,18 @@ class ClusterManager:
         snapshots = await self._ports.nodes.nodes()
         needs_gpu = pools_needing_gpu(self._config)
         now = self._clock.monotonic()
-        for pool in self._records:
-            nodes = [s for s in snapshots if pool in s.pools]
+        for pool, record in self._records.items():
+            # The GCS forgets a dead node's resources: it stays the pool's if it was seen there.
+            known = record.known_nodes or frozenset()
+            nodes = [
+                s for s in snapshots if pool in s.pools or (not s.alive and s.node_id in known)
+            ]
             self._nodes[pool] = nodes
             facts = PoolFacts(
                 tuple(_node_fact(s, pool in needs_gpu) for s in nodes),
                 self._outcomes.pop(pool, None),
             )
-            result = pool_health.step(
-                self._records[pool], facts, now, recovery_policy(self._config, pool)
-            )
+            result = pool_health.step(record, facts, now, recovery_policy(self._config, pool))
             self._records[pool] = result.record
             for event in result.events:
                 self._record_event(pool, event)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,10 +144,12 @@ def test_a_dead_pool_is_drained_replaced_and_recovered(tmp_path: Path) -> None:
         await rounds(mgr, clock, 10)
         assert mgr.report()["pools"]["cloud"]["state"] == "healthy"
         assert mgr.report()["pools"]["cloud"]["nodes"] == [{"node_id": "c1", "address": "10.0.0.1"}]
-        nodes.table["c1"] = node("c1", "cloud", alive=False)
+        # As the GCS reports a dead node: no resources, so no pool of its own.
+        nodes.table["c1"] = dataclasses.replace(node("c1", "cloud", alive=False), pools=frozenset())
         killed_at = clock.now
         await rounds(mgr, clock, 35)
         assert mgr.unhealthy_pools() == ["cloud"]
+        assert "c1: node is dead" in types_detail(mgr, "POOL_DRAINING")
         drained = next(e for e in mgr.report()["events"] if e["type"] == "POOL_DRAINING")
         assert drained["at"] - (1_800_000_000.0 + killed_at) <= 30 + 5
         await rounds(mgr, clock, 20)
