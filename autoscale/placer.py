@@ -5,6 +5,9 @@ the node probes (`probe.py`), sums free VRAM per pool and asks `decide` what to 
 replicas pull where each model serves from it (`broadcast.py`). A move is make-before-break, so
 no request is lost:
 
+An evacuation (off a pool the cluster manager declared down) first asks the source for zero,
+and gives up if that pool is healthy again before the target is up (`policy.moves`).
+
 1. ask for the model's replicas on the target pool (`policy.set_replicas`: Serve's autoscaling
    policy scales that deployment alone; nothing else restarts);
 2. wait until they are RUNNING and the deployment HEALTHY (past `move_timeout_s` the move is
@@ -57,7 +60,7 @@ _ABANDONED_LOGS = {
     ),
     moves.AbandonedBecause.SOURCE_BACK: (
         "placement: %s: the source pool recovered before %s came up: evacuation abandoned; %s "
-        "serves again"
+        "starts again"
     ),
 }
 
@@ -257,12 +260,9 @@ class Placer:
         )
 
     async def _source_back(self, plan: moves.MovePlan) -> bool:
-        """An evacuation's source pool is healthy again and Serve runs its replicas there."""
+        """An evacuation's source pool is healthy again (the cluster manager says so)."""
         pool = plan.source.split("@", 1)[1]
-        if pool in await self._ports.pools.unhealthy_pools():
-            return False
-        source = await self._ports.deployments.health(DEPLOYMENT_PREFIX + plan.source)
-        return source.running >= plan.replicas and source.healthy
+        return pool not in await self._ports.pools.unhealthy_pools()
 
     async def _act(self, action: moves.ScaleTo | moves.Publish | moves.Wait) -> None:
         match action:

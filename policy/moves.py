@@ -4,13 +4,18 @@ A model moves from its source backend to a target backend without losing a reque
 
 1. ask for its replicas on the target and wait until they are RUNNING and the deployment
    HEALTHY; past `move_timeout_s` the target is asked back to zero and the move abandoned (the
-   source never stopped serving). An evacuation (off a pool whose nodes died) is abandoned the
-   same way as soon as the source is back: its pool healthy again and its replicas serving;
+   source never stopped serving);
 2. publish the view that sends the role's new work to the target and parks the source, and wait
    until every router replica has applied it; past `drain_timeout_s` the old view is published
    again, the target drained and asked back to zero, and the move abandoned;
 3. wait until the router replicas hold nothing on the source, queued or in flight (up to
    `drain_timeout_s`: past it the source is dropped anyway), then ask the source for zero.
+
+An evacuation (off a pool whose nodes died) goes straight to the target: nothing serves on the
+source, so it is asked for zero first (else Serve would restart its replicas on the first node
+that joins the pool, racing the target for the same start). If the source's pool is healthy
+again before the target is up, the evacuation is given up: the target asked back to zero and
+the source asked for its replicas again, one engine start instead of a move there and back.
 
 `step` answers the one thing to do next and the state after it. The placement actor gathers the
 facts the state waits on, carries the action out, and asks again until the answer is `Finish`.
@@ -58,11 +63,13 @@ class MovePlan:
     source: str
     target: str
     replicas: int
-    evacuation: bool = False  # off a pool the cluster manager declared down
+    evacuation: bool = False  # off a pool the cluster manager declared down: straight over
 
 
 class Phase(Enum):
     STARTING = "starting"
+    RAISING_TARGET = "raising target"  # an evacuation's source is at zero; now the target
+    RAISING_SOURCE = "raising source"  # an evacuation given up: the source's pool is back
     TARGET_COMING_UP = "target coming up"
     SWITCHING = "switching"  # the new view is published; waiting for every router's ack
     DRAINING_SOURCE = "draining source"
@@ -75,7 +82,7 @@ class Phase(Enum):
 class AbandonedBecause(Enum):
     TARGET_NOT_UP = "the target did not come up in time"
     ROUTERS_NOT_SWITCHED = "not every router replica switched in time"
-    SOURCE_BACK = "the source's pool recovered and it serves again"
+    SOURCE_BACK = "the source's pool recovered before the target came up"
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ class MoveFacts:
 
     target_running: int = 0  # replicas RUNNING on the target (read only while it comes up)
     target_healthy: bool = False
-    source_back: bool = False  # an evacuation's source: pool healthy, replicas serving again
+    source_back: bool = False  # an evacuation's source pool is healthy again
     views_applied: bool = False  # every live router replica applied the latest published view
     source_held: int = 0  # jobs the router replicas hold on the source
     target_held: int = 0
@@ -158,6 +165,13 @@ def step(state: MoveState, facts: MoveFacts, now: float, limits: MoveLimits) -> 
 
 def _starting(state: MoveState, facts: MoveFacts, now: float, limits: MoveLimits) -> Step:
     plan = state.plan
+    if plan.evacuation:
+        return Step(ScaleTo(plan.source, 0), state.entering(Phase.RAISING_TARGET))
+    return _raising_target(state, facts, now, limits)
+
+
+def _raising_target(state: MoveState, facts: MoveFacts, now: float, limits: MoveLimits) -> Step:
+    plan = state.plan
     coming_up = state.entering(Phase.TARGET_COMING_UP, now + limits.move_timeout_s)
     return Step(ScaleTo(plan.target, plan.replicas), coming_up)
 
@@ -167,11 +181,16 @@ def _target_coming_up(state: MoveState, facts: MoveFacts, now: float, limits: Mo
     if now >= state.deadline:
         return Step(ScaleTo(plan.target, 0), state.abandoning(AbandonedBecause.TARGET_NOT_UP))
     if plan.evacuation and facts.source_back:
-        return Step(ScaleTo(plan.target, 0), state.abandoning(AbandonedBecause.SOURCE_BACK))
+        return Step(ScaleTo(plan.target, 0), state.entering(Phase.RAISING_SOURCE))
     if facts.target_running >= plan.replicas and facts.target_healthy:
         switching = state.entering(Phase.SWITCHING, now + limits.drain_timeout_s)
         return Step(Publish(plan.role, plan.target, plan.source), switching)
     return Step(Wait(limits.target_poll_s), state)
+
+
+def _raising_source(state: MoveState, facts: MoveFacts, now: float, limits: MoveLimits) -> Step:
+    plan = state.plan
+    return Step(ScaleTo(plan.source, plan.replicas), state.abandoning(AbandonedBecause.SOURCE_BACK))
 
 
 def _switching(state: MoveState, facts: MoveFacts, now: float, limits: MoveLimits) -> Step:
@@ -226,6 +245,8 @@ def _finished(state: MoveState, facts: MoveFacts, now: float, limits: MoveLimits
 
 _BY_PHASE: dict[Phase, Callable[[MoveState, MoveFacts, float, MoveLimits], Step]] = {
     Phase.STARTING: _starting,
+    Phase.RAISING_TARGET: _raising_target,
+    Phase.RAISING_SOURCE: _raising_source,
     Phase.TARGET_COMING_UP: _target_coming_up,
     Phase.SWITCHING: _switching,
     Phase.DRAINING_SOURCE: _draining_source,

@@ -154,7 +154,7 @@ def test_the_target_is_watched_only_while_it_comes_up() -> None:
     assert watched == [False, True, False, False]
 
 
-def test_an_evacuation_whose_source_comes_back_first_is_abandoned_at_once() -> None:
+def test_an_evacuation_empties_the_source_first_and_gives_up_when_its_pool_is_back() -> None:
     evacuation = dataclasses.replace(PLAN, evacuation=True)
 
     def facts(now: float, state: MoveState) -> MoveFacts:
@@ -162,10 +162,19 @@ def test_an_evacuation_whose_source_comes_back_first_is_abandoned_at_once() -> N
 
     steps = run(facts, evacuation)
     assert actions(steps) == [
+        ScaleTo("reasoning@local", 0),  # nothing serves there: Serve must not restart it
         ScaleTo("reasoning@cloud", 2),
         Wait(1),
         ScaleTo("reasoning@cloud", 0),
+        ScaleTo("reasoning@local", 2),  # the pool is back: one engine start there
         Finish("abandoned", 12.0, AbandonedBecause.SOURCE_BACK),
     ]
     # An ordinary move ignores the source: it serves all along.
     assert run(facts)[-1][1].action == Finish("abandoned", 60.0, AbandonedBecause.TARGET_NOT_UP)
+
+
+def test_an_evacuation_whose_target_comes_up_finishes_like_any_move() -> None:
+    evacuation = dataclasses.replace(PLAN, evacuation=True)
+    steps = run(lambda now, state: dataclasses.replace(UP, views_applied=True), evacuation)
+    assert actions(steps)[0] == ScaleTo("reasoning@local", 0)
+    assert steps[-1][1].action == Finish("done", 0.0)
