@@ -184,7 +184,7 @@ class ClusterManager:
             result = await provisioner.provision(request)
         except ProvisionFailed as error:
             outcome = ProvisionOutcome(request.attempt, ok=False, detail=str(error))
-        except Exception as error:
+        except Exception as error:  # a provisioner's bug is one failed attempt, not the loop's end
             logger.exception("provisioner of %s failed", request.pool)
             outcome = ProvisionOutcome(request.attempt, ok=False, detail=repr(error))
         else:

@@ -160,6 +160,8 @@ class Stage:
         return killed
 
     def new_cloud(self) -> None:
+        """A fresh cloud node for the anchor, the only one: the provisioner's nodes go."""
+        kill_started_nodes(self.pids)
         self.cloud = self.nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
         report_free(SERVE_NAMESPACE, self.cloud.node_id, 40)
 
@@ -233,7 +235,6 @@ async def measure_gateway(stage: Stage, config: ClusterConfig) -> Outcome:
     load.stop()
     await clients
     status = gateway_status()
-    restore = next(m for m in status["moves"] if m["kind"] == "restore")
     asked, joined_at = event_at("NODE_PROVISIONING"), event_at("NODE_JOINED")
     drained, recovered = event_at("POOL_DRAINING"), event_at("GPU_RECOVERED")
     serve.delete(GATEWAY_APP)
@@ -246,10 +247,23 @@ async def measure_gateway(stage: Stage, config: ClusterConfig) -> Outcome:
         recovered_s=None if recovered is None else recovered - killed,
         serving_s=end - killed,
         provisioning_s=None if asked is None or joined_at is None else joined_at - asked,
-        engine_start_s=float(restore["seconds"]),
+        engine_start_s=engine_start(status["moves"], end),
         requests=load.count(killed, end),
         failed=load.failed(killed, end),
     )
+
+
+def engine_start(moves: list[dict[str, Any]], serving_at: float) -> float | None:
+    """How long the model took to start on the cloud pool again: the restore move (raise,
+    wait healthy, switch), or, where the evacuation was given up because the pool came back
+    first, from the source asked for its replicas again to its first answer."""
+    restore = next((m for m in moves if m["kind"] == "restore"), None)
+    if restore is not None:
+        return float(restore["seconds"])
+    given_up = next((m for m in moves if m["kind"] == "evacuate"), None)
+    if given_up is None or given_up["outcome"] != "abandoned":
+        return None
+    return serving_at - (float(given_up["at"]) + float(given_up["seconds"]))
 
 
 def anchor_app(config: ClusterConfig) -> Any:
