@@ -152,7 +152,9 @@ class Stage:
         self.local = self.nodes.add_node(num_cpus=1, resources={"pool_local": 1})
         self.cloud = self.nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
         ray.init(address=self.nodes.address, namespace=SERVE_NAMESPACE)
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+        # The HTTP proxy is the front door too: on the head only, never on a node that can die
+        # (with one per node, the cloud node's proxy takes its share of connections down with it).
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": PORT})
         report_free(SERVE_NAMESPACE, self.local.node_id, 30)
         report_free(SERVE_NAMESPACE, self.cloud.node_id, 40)
 

@@ -50,7 +50,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     local = nodes.add_node(num_cpus=1, resources={"pool_local": 1})
     cloud = nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
     ray.init(address=nodes.address, namespace=NAMESPACE)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    # The HTTP proxy is the front door too: on the head only, never on a node that can die
+    # (with one per node, the cloud node's proxy takes its share of connections down with it).
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": PORT})
     report_free(NAMESPACE, local.node_id, 30)
     report_free(NAMESPACE, cloud.node_id, 40)
     serve.run(build_app(load_config(CONFIG, environ={})), name="recovered", route_prefix="/")
