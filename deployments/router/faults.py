@@ -23,6 +23,11 @@ BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
 
 
+class PoolLost(TimeoutError):
+    """The cluster manager declared the backend's pool down while a job waited on it: its
+    machine is gone, so the answer will not come (a backend fault like a timeout)."""
+
+
 class BackendFault(Exception):
     """The backend failed before answering; the job may move down its chain."""
 

@@ -3,6 +3,7 @@ KV pressure, the facts recorded about it (`policy.links`), and the jobs it holds
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
@@ -40,6 +41,9 @@ class Link:
     # flight. A placement move drains the source until no router replica holds any.
     claims: int = 0
     seen_transitions: int = field(default=0)
+    # Set while the link's pool is declared down: jobs waiting on its first answer stop
+    # waiting (serving.py) instead of waiting out first_token_timeout_s on a dead machine.
+    pool_lost: asyncio.Event = field(default_factory=asyncio.Event)
 
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
@@ -60,6 +64,10 @@ class Link:
 
     def on_pool(self, down: bool) -> None:
         self.facts = self.facts.on_pool(down)
+        if down:
+            self.pool_lost.set()
+        elif self.pool_lost.is_set():
+            self.pool_lost = asyncio.Event()
 
     def no_kv_reading(self) -> None:
         self.facts = self.facts.kv_unobservable()

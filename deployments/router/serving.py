@@ -8,7 +8,7 @@ backend fault, or none) goes to the link's breaker when the attempt ends, howeve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from deployments.router.faults import (
     BackendFault,
     Continuing,
     MidStreamFault,
+    PoolLost,
     describe,
     engine_error,
     error_text,
@@ -118,7 +119,9 @@ class Serving:
         link = attempt.link
         try:
             stream = attempt.stream = link.backend.chat(request)
-            first = await asyncio.wait_for(anext(stream), self._settings.first_token_timeout_s)
+            first = await _unless_pool_lost(
+                link, anext(stream), self._settings.first_token_timeout_s
+            )
         except StopAsyncIteration:
             attempt.verdict = False
             raise BackendFault("the response was empty") from None
@@ -146,6 +149,32 @@ class Serving:
         except BACKEND_FAULTS as fault:
             return _fault_mid_stream(attempt, fault)
         return _relay(attempt, item)
+
+
+async def _unless_pool_lost(link: Link, item: Awaitable[Any], timeout_s: float) -> Any:
+    """The first item, unless the link's pool is declared down first (PoolLost) or it takes
+    longer than `timeout_s` (TimeoutError). A whole answer is one item: this is the wait a job
+    sent to a machine that died would otherwise sit out."""
+    lost = link.pool_lost
+    if lost.is_set():
+        raise PoolLost("its pool was declared down")
+    answer = asyncio.ensure_future(item)
+    gone = asyncio.ensure_future(lost.wait())
+    try:
+        done, _ = await asyncio.wait(
+            (answer, gone), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    except asyncio.CancelledError:  # the client went away: stop reading too
+        answer.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if answer in done:
+        return answer.result()
+    answer.cancel()
+    if gone in done:
+        raise PoolLost("its pool was declared down while the job waited")
+    raise TimeoutError(f"no first item in {timeout_s:.0f} s")
 
 
 def engine_request(link: Link, request: ChatCompletionRequest, fit: Fit) -> ChatCompletionRequest:

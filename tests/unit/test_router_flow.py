@@ -731,3 +731,22 @@ def test_a_pool_the_cluster_manager_declared_down_takes_no_new_work() -> None:
     assert after - before == 1
     assert sample("gps_pool_state", pool="local", state="healthy") == 1
     assert sample("gps_pool_state", pool="local", state="draining") == 0
+
+
+def test_a_job_waiting_on_a_pool_declared_down_fails_over_at_once() -> None:
+    hung, cloud, fallback = FakeBackend(ok, step_s=600), FakeBackend(ok), FakeBackend(ok)
+    handles = {"reasoning@local": hung, "reasoning@cloud": cloud, "cpu-fallback": fallback}
+    router = make_router(placed_config(), handles)  # first_token_timeout_s: 120
+
+    async def scenario() -> str:
+        waiting = asyncio.create_task(served_by(router, job(role=Role.REASONING)))
+        for _ in range(1000):  # until the job waits on the hung machine
+            if hung.calls:
+                break
+            await asyncio.sleep(0)
+        router.apply_pool_report(pool_report("draining", []))
+        # Without the pool's signal the job would sit out the 120 s first-token timeout.
+        return await asyncio.wait_for(waiting, 10)
+
+    assert asyncio.run(scenario()) == "cpu-fallback"
+    assert hung.streams[0].cancelled  # the engine request on the dead machine is aborted
