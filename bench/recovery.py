@@ -77,16 +77,20 @@ class Load:
     def __init__(self, url: str) -> None:
         self.url = url
         self.answers: list[Answer] = []
+        self.waiting = 0  # requests sent and not answered yet
         self._stop = False
 
     async def _client(self, session: httpx.AsyncClient) -> None:
         while not self._stop:
             sent = time.time()
+            self.waiting += 1
             try:
                 reply = await session.post(self.url, json=BODY)
                 status, backend = reply.status_code, reply.headers.get("x-backend", "")
             except httpx.HTTPError:
                 status, backend = 0, ""
+            finally:
+                self.waiting -= 1
             self.answers.append(Answer(sent, time.time(), status, backend))
             await asyncio.sleep(PAUSE_S)
 
@@ -285,7 +289,9 @@ async def measure_anchor(stage: Stage, config: ClusterConfig) -> Outcome:
     killed = stage.kill_cloud()
     await asyncio.sleep(ANCHOR_WINDOW_S)
     load.stop()
-    await clients
+    stuck = load.waiting  # still without an answer at the window's end: lost as well
+    clients.cancel()
+    await asyncio.gather(clients, return_exceptions=True)
     first = load.first(killed)
     serve.delete(stack.ANCHOR_APP)
     return Outcome(
@@ -294,8 +300,8 @@ async def measure_anchor(stage: Stage, config: ClusterConfig) -> Outcome:
         first_elsewhere_s=None if math.isnan(first) else first - killed,
         recovered_s=None,
         serving_s=None if math.isnan(first) else first - killed,
-        requests=load.count(killed),
-        failed=load.failed(killed),
+        requests=load.count(killed) + stuck,
+        failed=load.failed(killed) + stuck,
     )
 
 
