@@ -5,12 +5,15 @@ own interface)."""
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import ray
 
 from autoscale.probe import start_probes
@@ -98,3 +101,31 @@ def report_free(namespace: str, node: str, free_gb: float) -> None:
 def cluster_status(port: int) -> dict[str, Any]:
     reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{port}/v1/cluster/status").json()
     return reply
+
+
+def kill_started_nodes(pids: Path) -> None:
+    """The nodes tests/recovery/start_node.py started (their pids in `pids`): each
+    `ray start --block` and everything under it, with SIGKILL."""
+    if not pids.exists():
+        return
+    for line in pids.read_text().split():
+        try:
+            parent = psutil.Process(int(line))
+        except psutil.NoSuchProcess:
+            continue
+        group = [parent, *parent.children(recursive=True)]
+        for process in group:
+            process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(group, timeout=30)
+
+
+def alive_pool_node(pool: str, other_than: str) -> str | None:
+    """An alive node carrying `pool_<pool>` other than `other_than` (a replacement)."""
+    return next(
+        (
+            n["NodeID"]
+            for n in ray.nodes()
+            if n["Alive"] and f"pool_{pool}" in n["Resources"] and n["NodeID"] != other_than
+        ),
+        None,
+    )

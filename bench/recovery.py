@@ -26,7 +26,6 @@ import asyncio
 import logging
 import math
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -35,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import ray
 from ray import serve
 from ray.cluster_utils import Cluster
@@ -43,7 +41,7 @@ from ray.serve.llm import build_openai_app
 
 from autoscale.pool_states import manager_actor_name
 from bench import stack
-from bench.multinode import report_free, wait_for
+from bench.multinode import alive_pool_node, kill_started_nodes, report_free, wait_for
 from cluster.app import build_app
 from cluster.backends import llm_config_for
 from cluster.ray_runtime import SERVE_NAMESPACE
@@ -180,20 +178,6 @@ class Stage:
         self.nodes.shutdown()
 
 
-def kill_started_nodes(pids: Path) -> None:
-    if not pids.exists():
-        return
-    for line in pids.read_text().split():
-        try:
-            parent = psutil.Process(int(line))
-        except psutil.NoSuchProcess:
-            continue
-        group = [parent, *parent.children(recursive=True)]
-        for process in group:
-            process.send_signal(signal.SIGKILL)
-        psutil.wait_procs(group, timeout=30)
-
-
 def gateway_status() -> dict[str, Any]:
     reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{PORT}/v1/cluster/status").json()
     return reply
@@ -202,17 +186,6 @@ def gateway_status() -> dict[str, Any]:
 def event_at(kind: str) -> float | None:
     return next(
         (e["at"] for e in gateway_status()["events"] if e["type"] == kind and e["pool"] == "cloud"),
-        None,
-    )
-
-
-def new_cloud_node(old: str) -> str | None:
-    return next(
-        (
-            n["NodeID"]
-            for n in ray.nodes()
-            if n["Alive"] and "pool_cloud" in n["Resources"] and n["NodeID"] != old
-        ),
         None,
     )
 
@@ -226,7 +199,7 @@ async def measure_gateway(stage: Stage, config: ClusterConfig) -> Outcome:
     killed = stage.kill_cloud()
 
     def joined() -> bool:
-        node = new_cloud_node(old)
+        node = alive_pool_node("cloud", old)
         if node is None:
             return False
         report_free(SERVE_NAMESPACE, node, 40)  # its "GPU" has room: the model may go home

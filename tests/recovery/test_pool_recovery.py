@@ -12,21 +12,26 @@ healthy again, GPU_RECOVERED is recorded, and reasoning serves on cloud again.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-from bench.multinode import Stream, cluster_status, report_free, wait_for
+from bench.multinode import (
+    Stream,
+    alive_pool_node,
+    cluster_status,
+    kill_started_nodes,
+    report_free,
+    wait_for,
+)
 from cluster.app import build_app
 from cluster.ray_runtime import this_cluster
 from core.config import load_config
@@ -64,21 +69,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     del os.environ["GPS_TEST_NODE_PIDS"]
 
 
-def kill_started_nodes(pids: Path) -> None:
-    """The nodes start_node.py started: each `ray start --block` and everything under it."""
-    if not pids.exists():
-        return
-    for line in pids.read_text().split():
-        try:
-            parent = psutil.Process(int(line))
-        except psutil.NoSuchProcess:
-            continue
-        group = [parent, *parent.children(recursive=True)]
-        for process in group:
-            process.send_signal(signal.SIGKILL)
-        psutil.wait_procs(group, timeout=30)
-
-
 def pool(name: str) -> dict[str, Any]:
     reply: dict[str, Any] = cluster_status(PORT)["pools"][name]
     return reply
@@ -86,17 +76,6 @@ def pool(name: str) -> dict[str, Any]:
 
 def event(kind: str) -> dict[str, Any] | None:
     return next((e for e in cluster_status(PORT)["events"] if e["type"] == kind), None)
-
-
-def new_cloud_node(old: str) -> str | None:
-    return next(
-        (
-            n["NodeID"]
-            for n in ray.nodes()
-            if n["Alive"] and "pool_cloud" in n["Resources"] and n["NodeID"] != old
-        ),
-        None,
-    )
 
 
 def test_the_gateway_stands_on_the_head_node(cluster: dict[str, Any]) -> None:
@@ -129,8 +108,12 @@ def test_a_dead_pool_is_drained_replaced_and_serves_again(cluster: dict[str, Any
         wait_for(lambda: stream.first_from("cpu-fallback", killed) is not None, 60, "fallback")
         first_fallback_s = (stream.first_from("cpu-fallback", killed) or 0) - killed
 
-        wait_for(lambda: new_cloud_node(cluster["cloud"].node_id) is not None, 240, "a new node")
-        new_node = new_cloud_node(cluster["cloud"].node_id)
+        wait_for(
+            lambda: alive_pool_node("cloud", cluster["cloud"].node_id) is not None,
+            240,
+            "a new node",
+        )
+        new_node = alive_pool_node("cloud", cluster["cloud"].node_id)
         assert new_node is not None
         report_free(NAMESPACE, new_node, 40)  # its "GPU" has room again: reasoning may go home
         wait_for(lambda: event("GPU_RECOVERED") is not None, 120, "GPU_RECOVERED")
