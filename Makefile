@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit integration e2e chaos placement recovery stop lint format bench clean
+.PHONY: install model run test unit integration e2e chaos placement recovery rayup stop lint format bench clean
 
 install: $(INSTALLED)
 
@@ -85,6 +85,11 @@ placement: $(INSTALLED) $(MODEL)
 recovery: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/recovery -q -s
 
+# `ray up ray_configs/cluster.local.yaml` on this machine, the app on it, and its autoscaler
+# launching the nodes the cluster manager asks for; `ray down` leaves nothing.
+rayup: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/rayup -q -s
+
 chaos: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/chaos -q
 
@@ -92,11 +97,13 @@ stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # Sessions of their own after the shared app's: placement and recovery run three-node clusters,
-# stop starts and stops whole apps with `serve run`.
+# rayup a `ray up` cluster, stop starts and stops whole apps with `serve run`.
 test: lint $(MODEL)
-	$(VENV)/bin/pytest tests -q --ignore=tests/placement --ignore=tests/stop --ignore=tests/recovery
+	$(VENV)/bin/pytest tests -q --ignore=tests/placement --ignore=tests/stop --ignore=tests/recovery \
+		--ignore=tests/rayup
 	$(VENV)/bin/pytest tests/placement -q -s
 	$(VENV)/bin/pytest tests/recovery -q -s
+	$(VENV)/bin/pytest tests/rayup -q -s
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # Every benchmark runs even when an earlier one misses its target; the exit status says if any did.

@@ -3,6 +3,7 @@ schema, and the pools in them and in the KubeRay manifest those of the GPU examp
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import jsonschema
 import pytest
 import ray
 import yaml
+from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
 from core.config import ClusterConfig, load_config
 
@@ -53,9 +55,12 @@ def test_cluster_yaml_has_a_gpu_node_type_per_pool_and_a_head_without_one() -> N
     assert any("'.[gpu]'" in c for c in cluster["setup_commands"])
 
 
-def test_the_local_cluster_has_the_test_pools() -> None:
+def test_the_local_cluster_has_the_test_pools_on_rays_fake_multinode_provider() -> None:
     cluster = load("ray_configs/cluster.local.yaml")
-    assert cluster["provider"]["type"] == "fake_multinode"
+    assert cluster["provider"]["type"] == "external"
+    module, _, name = cluster["provider"]["module"].rpartition(".")
+    assert issubclass(getattr(importlib.import_module(module), name), FakeMultiNodeProvider)
+    assert cluster["provider"]["disable_node_updaters"] is True  # no SSH to the fake nodes
     types = cluster["available_node_types"]
     assert {r for t in types.values() for r in pool_resources(t["resources"])} == {
         "pool_local",
