@@ -8,12 +8,14 @@ embedded local default (ray_configs/local.yaml).
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from ray import serve
 from ray.serve.deployment import Application
 
+from cluster import exit_deadline
 from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import RayStartError, ensure_ray
 from core.config import ClusterConfig, ConfigError, load_config
@@ -50,10 +52,13 @@ def build(args: dict[str, Any]) -> Application:
     """Serve's entry point. A broken config exits with its message, never a stack trace."""
     try:
         config = load_config(args.get("config"))
-        ensure_ray(config)
+        started_head = ensure_ray(config)
     except (ConfigError, RayStartError) as error:
         print(f"gpu-pool-serve: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if exit_deadline.is_serve_run_driver(sys.argv) and on_main_thread:
+        exit_deadline.arm(own_cluster=started_head)  # Ctrl-C always ends `serve run`
     if not config.api_keys:
         print("gpu-pool-serve: no API keys configured: authentication is OFF", file=sys.stderr)
     return build_app(config)

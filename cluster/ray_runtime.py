@@ -65,12 +65,14 @@ def cluster_to_join(environ: Mapping[str, str], address_file: Path | None = None
     return address
 
 
-def ensure_ray(config: ClusterConfig) -> None:
-    """Join the running cluster, else start one on this machine.
+def ensure_ray(config: ClusterConfig) -> bool:
+    """Join the running cluster, else start one on this machine; True when this process
+    started it (the cluster then ends with this process).
 
     A head we start ourselves carries `pool_<name>` for every local pool, so plain
     `serve run cluster.app:build` works on a laptop with no `ray start` first.
     """
+    started = False
     if not ray.is_initialized():
         if address := cluster_to_join(os.environ):
             # A GCS address goes as "auto": it resolves to the same one (RAY_ADDRESS, else the
@@ -81,7 +83,9 @@ def ensure_ray(config: ClusterConfig) -> None:
             ray.init(
                 address="local", namespace=SERVE_NAMESPACE, resources=local_pool_resources(config)
             )
+            started = True
     check_pools(config, ray.cluster_resources())
+    return started
 
 
 def this_cluster() -> str:

@@ -21,6 +21,8 @@ import httpx
 import psutil
 import pytest
 
+from cluster.exit_deadline import DEADLINE_S as EXIT_DEADLINE_S
+
 CONFIG = Path(__file__).with_name("app.yaml")
 BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:8000"
@@ -64,15 +66,23 @@ def ray_stop() -> None:
     subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
 
 
-def serve_run() -> subprocess.Popen[bytes]:
+def serve_run(log: Path) -> subprocess.Popen[bytes]:
+    """`serve run` as a terminal's foreground job, its output in `log` (see `tail`)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.Popen(
-        [str(BIN / "serve"), "run", "cluster.app:build", f"config={CONFIG}"],
-        env=env,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(BIN / "serve"), "run", "cluster.app:build", f"config={CONFIG}"],
+            env=env,
+            start_new_session=True,  # its own process group, as a terminal's foreground job
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def tail(log: Path, lines: int = 60) -> str:
+    """The end of `serve run`'s output, without the per-second engine polling lines."""
+    kept = [x for x in log.read_text(errors="replace").splitlines() if "CALL kv_cache" not in x]
+    return "\n".join(kept[-lines:])
 
 
 def kill_group(app: subprocess.Popen[bytes]) -> None:
@@ -82,11 +92,11 @@ def kill_group(app: subprocess.Popen[bytes]) -> None:
     app.wait(timeout=60)
 
 
-def wait_serving(app: subprocess.Popen[bytes]) -> list[psutil.Process]:
+def wait_serving(app: subprocess.Popen[bytes], log: Path) -> list[psutil.Process]:
     """Wait until the app answers, and return its engine processes (there must be some)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        assert app.poll() is None, f"serve run exited with {app.returncode}"
+        assert app.poll() is None, f"serve run exited with {app.returncode}:\n{tail(log)}"
         try:
             if httpx.get(f"{URL}/healthz", timeout=5).json().get("status") == "ok":
                 break
@@ -94,7 +104,7 @@ def wait_serving(app: subprocess.Popen[bytes]) -> list[psutil.Process]:
             pass
         time.sleep(2)
     else:
-        pytest.fail("the app did not serve in time")
+        pytest.fail(f"the app did not serve in time:\n{tail(log)}")
     engines = engine_processes()
     titles = " ".join(" ".join(p.cmdline()) for p in engines)
     assert "llama_server" in titles, titles
@@ -111,10 +121,11 @@ def clean_ray() -> Iterator[None]:
     ray_stop()
 
 
-def test_ctrl_c_then_ray_stop_force_leaves_no_engine(clean_ray: None) -> None:
-    app = serve_run()
+def test_ctrl_c_then_ray_stop_force_leaves_no_engine(clean_ray: None, tmp_path: Path) -> None:
+    log = tmp_path / "serve-run.log"
+    app = serve_run(log)
     try:
-        engines = wait_serving(app)
+        engines = wait_serving(app, log)
         stopped_at = time.monotonic()
         os.killpg(app.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         time.sleep(5)  # the impatient user
@@ -128,30 +139,41 @@ def test_ctrl_c_then_ray_stop_force_leaves_no_engine(clean_ray: None) -> None:
         kill_group(app)
 
 
-def test_ctrl_c_alone_ends_the_app_and_its_engines(clean_ray: None) -> None:
-    app = serve_run()
+def test_ctrl_c_alone_ends_the_app_and_its_engines(clean_ray: None, tmp_path: Path) -> None:
+    """Serve's own shutdown, or else the exit deadline (cluster/exit_deadline.py): either way
+    `serve run` ends and takes every engine with it."""
+    log = tmp_path / "serve-run.log"
+    app = serve_run(log)
     try:
-        engines = wait_serving(app)
+        engines = wait_serving(app, log)
         stopped_at = time.monotonic()
         os.killpg(app.pid, signal.SIGINT)
-        app.wait(timeout=120)
+        try:
+            app.wait(timeout=EXIT_DEADLINE_S + 60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"serve run still running after Ctrl-C:\n{tail(log)}")
         exit_s = time.monotonic() - stopped_at
         assert wait_gone(engines) == []
-        print(f"serve run exited {exit_s:.1f} s after Ctrl-C, every engine gone")
+        forced = "shutdown still running" in log.read_text(errors="replace")
+        how = f"by the exit deadline:\n{tail(log, 200)}" if forced else "by Serve's shutdown"
+        print(f"serve run exited {exit_s:.1f} s after Ctrl-C, every engine gone; ended {how}")
     finally:
         kill_group(app)
 
 
-def test_serve_shutdown_on_a_running_cluster_leaves_no_engine(clean_ray: None) -> None:
+def test_serve_shutdown_on_a_running_cluster_leaves_no_engine(
+    clean_ray: None, tmp_path: Path
+) -> None:
     head = subprocess.run(
         [str(BIN / "ray"), "start", "--head", '--resources={"pool_local": 1}'],
         capture_output=True,
         timeout=180,
     )
     assert head.returncode == 0, head.stderr.decode()[-500:]
-    app = serve_run()  # joins the running cluster
+    log = tmp_path / "serve-run.log"
+    app = serve_run(log)  # joins the running cluster
     try:
-        engines = wait_serving(app)
+        engines = wait_serving(app, log)
         # What `serve shutdown` does, through the Python API: the CLI goes through the
         # dashboard, which wants a token on a cluster started with `ray start`.
         shutdown = subprocess.run(
