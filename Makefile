@@ -99,8 +99,8 @@ stop: $(INSTALLED) $(MODEL)
 # Sessions of their own after the shared app's: placement and recovery run three-node clusters,
 # rayup a `ray up` cluster, stop starts and stops whole apps with `serve run`.
 test: lint $(MODEL)
-	$(VENV)/bin/pytest tests -q --ignore=tests/placement --ignore=tests/stop --ignore=tests/recovery \
-		--ignore=tests/rayup
+	$(VENV)/bin/pytest tests -q --durations=25 --ignore=tests/placement --ignore=tests/stop \
+		--ignore=tests/recovery --ignore=tests/rayup
 	$(VENV)/bin/pytest tests/placement -q -s
 	$(VENV)/bin/pytest tests/recovery -q -s
 	$(VENV)/bin/pytest tests/rayup -q -s
