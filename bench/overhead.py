@@ -2,9 +2,11 @@
 
 Two replicas of the demo model run once, under the anchor app: (a) `build_openai_app` at /anchor
 reaches them through OpenAiIngress; (b) our gateway at / (Ingress -> Router) reaches the very
-same replicas by deployment handle. So the engines, their caches and their placement are shared,
-and only the path in front differs. Rounds alternate between the two paths at concurrency 1, 8
-and 32, so drift on the machine hits both alike. Targets: throughput >= 90% of the anchor's
+same replicas by deployment handle, with a key whose limits are all set (every request admitted
+and settled through the key ledger actor); (c) the same gateway at /open with no keys (auth and
+limits off). So the engines, their caches and their placement are shared, and only the path in
+front differs. Rounds rotate the paths at concurrency 1, 8 and 32, so drift on the machine hits
+all alike. Targets: throughput >= 90% of the anchor's
 and p50 at most 10% above it. Beside them, the CPU time the replicas in front of the engines
 spend per request (the anchor's OpenAiIngress; our ingress and router): on this 2-core machine
 the engines compete for the same cores, so that is where throughput goes.
@@ -21,13 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from ray import serve
 
 from bench import stack
 from bench.load import LoadResult, run_load
+from cluster.app import build_gateway
 
 CONFIG = Path(__file__).with_name("overhead.yaml")
 API_KEY = "bench-key"
 PORT = 18100
+OPEN_APP = "open"  # the same gateway with no keys: auth and limits off
 CONCURRENCY_REQUESTS = {1: 40, 8: 160, 32: 320}
 # Same prompt, exactly 8 output tokens on both sides (ignore_eos), as in DESIGN.md's anchor.
 BODY = {
@@ -60,7 +65,9 @@ class Side:
         )
 
 
-def deploy() -> tuple[Side, Side]:
+def deploy() -> list[Side]:
+    """The anchor, the gateway with keys and limits on (the ledger in the path), and the same
+    gateway with no keys (auth and limits off), all over the same replicas."""
     target = stack.stage(CONFIG, PORT)
     anchor = Side(
         "ray.serve.llm",
@@ -69,17 +76,31 @@ def deploy() -> tuple[Side, Side]:
         [],
         front=(f"ServeReplica:{stack.ANCHOR_APP}:OpenAiIngress",),
     )
-    gateway = Side(
-        "gateway",
+    limited = Side(
+        "gateway, limits on",
         target.gateway_url,
         _auth(),
         [],
         front=(
             f"ServeReplica:{stack.GATEWAY_APP}:ingress",
             f"ServeReplica:{stack.GATEWAY_APP}:router",
+            "KeyLedger",
         ),
     )
-    return anchor, gateway
+    handles = {  # what stack.stage gave the limited gateway: the anchor's replicas
+        b.name: serve.get_deployment_handle(f"LLMServer:{b.name}", app_name=stack.ANCHOR_APP)
+        for b in target.config.home_backends
+    }
+    open_config = target.config.model_copy(update={"api_keys": ()})
+    serve.run(build_gateway(open_config, handles), name=OPEN_APP, route_prefix=f"/{OPEN_APP}")
+    keyless = Side(
+        "gateway, no keys",
+        f"{target.base_url}/{OPEN_APP}/v1/chat/completions",
+        {},
+        [],
+        front=(f"ServeReplica:{OPEN_APP}:ingress", f"ServeReplica:{OPEN_APP}:router"),
+    )
+    return [anchor, limited, keyless]
 
 
 def cpu_seconds(titles: tuple[str, ...]) -> float:
@@ -100,13 +121,13 @@ def _auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
 
 
-async def measure(anchor: Side, gateway: Side, rounds: int) -> None:
-    for side in (anchor, gateway):  # warm both paths: handles, routers, engine caches
+async def measure(sides: list[Side], rounds: int) -> None:
+    for side in sides:  # warm every path: handles, routers, engine caches
         await run_load(side.url, BODY, concurrency=4, requests=20, headers=side.headers)
     for concurrency, requests in CONCURRENCY_REQUESTS.items():
         for round_index in range(rounds):
-            order = (anchor, gateway) if round_index % 2 == 0 else (gateway, anchor)
-            for side in order:
+            shift = round_index % len(sides)  # each path goes first in turn: drift hits all
+            for side in sides[shift:] + sides[:shift]:
                 cpu_before = cpu_seconds(side.front)
                 result = await run_load(
                     side.url, BODY, concurrency=concurrency, requests=requests, headers=side.headers
@@ -124,25 +145,29 @@ def cpu_ms(side: Side, concurrency: int) -> float:
     return 1000 * side.front_cpu_s.get(concurrency, 0.0) / max(requests, 1)
 
 
-def report(anchor: Side, gateway: Side) -> bool:
+def report(sides: list[Side]) -> bool:
+    """One row per path and level, ratios against the anchor at that level; the targets hold
+    for every gateway path."""
+    anchor, *gateways = sides
     print(
-        "| concurrency | anchor req/s | gateway req/s | throughput ratio "
-        "| anchor p50 ms | gateway p50 ms | p50 ratio | anchor p99 ms | gateway p99 ms | errors "
-        "| front CPU ms/req anchor / gateway |"
+        "| path | concurrency | req/s | throughput ratio | p50 ms | p50 ratio | p99 ms | errors "
+        "| front CPU ms/req |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     met = True
     for concurrency in CONCURRENCY_REQUESTS:
-        a, g = anchor.merged(concurrency), gateway.merged(concurrency)
-        throughput_ratio = g.throughput / a.throughput
-        p50_ratio = g.p50_ms / a.p50_ms
-        met &= throughput_ratio >= THROUGHPUT_TARGET and p50_ratio <= P50_TARGET
-        print(
-            f"| {concurrency} | {a.throughput:.1f} | {g.throughput:.1f} | {throughput_ratio:.2f} "
-            f"| {a.p50_ms:.1f} | {g.p50_ms:.1f} | {p50_ratio:.2f} "
-            f"| {a.p99_ms:.1f} | {g.p99_ms:.1f} | {a.errors}/{g.errors} "
-            f"| {cpu_ms(anchor, concurrency):.1f} / {cpu_ms(gateway, concurrency):.1f} |"
-        )
+        a = anchor.merged(concurrency)
+        for side in sides:
+            g = side.merged(concurrency)
+            throughput_ratio = g.throughput / a.throughput
+            p50_ratio = g.p50_ms / a.p50_ms
+            if side in gateways:
+                met &= throughput_ratio >= THROUGHPUT_TARGET and p50_ratio <= P50_TARGET
+            print(
+                f"| {side.name} | {concurrency} | {g.throughput:.1f} | {throughput_ratio:.2f} "
+                f"| {g.p50_ms:.1f} | {p50_ratio:.2f} | {g.p99_ms:.1f} | {g.errors} "
+                f"| {cpu_ms(side, concurrency):.1f} |"
+            )
     verdict = "met" if met else "NOT met"
     print(
         f"\ntargets (throughput ratio >= {THROUGHPUT_TARGET}, p50 ratio <= {P50_TARGET}): {verdict}"
@@ -155,10 +180,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per level")
     args = parser.parse_args()
-    anchor, gateway = deploy()
+    sides = deploy()
     try:
-        asyncio.run(measure(anchor, gateway, args.rounds))
-        met = report(anchor, gateway)
+        asyncio.run(measure(sides, args.rounds))
+        met = report(sides)
     finally:
         stack.stop()
     sys.exit(0 if met else 1)

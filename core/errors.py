@@ -8,9 +8,10 @@ follows the status (`error_type_for`), `code` is one of `ErrorCode`. The tree, b
     │       invalid_request (a field, or what an engine rejects: policy.engine_errors),
     │       context_length_exceeded (the latest user message alone cannot fit),
     │       invalid_priority
-    ├── 401 missing_api_key, invalid_api_key
+    ├── 401 missing_api_key, invalid_api_key          403 admin_only
     ├── 404 model_not_found, not_found          405 method_not_allowed
-    └── 413 request_too_large
+    ├── 413 request_too_large
+    └── 429 rate_limited, budget_exceeded (over the key's own limits: policy.key_limits)
     the gateway's capacity (the client may retry: Retry-After)
     └── 429 overloaded (shed by admission, or waited past router.queue_timeout_s)
     a backend's (charged to its breaker; the job moves down its chain)
@@ -46,10 +47,13 @@ class ErrorCode(StrEnum):
     INVALID_PRIORITY = "invalid_priority"
     MISSING_API_KEY = "missing_api_key"
     INVALID_API_KEY = "invalid_api_key"
+    ADMIN_ONLY = "admin_only"
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     REQUEST_TOO_LARGE = "request_too_large"
+    RATE_LIMITED = "rate_limited"
+    BUDGET_EXCEEDED = "budget_exceeded"
     OVERLOADED = "overloaded"
     BACKEND_OOM = "backend_oom"
     BACKEND_ERROR = "backend_error"
@@ -61,6 +65,7 @@ class ErrorCode(StrEnum):
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     408: "timeout_error",

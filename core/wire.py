@@ -76,6 +76,9 @@ class Routed:
     system_compressed: bool
     output_clamped: bool
     failovers: int = 0  # links of the chain that failed before this one served
+    # Seconds the serving link's engine took to its first item (a whole answer: all of it);
+    # the rest of the time to the response is the gateway's own (x-gateway-overhead-ms).
+    engine_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

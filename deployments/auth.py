@@ -17,6 +17,7 @@ class Caller:
     name: str
     priority: PriorityClass
     max_priority: PriorityClass
+    admin: bool = False
 
 
 class KeyRing:
@@ -49,7 +50,7 @@ class KeyRing:
                 "The API key is not valid.",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        return Caller(key.name, key.priority, key.max_priority)
+        return Caller(key.name, key.priority, key.max_priority, key.admin)
 
 
 def claimed_priority(header: str | None, caller: Caller) -> PriorityClass:

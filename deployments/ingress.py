@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +23,7 @@ from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from vllm.entrypoints.generate.base.protocol import StreamOptions
 
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode
@@ -32,15 +33,19 @@ from deployments import metrics
 from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
 from deployments.error_response import error_response
 from deployments.front_options import front_actor_options
+from deployments.key_ledger import LedgerClient, RayLedger, ensure_key_ledger
+from deployments.key_metering import UNMETERED, Admission, KeyMetering, StreamUsage
+from deployments.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from policy.context.tokens import message_text
 from policy.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
-from policy.engine_errors import EngineError, Fault, response_fault
+from policy.engine_errors import EngineError, Fault, readable_message, response_fault
 from policy.oom import OOM_CODE
 from policy.request import check_chat_request, parse_object
 
 logger = logging.getLogger("ray.serve")
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+app.add_middleware(OverheadHeader)
 
 # What Starlette itself refuses (routing), as OpenAI error codes.
 HTTP_ERROR_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
@@ -72,12 +77,18 @@ async def _unexpected(_: Request, error: Exception) -> Response:
 
 
 class Ingress:
-    def __init__(self, config: ClusterConfig, router: DeploymentHandle) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        router: DeploymentHandle,
+        ledger: Callable[[], LedgerClient] | None = None,
+    ) -> None:
         self._config = config
         self._keys = KeyRing(config.api_keys, config.gateway.default_priority)
         self._served = config.served_names
         self._router = router
         self._router_stream = router.options(stream=True)  # cached: each .options() costs
+        self._metering = KeyMetering(config.api_keys, ledger or (lambda: _ledger(config)))
         if not self._keys.enabled:
             logger.warning("API keys: none configured, authentication is OFF")
 
@@ -94,12 +105,23 @@ class Ingress:
     async def chat(self, request: Request) -> Response:
         started = time.perf_counter()
         try:
-            response = await self._chat(request)
+            response = await self._chat(request, started)
         except ApiError as error:
             metrics.observe_request("chat", error.status, time.perf_counter() - started)
             raise
         metrics.observe_request("chat", response.status_code, time.perf_counter() - started)
         return response
+
+    @app.get("/v1/keys/usage")
+    async def keys_usage(self, request: Request) -> Response:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        if not caller.admin:
+            raise ApiError(
+                403,
+                ErrorCode.ADMIN_ONLY,
+                "Only an admin key (api_keys[].admin: true) may read the keys' usage.",
+            )
+        return JSONResponse({"object": "list", "keys": await self._metering.usage()})
 
     @app.get("/healthz")
     async def healthz(self) -> Response:
@@ -136,9 +158,14 @@ class Ingress:
         except Exception as error:  # noqa: BLE001 - the gateway's own metrics still answer
             logger.warning("metrics: router unavailable: %s", error)
             routing = b""
-        return Response(metrics.render() + routing, media_type=metrics.CONTENT_TYPE)
+        try:
+            keys = await self._metering.metrics_text()
+        except Exception as error:  # noqa: BLE001 - as above: the rest still answers
+            logger.warning("metrics: key ledger unavailable: %s", error)
+            keys = b""
+        return Response(metrics.render() + routing + keys, media_type=metrics.CONTENT_TYPE)
 
-    async def _chat(self, request: Request) -> Response:
+    async def _chat(self, request: Request, started: float) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
         limits = self._config.gateway
         payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
@@ -151,9 +178,32 @@ class Ingress:
             depth = self._depth_for(payload, request.headers.get(DEPTH_HEADER))
             route = self._config.depth_route(depth.depth)
             role, context_share = route.role, route.context_share
-        job = ChatJob(chat_request, role, priority, caller.name, context_share)
-        first: Any = None
+        admission = await self._metering.admit(caller.name)
+        usage = None
         if chat_request.stream:
+            usage = StreamUsage(_wants_usage(chat_request))
+            if admission is not UNMETERED:  # the engine's count, not an estimate
+                chat_request = chat_request.model_copy(
+                    update={"stream_options": StreamOptions(include_usage=True)}
+                )
+        job = ChatJob(chat_request, role, priority, caller.name, context_share)
+        try:
+            return await self._answer(job, admission, usage, depth, started)
+        except ApiError as error:
+            self._metering.settle(admission, 0, 0)
+            error.headers = {**admission.headers, **error.headers}
+            raise
+
+    async def _answer(
+        self,
+        job: ChatJob,
+        admission: Admission,
+        usage: StreamUsage | None,
+        depth: DepthDecision | None,
+        started: float,
+    ) -> Response:
+        first: Any = None
+        if usage is not None:
             stream: DeploymentResponseGenerator[Any] = self._router_stream.chat.remote(job)
             routed = await anext(stream)
             if isinstance(routed, Routed):
@@ -167,7 +217,6 @@ class Ingress:
         if isinstance(routed, Refusal):
             raise _refusal_error(routed)
         assert isinstance(routed, Routed)
-        headers = _routing_headers(routed, priority, depth)
         metrics.observe_routing(routed, depth.depth.value if depth else None)
         if isinstance(first, Refusal):
             raise _refusal_error(first)
@@ -175,11 +224,35 @@ class Ingress:
         leading = first[0] if isinstance(first, list) and first else first
         if isinstance(leading, ErrorResponse):
             raise _engine_error(leading)
-        if stream is None or not isinstance(first, list):  # one whole (non-streaming) response
+        headers = {
+            **_routing_headers(routed, job.priority, depth),
+            **admission.headers,
+            OVERHEAD_HEADER: milliseconds(time.perf_counter() - started - routed.engine_wait_s),
+        }
+        if stream is None or usage is None or not isinstance(first, list):  # a whole response
+            counted = getattr(first, "usage", None)
+            self._metering.settle(
+                admission,
+                getattr(counted, "prompt_tokens", 0) or 0,
+                getattr(counted, "completion_tokens", 0) or 0,
+            )
             return Response(first.model_dump_json(), media_type="application/json", headers=headers)
+        relay = _relay_sse(first, stream, usage)
         return StreamingResponse(
-            _relay_sse(first, stream), media_type="text/event-stream", headers=headers
+            self._settled(relay, admission, usage, routed.prompt_tokens),
+            media_type="text/event-stream",
+            headers=headers,
         )
+
+    async def _settled(
+        self, relay: AsyncIterator[str], admission: Admission, usage: StreamUsage, prompt: int
+    ) -> AsyncIterator[str]:
+        """The relayed stream; its usage booked when it ends, the client's leaving included."""
+        try:
+            async for text in relay:
+                yield text
+        finally:
+            self._metering.settle(admission, *usage.totals(prompt))
 
     def _role_for(self, payload: dict[str, Any]) -> Role | None:
         """The role a request names; None for `auto`, which the depth router resolves."""
@@ -306,29 +379,29 @@ def _engine_error(response: ErrorResponse) -> ApiError:
             code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
         else:
             code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.INVALID_REQUEST
-        return ApiError(400, code, info.message, param=info.param)
+        return ApiError(400, code, readable_message(info.message), param=info.param)
     status = info.code if isinstance(info.code, int) and info.code >= 500 else 502
     code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.BACKEND_ERROR
     return ApiError(status, code, info.message)
 
 
-def _sse_text(part: Any) -> str:
+def _sse_text(part: Any, usage: StreamUsage) -> str:
     """An SSE line as is; an engine error after the stream began becomes an SSE error event."""
     if isinstance(part, ErrorResponse):
         error = _engine_error(part)
         return f"data: {json.dumps(error.body())}\n\n"
-    return str(part)
+    return usage.filter(str(part))
 
 
 async def _relay_sse(
-    first: list[str], stream: DeploymentResponseGenerator[Any]
+    first: list[str], stream: DeploymentResponseGenerator[Any], usage: StreamUsage
 ) -> AsyncIterator[str]:
     """Relay the engine's SSE lines; cancel the whole chain if the client goes away."""
     done = False
     try:
         item: Any = first
         while True:
-            text = "".join(_sse_text(part) for part in item)
+            text = "".join(_sse_text(part, usage) for part in item)
             done = done or text.rstrip().endswith("data: [DONE]")
             yield text
             item = await anext(stream, None)
@@ -338,6 +411,20 @@ async def _relay_sse(
             yield "data: [DONE]\n\n"
     finally:
         stream.cancel()
+
+
+def _wants_usage(request: Any) -> bool:
+    options = request.stream_options
+    return bool(options and options.include_usage)
+
+
+def _ledger(config: ClusterConfig) -> RayLedger:
+    """The app's key ledger (started by the first replica to need it)."""
+    import ray
+
+    app_name = serve.get_replica_context().app_name
+    namespace = ray.get_runtime_context().namespace
+    return ensure_key_ledger(app_name, namespace, config.gateway_resources)
 
 
 def build_ingress(config: ClusterConfig, router: Any) -> Any:

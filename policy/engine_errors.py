@@ -29,6 +29,7 @@ __all__ = [
     "exception_fault",
     "exception_status",
     "leading_error",
+    "readable_message",
     "response_fault",
     "sse_error",
 ]
@@ -118,6 +119,20 @@ def sse_error(line: str) -> EngineError | None:
         str(info.get("message", "")),
         param if isinstance(param, str) else None,
     )
+
+
+_NOT_MULTIMODAL = " is not a multimodal model"
+
+
+def readable_message(message: str) -> str:
+    """vLLM's words for a client's mistake, where they name its internals, in a client's."""
+    if _NOT_MULTIMODAL in message:
+        model = message.split(_NOT_MULTIMODAL)[0].strip().strip("'\"") or "this model"
+        return (
+            f"The model {model!r} cannot take images: it is not a multimodal model. Send text "
+            f"only, or serve a multimodal model as {model!r} (models[].source in the config)."
+        )
+    return message
 
 
 def _code(value: Any) -> int | None:

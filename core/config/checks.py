@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 from core import topology
@@ -149,7 +150,21 @@ def _keys(config: ClusterConfig) -> list[str]:
     ]
     if len(set(hashes)) != len(hashes):
         problems.append("api_keys: the same key is listed twice; remove the duplicate")
+    problems += [
+        f"api_keys: {k.name!r} is the digest of a well-known password; make a real key with "
+        "`python -m cluster.keys new`"
+        for k in config.api_keys
+        if k.sha256 in _GUESSABLE_DIGESTS
+    ]
     return problems
+
+
+# Keys anyone would try first (and that example configs have shipped); refused at load.
+_GUESSABLE_KEYS = (
+    "password", "passw0rd", "123456", "12345678", "123456789", "qwerty", "admin", "root",
+    "secret", "changeme", "letmein", "test", "key", "apikey", "api-key", "sk-1234", "default",
+)  # fmt: skip
+_GUESSABLE_DIGESTS = frozenset(hashlib.sha256(key.encode()).hexdigest() for key in _GUESSABLE_KEYS)
 
 
 def _gateway_resource(config: ClusterConfig) -> list[str]:

@@ -129,6 +129,16 @@ class ApiKeyConfig(Frozen):
     sha256: str
     priority: PriorityClass = PriorityClass.USER
     max_priority: PriorityClass = PriorityClass.USER
+    # Limits, enforced at admission across every ingress replica (policy/key_limits.py):
+    # requests and tokens (prompt + completion) per sliding minute, requests in progress, and
+    # tokens per calendar period in UTC. None: no limit.
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    max_parallel: int | None = Field(None, ge=1)
+    budget_tokens: int | None = Field(None, ge=1)
+    budget_period: Literal["day", "week", "month"] = "month"
+    # May read every key's usage (`GET /v1/keys/usage`).
+    admin: bool = False
 
     @field_validator("sha256", mode="before")
     @classmethod

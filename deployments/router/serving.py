@@ -8,6 +8,7 @@ backend fault, or none) goes to the link's breaker when the attempt ends, howeve
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,7 @@ class Attempt:
     rewriter: Rewriter | None = field(init=False)
     verdict: bool | None = None  # True: served; False: a backend fault; None: no verdict
     stream: ChatStream | None = None  # cancelled when the attempt ends, however it ends
+    engine_wait_s: float = 0.0  # to the engine's first item
 
     def __post_init__(self) -> None:
         continuing = self.continuing
@@ -119,9 +121,11 @@ class Serving:
         link = attempt.link
         try:
             stream = attempt.stream = link.backend.chat(request)
+            asked = time.perf_counter()
             first = await _unless_pool_lost(
                 link, anext(stream), self._settings.first_token_timeout_s
             )
+            attempt.engine_wait_s = time.perf_counter() - asked
         except StopAsyncIteration:
             attempt.verdict = False
             raise BackendFault("the response was empty") from None
@@ -196,7 +200,7 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
     error = engine_error(first)
     opening: list[Any] = []
     if continuing is None:
-        opening.append(_routed(link, fit, failovers))
+        opening.append(_routed(link, fit, failovers, attempt.engine_wait_s))
     elif error is not None:
         # A link that will not continue the answer (its window, its template) has done
         # nothing wrong and the client already has half an answer: try the next.
@@ -213,7 +217,7 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
     return opening
 
 
-def _routed(link: Link, fit: Fit, failovers: int) -> Routed:
+def _routed(link: Link, fit: Fit, failovers: int, engine_wait_s: float) -> Routed:
     return Routed(
         backend=link.target.name,
         max_tokens=fit.max_tokens,
@@ -223,6 +227,7 @@ def _routed(link: Link, fit: Fit, failovers: int) -> Routed:
         system_compressed=fit.system_compressed,
         output_clamped=fit.output_clamped,
         failovers=failovers,
+        engine_wait_s=engine_wait_s,
     )
 
 

@@ -237,3 +237,22 @@ def test_metrics_count_answers_by_status(http: httpx.Client) -> None:
     text = http.get("/metrics").text
     assert 'gps_requests_total{endpoint="chat",status="404"}' in text
     assert "gps_response_start_seconds_bucket" in text
+
+
+def test_images_to_a_text_model_get_a_400_that_says_so(http: httpx.Client) -> None:
+    pixel = (
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4"
+        "DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+    )
+    parts = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": pixel}},
+    ]
+    response = http.post(
+        "/v1/chat/completions", json=chat_body(messages=[{"role": "user", "content": parts}])
+    )
+    error = assert_openai_error(response, 400, "invalid_request")
+    assert "'vision' cannot take images" in error["message"]
+    assert "not a multimodal model" in error["message"]
+    assert "Traceback" not in error["message"]
+    assert_serves(http)

@@ -601,3 +601,29 @@ def test_gateway_may_not_stand_on_a_pool() -> None:
     raw = config.model_dump(mode="json", exclude={"base_dir"})
     with pytest.raises(ValueError, match=r"gateway\.resource"):
         type(config).model_validate({**raw, "gateway": {"resource": "pool_local"}})
+
+
+def test_the_digest_of_a_well_known_password_is_refused(tmp_path: Path) -> None:
+    data = base()
+    data["api_keys"] = [{"name": "ide", "sha256": hash_key("password")}]
+    message = config_error(tmp_path, data)
+    assert "'ide' is the digest of a well-known password" in message
+    assert "cluster.keys new" in message
+
+
+def test_key_limits_are_read_and_checked(tmp_path: Path) -> None:
+    data = base()
+    key = {"name": "ide", "sha256": hash_key("ide-key"), "rpm": 5, "tpm": 1000}
+    data["api_keys"] = [{**key, "budget_tokens": 10, "budget_period": "week", "admin": True}]
+    [loaded] = load_dict(tmp_path, data).api_keys
+    assert (loaded.rpm, loaded.tpm, loaded.budget_period, loaded.admin) == (5, 1000, "week", True)
+    data["api_keys"] = [{**key, "rpm": 0}]
+    assert "api_keys.0.rpm" in config_error(tmp_path, data)
+    data["api_keys"] = [{**key, "budget_period": "year"}]
+    assert "api_keys.0.budget_period" in config_error(tmp_path, data)
+
+
+def test_example_configs_carry_no_guessable_key() -> None:
+    for example in (Path(__file__).parents[2] / "ray_configs").glob("*.yaml"):
+        text = example.read_text()
+        assert hash_key("password") not in text, example

@@ -59,7 +59,7 @@ def test_env_key_that_is_empty_is_refused() -> None:
 
 def test_all_digit_digest_must_be_quoted(tmp_path: Path) -> None:
     text = GPU_EXAMPLE.read_text().replace(
-        '"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"', "1" * 64
+        "api_keys: []", f"api_keys:\n  - name: ide\n    sha256: {'1' * 64}"
     )
     (tmp_path / "c.yaml").write_text(text)
     with pytest.raises(ConfigError, match="quote the digest"):

@@ -39,6 +39,7 @@ from policy.engine_errors import (
     exception_fault,
     exception_status,
     leading_error,
+    readable_message,
     response_fault,
 )
 from policy.oom import OOM_CODE
@@ -275,3 +276,10 @@ def test_the_ingress_answers_engine_errors_by_whose_fault_they_are(
 ) -> None:
     error = _engine_error(ErrorResponse(error=ErrorInfo(message=message, type=kind, code=code)))
     assert (error.status, error.code) == (status, client_code)
+
+
+def test_a_text_model_sent_images_says_so_in_those_words() -> None:
+    message = readable_message("vision is not a multimodal model")
+    assert "'vision' cannot take images" in message
+    assert "not a multimodal model" in message
+    assert readable_message("max_tokens must be at least 1") == "max_tokens must be at least 1"

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import pickle
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from deployments import ingress as ingress_module
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import DONE, ChatShaper
 from deployments.ingress import Ingress, _parse_json, _validate
+from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
 from policy.context.tokens import CharEstimateCounter, message_text
 from policy.request import nesting_exceeds
 
@@ -127,7 +129,7 @@ async def answer(ingress: Ingress, body: bytes, headers: dict[str, str]) -> tupl
     """(status, the error's body or the answer) as a client would get them."""
     request = http_request(body, {**headers, "Authorization": f"Bearer {API_KEY}"})
     try:
-        response: Response = await ingress._chat(request)
+        response: Response = await ingress._chat(request, time.perf_counter())
     except ApiError as error:
         return error.status, error.body()
     if isinstance(response, StreamingResponse):
@@ -142,7 +144,9 @@ def router() -> CheckingRouter:
 
 @pytest.fixture(scope="module")
 def ingress(router: CheckingRouter) -> Ingress:
-    return Ingress(load_config(TESTS / "e2e" / "gateway.yaml", environ={}), router)
+    config = load_config(TESTS / "e2e" / "gateway.yaml", environ={})
+    ledger = LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
+    return Ingress(config, router, lambda: ledger)
 
 
 def assert_openai_error(body: Any) -> None:

@@ -1,0 +1,276 @@
+"""The key ledger: every key's meter, shared by all ingress replicas, kept across restarts.
+
+One detached, named actor per app on the gateway's nodes (like the placement actor): each
+ingress replica asks it to admit a request and tells it the request's real usage when it ends,
+so limits hold however many replicas there are, and an ingress or router restart loses nothing.
+The meters are snapshotted to Ray's internal key-value store (the GCS) at most every
+`SNAPSHOT_S`, so a restarted ledger carries on from them (losing at most that much usage).
+
+Cost: one actor call at admission (awaited) and one at the end (not awaited) per request;
+bench/overhead.py measures it with limits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from policy.key_limits import BudgetPeriod, KeyLimits, KeyMeter, Verdict
+
+logger = logging.getLogger("ray.serve")
+
+KV_NAMESPACE = "gps_keys"
+SNAPSHOT_S = 2.0
+
+
+def ledger_actor_name(app: str) -> str:
+    return f"gps-key-ledger-{app}"
+
+
+class KeyLedger:
+    def __init__(
+        self,
+        app: str,
+        clock: Callable[[], float] = time.time,
+        store: Any | None = None,
+    ) -> None:
+        self._clock = clock
+        self._store = store if store is not None else KvSnapshots(app)
+        self._meters: dict[str, KeyMeter] = {}
+        self._dirty = False
+        self._saver: asyncio.Task[None] | None = None
+        for name, saved in (self._store.load() or {}).items():
+            self._meters[name] = _meter_from(saved)
+
+    # Async methods: they run one at a time on the actor's event loop (none awaits inside), and
+    # the snapshot waits on that loop instead of a write per request.
+    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict:
+        verdict = self._meter(key).admit(limits, self._clock(), lease, lease_s)
+        self._changed()
+        return verdict
+
+    async def settle(
+        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+    ) -> None:
+        self._meter(key).settle(lease, self._clock(), prompt_tokens, completion_tokens, period)
+        self._changed()
+
+    async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
+        """Every configured key's usage and limits (keys not seen yet show zeros)."""
+        now = self._clock()
+        return {
+            name: {**self._meter(name).usage(key_limits, now), "limits": asdict(key_limits)}
+            for name, key_limits in limits.items()
+        }
+
+    async def metrics_text(self) -> bytes:
+        registry = CollectorRegistry()
+        registry.register(_TokenTotals(self._meters))
+        return generate_latest(registry)
+
+    def snapshot(self) -> None:
+        self._store.save({name: _saved(meter) for name, meter in self._meters.items()})
+        self._dirty = False
+
+    def _meter(self, key: str) -> KeyMeter:
+        return self._meters.setdefault(key, KeyMeter())
+
+    def _changed(self) -> None:
+        self._dirty = True
+        if self._saver is None or self._saver.done():
+            self._saver = asyncio.get_running_loop().create_task(self._save_soon())
+
+    async def _save_soon(self) -> None:
+        await asyncio.sleep(SNAPSHOT_S)
+        if self._dirty:
+            try:
+                self.snapshot()
+            except Exception:  # the GCS may be briefly away; the next change retries
+                logger.warning("key ledger: snapshot failed", exc_info=True)
+
+
+class _TokenTotals(Collector):
+    def __init__(self, meters: Mapping[str, KeyMeter]) -> None:
+        self._meters = meters
+
+    def collect(self) -> Any:
+        tokens = CounterMetricFamily(
+            "gps_key_tokens",
+            "Tokens used per API key, from the engines' usage.",
+            labels=["key", "kind"],
+        )
+        requests = CounterMetricFamily(
+            "gps_key_requests", "Requests per API key, by outcome.", labels=["key", "outcome"]
+        )
+        for name, meter in self._meters.items():
+            tokens.add_metric([name, "prompt"], meter.prompt_tokens)
+            tokens.add_metric([name, "completion"], meter.completion_tokens)
+            requests.add_metric([name, "admitted"], meter.total_requests)
+            requests.add_metric([name, "refused"], meter.refused)
+        yield tokens
+        yield requests
+
+
+def _saved(meter: KeyMeter) -> dict[str, Any]:
+    return {
+        **asdict(meter),
+        "requests": list(meter.requests),
+        "tokens": [list(entry) for entry in meter.tokens],
+    }
+
+
+def _meter_from(saved: Mapping[str, Any]) -> KeyMeter:
+    return KeyMeter(
+        **{
+            **saved,
+            "requests": deque(saved.get("requests", ())),
+            "tokens": deque((at, used) for at, used in saved.get("tokens", ())),
+            "leases": dict(saved.get("leases", {})),
+        }
+    )
+
+
+class KvSnapshots:
+    """The ledger's snapshot in Ray's internal key-value store (GCS), one record per app."""
+
+    def __init__(self, app: str) -> None:
+        self._key = f"ledger/{app}".encode()
+
+    def load(self) -> dict[str, Any] | None:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get(self._key, namespace=KV_NAMESPACE)
+        if raw is None:
+            return None
+        try:
+            loaded: dict[str, Any] = json.loads(raw)
+        except ValueError:
+            logger.warning("key ledger: unreadable snapshot ignored")
+            return None
+        return loaded
+
+    def save(self, meters: dict[str, Any]) -> None:
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(
+            self._key, json.dumps(meters).encode(), overwrite=True, namespace=KV_NAMESPACE
+        )
+
+
+class LedgerClient(Protocol):
+    """How an ingress reaches the ledger: an actor (RayLedger) or one in process (LocalLedger)."""
+
+    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict: ...
+
+    def settle(
+        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+    ) -> None: ...
+
+    async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]: ...
+
+    async def metrics_text(self) -> bytes: ...
+
+
+class RayLedger:
+    """The app's ledger actor; `settle` is sent and not awaited."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict:
+        verdict: Verdict = await self._actor.admit.remote(key, limits, lease, lease_s)
+        return verdict
+
+    def settle(
+        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+    ) -> None:
+        self._actor.settle.remote(key, lease, prompt_tokens, completion_tokens, period)
+
+    async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
+        usage: dict[str, Any] = await self._actor.usage.remote(dict(limits))
+        return usage
+
+    async def metrics_text(self) -> bytes:
+        text: bytes = await self._actor.metrics_text.remote()
+        return text
+
+
+class LocalLedger:
+    """A ledger in this process (tests, tools): the same decisions, no sharing."""
+
+    def __init__(self, ledger: KeyLedger) -> None:
+        self.ledger = ledger
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict:
+        return await self.ledger.admit(key, limits, lease, lease_s)
+
+    def settle(
+        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self.ledger.settle(key, lease, prompt_tokens, completion_tokens, period)
+        )
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
+        return await self.ledger.usage(limits)
+
+    async def metrics_text(self) -> bytes:
+        return await self.ledger.metrics_text()
+
+
+class MemorySnapshots:
+    """A snapshot store in memory (tests; a ledger that need not survive its process)."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, Any] | None = None
+
+    def load(self) -> dict[str, Any] | None:
+        return self.saved
+
+    def save(self, meters: dict[str, Any]) -> None:
+        self.saved = json.loads(json.dumps(meters))
+
+
+def ensure_key_ledger(app: str, namespace: str, resources: Mapping[str, float]) -> RayLedger:
+    """The app's ledger, started if absent, on the gateway's nodes."""
+    import ray
+
+    return RayLedger(
+        ray.remote(num_cpus=0)(KeyLedger)
+        .options(
+            name=ledger_actor_name(app),
+            namespace=namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            max_task_retries=-1,
+            resources=dict(resources),
+        )
+        .remote(app)
+    )
+
+
+__all__ = [
+    "KeyLedger",
+    "KvSnapshots",
+    "LedgerClient",
+    "LocalLedger",
+    "MemorySnapshots",
+    "RayLedger",
+    "ensure_key_ledger",
+    "ledger_actor_name",
+]

@@ -1,0 +1,157 @@
+"""The ingress's side of per-key limits: admit through the shared ledger, settle real usage.
+
+Every request of a configured key is admitted by the app's key ledger (deployments/key_ledger.py)
+after its body passed the schema checks (a malformed request costs no quota), and settled with
+the engine's own `usage` when it ends: the whole answer's, or a stream's last chunk. Streams are
+always asked for that chunk (`stream_options.include_usage`); a client that did not ask for it
+does not get it.
+
+If the ledger cannot be reached within `ADMIT_TIMEOUT_S` the request is admitted unmetered and
+logged: the limits exist to share the service, never to take it down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.config import ApiKeyConfig
+from core.errors import ApiError, ErrorCode
+from deployments.key_ledger import LedgerClient
+from policy.key_limits import BudgetPeriod, KeyLimits
+
+logger = logging.getLogger("ray.serve")
+
+# A request holds a parallel slot until settled or until this long (its ingress died).
+LEASE_S = 3600.0
+ADMIT_TIMEOUT_S = 2.0
+
+
+def key_limits(key: ApiKeyConfig) -> KeyLimits:
+    return KeyLimits(
+        rpm=key.rpm,
+        tpm=key.tpm,
+        max_parallel=key.max_parallel,
+        budget_tokens=key.budget_tokens,
+        budget_period=key.budget_period,
+    )
+
+
+@dataclass
+class Admission:
+    """One admitted request: its lease and the rate-limit headers every answer carries."""
+
+    key: str | None  # None: not metered (auth off, or the ledger was unreachable)
+    lease: str
+    period: BudgetPeriod
+    headers: dict[str, str] = field(default_factory=dict)
+    settled: bool = False
+
+
+UNMETERED = Admission(None, "", "month")
+
+
+class KeyMetering:
+    def __init__(self, keys: Sequence[ApiKeyConfig], ledger: Callable[[], LedgerClient]) -> None:
+        self._limits = {key.name: key_limits(key) for key in keys}
+        self._connect = ledger
+        self._ledger: LedgerClient | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._limits)
+
+    async def admit(self, key: str) -> Admission:
+        limits = self._limits.get(key)
+        if limits is None:
+            return UNMETERED
+        lease = uuid.uuid4().hex
+        try:
+            verdict = await asyncio.wait_for(
+                self._client().admit(key, limits, lease, LEASE_S), ADMIT_TIMEOUT_S
+            )
+        except Exception as error:  # noqa: BLE001 - any ledger failure: serve unmetered
+            logger.warning("key ledger unreachable, %r admitted unmetered: %r", key, error)
+            return UNMETERED
+        if not verdict.admitted:
+            headers = {**verdict.headers, "Retry-After": str(verdict.retry_after_s)}
+            code = verdict.code or ErrorCode.RATE_LIMITED
+            raise ApiError(429, code, verdict.message or "Over this key's limits.", headers=headers)
+        return Admission(key, lease, limits.budget_period, verdict.headers)
+
+    def settle(self, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
+        """Book the usage (once; not awaited: the answer is already the client's)."""
+        if admission.key is None or admission.settled:
+            return
+        admission.settled = True
+        try:
+            self._client().settle(
+                admission.key, admission.lease, prompt_tokens, completion_tokens, admission.period
+            )
+        except Exception as error:  # noqa: BLE001 - usage lost is better than an error shown
+            logger.warning("key ledger: usage of %r not booked: %r", admission.key, error)
+
+    async def usage(self) -> dict[str, Any]:
+        return await self._client().usage(self._limits)
+
+    async def metrics_text(self) -> bytes:
+        if not self.enabled:
+            return b""
+        return await self._client().metrics_text()
+
+    def _client(self) -> LedgerClient:
+        if self._ledger is None:
+            self._ledger = self._connect()
+        return self._ledger
+
+
+class StreamUsage:
+    """Watches a stream's SSE lines for the engine's usage chunk, and hides it when the client
+    did not ask for it; counts content chunks in case the stream ends without one."""
+
+    def __init__(self, client_wants_usage: bool) -> None:
+        self._show = client_wants_usage
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.chunks = 0
+
+    def filter(self, part: str) -> str:
+        if not part.startswith("data: {"):
+            return part
+        if '"usage"' not in part:
+            self.chunks += 1
+            return part
+        usage, has_choices = _usage_of(part)
+        if usage is None:
+            self.chunks += 1
+            return part
+        self.prompt_tokens = usage.get("prompt_tokens", 0)
+        self.completion_tokens = usage.get("completion_tokens", 0)
+        if has_choices:
+            self.chunks += 1
+            return part
+        return part if self._show else ""
+
+    def totals(self, prompt_estimate: int) -> tuple[int, int]:
+        if self.completion_tokens is None:
+            return prompt_estimate, self.chunks
+        return self.prompt_tokens or 0, self.completion_tokens
+
+
+def _usage_of(part: str) -> tuple[dict[str, Any] | None, bool]:
+    try:
+        chunk = json.loads(part[len("data: ") :])
+    except ValueError:
+        return None, False
+    usage = chunk.get("usage") if isinstance(chunk, dict) else None
+    if not isinstance(usage, dict):
+        return None, False
+    return usage, bool(chunk.get("choices"))
+
+
+__all__ = ["LEASE_S", "UNMETERED", "Admission", "KeyMetering", "StreamUsage", "key_limits"]

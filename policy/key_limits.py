@@ -1,0 +1,244 @@
+"""Per-key limits: requests and tokens per minute, parallel requests, a token budget per period.
+
+One `KeyMeter` per API key holds what the key has used; `admit` decides a request at admission
+and `settle` books the engine's real usage when it ends. Windows are sliding logs of the last 60 s
+(exact, and bounded by the limit itself); budgets run per calendar day, ISO week or month in UTC.
+A request is admitted while the key is under each limit, so one long answer may carry a key past
+its TPM or budget: the next request is the one refused (LiteLLM and OpenAI behave the same).
+
+Admitted requests hold a lease until settled; a lease not settled by its deadline (the ingress
+holding it died) is dropped, so `max_parallel` never leaks.
+
+Pure: facts and a clock in, decisions out. The shared store that keeps the meters is
+deployments/key_ledger.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from core.errors import ErrorCode
+
+__all__ = [
+    "WINDOW_S",
+    "BudgetPeriod",
+    "KeyLimits",
+    "KeyMeter",
+    "Verdict",
+    "period_bounds",
+    "reset_text",
+]
+
+WINDOW_S = 60.0
+BudgetPeriod = Literal["day", "week", "month"]
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+    budget_tokens: int | None = None
+    budget_period: BudgetPeriod = "month"
+
+    @property
+    def any(self) -> bool:
+        return any(
+            v is not None for v in (self.rpm, self.tpm, self.max_parallel, self.budget_tokens)
+        )
+
+
+def period_bounds(now: float, period: BudgetPeriod) -> tuple[float, float]:
+    """The UTC calendar period holding `now`: [start, end) as epoch seconds."""
+    moment = datetime.fromtimestamp(now, UTC)
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        start, end = day, day + timedelta(days=1)
+    elif period == "week":  # ISO weeks start on Monday
+        start = day - timedelta(days=day.weekday())
+        end = start + timedelta(days=7)
+    else:
+        start = day.replace(day=1)
+        end = (start + timedelta(days=32)).replace(day=1)
+    return start.timestamp(), end.timestamp()
+
+
+def reset_text(seconds: float) -> str:
+    """OpenAI's `x-ratelimit-reset-*` format: `1s`, `6m0s`, `1h2m3s`, `120ms`."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Admission of one request: the lease to settle, or why not and when to come back."""
+
+    admitted: bool
+    headers: dict[str, str]
+    code: str | None = None
+    message: str | None = None
+    retry_after_s: int | None = None
+
+
+@dataclass
+class KeyMeter:
+    """What one key used: the last minute's requests and tokens, leases, the period's tokens."""
+
+    requests: deque[float] = field(default_factory=deque)
+    tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    window_tokens: int = 0
+    leases: dict[str, float] = field(default_factory=dict)  # lease id -> deadline
+    period_start: float = 0.0
+    period_tokens: int = 0
+    # Lifetime totals, for `GET /v1/keys/usage`.
+    total_requests: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def admit(self, limits: KeyLimits, now: float, lease: str, lease_s: float) -> Verdict:
+        self._expire(now, limits.budget_period)
+        refusal = self._refusal(limits, now)
+        if refusal is not None:
+            self.refused += 1
+            return refusal
+        self.requests.append(now)
+        self.leases[lease] = now + lease_s
+        self.total_requests += 1
+        return Verdict(True, self.headers(limits, now))
+
+    def settle(
+        self,
+        lease: str,
+        now: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+        period: BudgetPeriod,
+    ) -> None:
+        """Book an ended request's real usage and free its lease (unknown leases too: the
+        usage happened whether or not the lease had run out)."""
+        self._expire(now, period)
+        self.leases.pop(lease, None)
+        used = max(0, prompt_tokens) + max(0, completion_tokens)
+        self.prompt_tokens += max(0, prompt_tokens)
+        self.completion_tokens += max(0, completion_tokens)
+        if used:
+            self.tokens.append((now, used))
+            self.window_tokens += used
+            self.period_tokens += used
+
+    def headers(self, limits: KeyLimits, now: float) -> dict[str, str]:
+        """OpenAI's rate-limit headers for the limits the key has (after this request)."""
+        headers: dict[str, str] = {}
+        if limits.rpm is not None:
+            headers["x-ratelimit-limit-requests"] = str(limits.rpm)
+            headers["x-ratelimit-remaining-requests"] = str(max(0, limits.rpm - len(self.requests)))
+            newest = self.requests[-1] if self.requests else now - WINDOW_S
+            headers["x-ratelimit-reset-requests"] = reset_text(newest + WINDOW_S - now)
+        if limits.tpm is not None:
+            headers["x-ratelimit-limit-tokens"] = str(limits.tpm)
+            headers["x-ratelimit-remaining-tokens"] = str(max(0, limits.tpm - self.window_tokens))
+            newest = self.tokens[-1][0] if self.tokens else now - WINDOW_S
+            headers["x-ratelimit-reset-tokens"] = reset_text(newest + WINDOW_S - now)
+        if limits.budget_tokens is not None:
+            _, end = period_bounds(now, limits.budget_period)
+            left = max(0, limits.budget_tokens - self.period_tokens)
+            headers["x-budget-limit-tokens"] = str(limits.budget_tokens)
+            headers["x-budget-remaining-tokens"] = str(left)
+            headers["x-budget-reset"] = reset_text(end - now)
+        return headers
+
+    def usage(self, limits: KeyLimits, now: float) -> dict[str, Any]:
+        self._expire(now, limits.budget_period)
+        start, end = period_bounds(now, limits.budget_period)
+        return {
+            "requests": self.total_requests,
+            "refused": self.refused,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "in_flight": len(self.leases),
+            "last_minute": {"requests": len(self.requests), "tokens": self.window_tokens},
+            "period": {
+                "kind": limits.budget_period,
+                "start": start,
+                "end": end,
+                "tokens": self.period_tokens,
+            },
+        }
+
+    def _refusal(self, limits: KeyLimits, now: float) -> Verdict | None:
+        if limits.budget_tokens is not None and self.period_tokens >= limits.budget_tokens:
+            _, end = period_bounds(now, limits.budget_period)
+            return self._refuse(
+                limits,
+                now,
+                ErrorCode.BUDGET_EXCEEDED,
+                f"This key has used its budget of {limits.budget_tokens} tokens for this "
+                f"{limits.budget_period}; it renews at the start of the next one (UTC).",
+                end - now,
+            )
+        if limits.rpm is not None and len(self.requests) >= limits.rpm:
+            return self._refuse(
+                limits,
+                now,
+                ErrorCode.RATE_LIMITED,
+                f"This key's limit of {limits.rpm} requests per minute is reached.",
+                self.requests[0] + WINDOW_S - now,
+            )
+        if limits.tpm is not None and self.window_tokens >= limits.tpm:
+            return self._refuse(
+                limits,
+                now,
+                ErrorCode.RATE_LIMITED,
+                f"This key's limit of {limits.tpm} tokens per minute is reached.",
+                self._tokens_free_at(limits.tpm) - now,
+            )
+        if limits.max_parallel is not None and len(self.leases) >= limits.max_parallel:
+            return self._refuse(
+                limits,
+                now,
+                ErrorCode.RATE_LIMITED,
+                f"This key already has {len(self.leases)} requests in progress, its limit "
+                f"(max_parallel {limits.max_parallel}).",
+                1.0,
+            )
+        return None
+
+    def _refuse(
+        self, limits: KeyLimits, now: float, code: str, message: str, wait_s: float
+    ) -> Verdict:
+        return Verdict(False, self.headers(limits, now), code, message, max(1, math.ceil(wait_s)))
+
+    def _tokens_free_at(self, tpm: int) -> float:
+        """When enough of the window's tokens have aged out to be under `tpm` again."""
+        left = self.window_tokens
+        for at, used in self.tokens:
+            left -= used
+            if left < tpm:
+                return at + WINDOW_S
+        return self.tokens[-1][0] + WINDOW_S if self.tokens else 0.0
+
+    def _expire(self, now: float, period: BudgetPeriod) -> None:
+        cutoff = now - WINDOW_S
+        while self.requests and self.requests[0] <= cutoff:
+            self.requests.popleft()
+        while self.tokens and self.tokens[0][0] <= cutoff:
+            self.window_tokens -= self.tokens.popleft()[1]
+        for lease in [lease for lease, deadline in self.leases.items() if deadline <= now]:
+            del self.leases[lease]
+        start, _ = period_bounds(now, period)
+        if start != self.period_start:
+            self.period_start, self.period_tokens = start, 0

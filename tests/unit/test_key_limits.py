@@ -1,0 +1,148 @@
+"""Per-key limits as pure decisions: windows, leases, budgets, headers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from policy.key_limits import KeyLimits, KeyMeter, period_bounds, reset_text
+
+T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC).timestamp()  # a Tuesday
+
+
+def admit(meter: KeyMeter, limits: KeyLimits, now: float, lease: str = "l") -> bool:
+    return meter.admit(limits, now, lease, lease_s=600).admitted
+
+
+def test_sixth_request_in_a_minute_is_refused_with_when_to_retry() -> None:
+    meter, limits = KeyMeter(), KeyLimits(rpm=5)
+    assert all(admit(meter, limits, T0 + i, f"l{i}") for i in range(5))
+    verdict = meter.admit(limits, T0 + 10, "l6", 600)
+    assert not verdict.admitted
+    assert verdict.code == "rate_limited"
+    assert verdict.retry_after_s == 50  # the first request leaves the window at T0 + 60
+    assert verdict.headers["x-ratelimit-remaining-requests"] == "0"
+    assert verdict.headers["x-ratelimit-limit-requests"] == "5"
+    assert admit(meter, limits, T0 + 60.5, "l7")  # the first one aged out
+
+
+def test_remaining_requests_count_down_and_reset_says_when_the_window_is_empty() -> None:
+    meter, limits = KeyMeter(), KeyLimits(rpm=3)
+    first = meter.admit(limits, T0, "a", 600)
+    second = meter.admit(limits, T0 + 15, "b", 600)
+    assert first.headers["x-ratelimit-remaining-requests"] == "2"
+    assert second.headers["x-ratelimit-remaining-requests"] == "1"
+    assert second.headers["x-ratelimit-reset-requests"] == "1m0s"
+
+
+def test_one_long_answer_crosses_the_tpm_and_the_next_request_is_refused() -> None:
+    meter, limits = KeyMeter(), KeyLimits(tpm=100)
+    assert admit(meter, limits, T0, "a")
+    meter.settle("a", T0 + 1, prompt_tokens=20, completion_tokens=200, period="month")
+    verdict = meter.admit(limits, T0 + 2, "b", 600)
+    assert not verdict.admitted
+    assert verdict.code == "rate_limited"
+    assert "tokens per minute" in (verdict.message or "")
+    assert verdict.retry_after_s == 59  # the 220 tokens leave the window at T0 + 61
+    assert verdict.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert admit(meter, limits, T0 + 61.5, "c")
+
+
+def test_tpm_frees_when_enough_of_the_window_aged_out() -> None:
+    meter, limits = KeyMeter(), KeyLimits(tpm=100)
+    for i, used in enumerate((60, 30, 30)):
+        assert admit(meter, limits, T0 + i * 10, f"l{i}")
+        meter.settle(f"l{i}", T0 + i * 10, used, 0, "month")
+    verdict = meter.admit(limits, T0 + 25, "x", 600)
+    assert not verdict.admitted
+    assert verdict.retry_after_s == 35  # the 60 at T0 leaves at T0 + 60: 60 left < 100
+
+
+def test_max_parallel_counts_leases_until_settled() -> None:
+    meter, limits = KeyMeter(), KeyLimits(max_parallel=2)
+    assert admit(meter, limits, T0, "a")
+    assert admit(meter, limits, T0, "b")
+    refused = meter.admit(limits, T0, "c", 600)
+    assert not refused.admitted
+    assert "max_parallel 2" in (refused.message or "")
+    meter.settle("a", T0 + 1, 1, 1, "month")
+    assert admit(meter, limits, T0 + 1, "c")
+
+
+def test_a_lease_never_settled_expires_so_parallel_slots_do_not_leak() -> None:
+    meter, limits = KeyMeter(), KeyLimits(max_parallel=1)
+    assert meter.admit(limits, T0, "lost", lease_s=30).admitted
+    assert not admit(meter, limits, T0 + 29)
+    assert admit(meter, limits, T0 + 31)
+
+
+def test_budget_refuses_until_the_next_period() -> None:
+    meter, limits = KeyMeter(), KeyLimits(budget_tokens=1000, budget_period="day")
+    assert admit(meter, limits, T0, "a")
+    meter.settle("a", T0, 400, 700, "day")
+    verdict = meter.admit(limits, T0 + 3600, "b", 600)
+    assert not verdict.admitted
+    assert verdict.code == "budget_exceeded"
+    assert verdict.retry_after_s == 11 * 3600  # 13:00 to midnight UTC
+    assert verdict.headers["x-budget-remaining-tokens"] == "0"
+    assert admit(meter, limits, T0 + 12 * 3600 + 1, "c")  # the next day
+
+
+def test_refusals_are_counted_and_do_not_use_the_window() -> None:
+    meter, limits = KeyMeter(), KeyLimits(rpm=1)
+    assert admit(meter, limits, T0)
+    for _ in range(3):
+        assert not admit(meter, limits, T0 + 1)
+    usage = meter.usage(limits, T0 + 2)
+    assert usage["requests"] == 1
+    assert usage["refused"] == 3
+    assert admit(meter, limits, T0 + 61)  # refusals did not extend the window
+
+
+def test_usage_totals_prompt_and_completion() -> None:
+    meter, limits = KeyMeter(), KeyLimits()
+    assert admit(meter, limits, T0, "a")
+    meter.settle("a", T0 + 1, 11, 7, "month")
+    usage = meter.usage(limits, T0 + 2)
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (
+        11,
+        7,
+        18,
+    )
+    assert usage["last_minute"] == {"requests": 1, "tokens": 18}
+    assert usage["in_flight"] == 0
+    assert usage["period"]["tokens"] == 18
+
+
+def test_no_limits_no_headers_and_always_admitted() -> None:
+    meter, limits = KeyMeter(), KeyLimits()
+    assert not limits.any
+    verdict = meter.admit(limits, T0, "a", 600)
+    assert verdict.admitted
+    assert verdict.headers == {}
+
+
+@pytest.mark.parametrize(
+    ("period", "start", "end"),
+    [
+        ("day", datetime(2026, 11, 24, tzinfo=UTC), datetime(2026, 11, 25, tzinfo=UTC)),
+        ("week", datetime(2026, 11, 23, tzinfo=UTC), datetime(2026, 11, 30, tzinfo=UTC)),
+        ("month", datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)),
+    ],
+)
+def test_periods_are_utc_calendar_periods(period: str, start: datetime, end: datetime) -> None:
+    assert period_bounds(T0, period) == (start.timestamp(), end.timestamp())  # type: ignore[arg-type]
+
+
+def test_december_rolls_into_january() -> None:
+    dec = datetime(2026, 12, 31, 23, 0, tzinfo=UTC).timestamp()
+    assert period_bounds(dec, "month")[1] == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.12, "120ms"), (1, "1s"), (59.2, "1m0s"), (360, "6m0s"), (3723, "1h2m3s")],
+)
+def test_reset_text_follows_openai(seconds: float, text: str) -> None:
+    assert reset_text(seconds) == text

@@ -1,0 +1,298 @@
+"""Keys with limits through the ingress: 429s with OpenAI's headers, real usage booked, the
+usage endpoint for admins only. The ledger runs in process (deployments/key_ledger.py's
+LocalLedger, the same decisions the actor makes); the router is a fake that answers with the
+usage an engine would report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config
+from core.errors import ApiError
+from core.wire import ChatJob, Routed
+from deployments.fallback.engine import Finish
+from deployments.fallback.openai_format import ChatShaper
+from deployments.ingress import Ingress
+from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
+from deployments.key_metering import key_limits
+from deployments.overhead_header import OVERHEAD_HEADER
+
+TESTS = Path(__file__).parents[1]
+PROMPT, COMPLETION = 30, 25  # what the fake engine reports for every answer
+
+
+class _Stream:
+    def __init__(self, items: list[Any]) -> None:
+        self._items = iter(items)
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return next(self._items)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Method:
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+
+    def remote(self, job: ChatJob) -> Any:
+        return self._answer(job)
+
+
+class EngineLikeRouter:
+    """Answers like an engine: `usage` in a whole answer; in a stream only when asked."""
+
+    def __init__(self) -> None:
+        self.jobs: list[ChatJob] = []
+        self.chat = _Method(self._stream)
+        self.chat_once = _Method(self._once)
+
+    def options(self, **_: Any) -> EngineLikeRouter:
+        return self
+
+    def _shaper(self, job: ChatJob) -> ChatShaper:
+        self.jobs.append(job)
+        options = job.request.stream_options
+        return ChatShaper("orchestrator", bool(options and options.include_usage))
+
+    async def _once(self, job: ChatJob) -> list[Any]:
+        shaper = self._shaper(job)
+        return [_routed(), shaper.whole("Hi.", Finish("stop", PROMPT, COMPLETION))]
+
+    def _stream(self, job: ChatJob) -> _Stream:
+        shaper = self._shaper(job)
+        closing = shaper.closing(Finish("stop", PROMPT, COMPLETION))
+        return _Stream([_routed(), [*shaper.opening("Hi."), *closing, "data: [DONE]\n\n"]])
+
+
+def _routed() -> Routed:
+    return Routed("orchestrator@local", 32, PROMPT, False, 0, False, False, engine_wait_s=0.004)
+
+
+KEYS = {
+    "admin-key": ApiKeyConfig(name="ops", sha256=hash_key("admin-key"), admin=True),
+    "five-key": ApiKeyConfig(name="five", sha256=hash_key("five-key"), rpm=5),
+    "tpm-key": ApiKeyConfig(name="tpm", sha256=hash_key("tpm-key"), tpm=50),
+    "budget-key": ApiKeyConfig(
+        name="budget", sha256=hash_key("budget-key"), budget_tokens=100, budget_period="day"
+    ),
+    "pair-key": ApiKeyConfig(name="pair", sha256=hash_key("pair-key"), max_parallel=2),
+    "free-key": ApiKeyConfig(name="free", sha256=hash_key("free-key")),
+}
+
+
+@pytest.fixture
+def config() -> ClusterConfig:
+    base = load_config(TESTS / "e2e" / "gateway.yaml", environ={})
+    return base.model_copy(update={"api_keys": tuple(KEYS.values())})
+
+
+@pytest.fixture
+def ledger() -> LocalLedger:
+    return LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
+
+
+@pytest.fixture
+def ingress(config: ClusterConfig, ledger: LocalLedger) -> Ingress:
+    return Ingress(config, EngineLikeRouter(), lambda: ledger)
+
+
+def request(key: str, path: str = "/v1/chat/completions", **body: Any) -> Request:
+    payload = json.dumps(
+        {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}], **body}
+    ).encode()
+    scope = {
+        "type": "http",
+        "method": "POST" if path.endswith("completions") else "GET",
+        "path": path,
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {key}".encode())],
+    }
+    chunks = [{"type": "http.request", "body": payload, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop() if chunks else {"type": "http.disconnect"}
+
+    return Request(scope, receive)
+
+
+async def call(ingress: Ingress, key: str, **body: Any) -> Response | ApiError:
+    try:
+        response = await ingress.chat(request(key, **body))
+    except ApiError as error:
+        return error
+    if isinstance(response, StreamingResponse):
+        response.body = "".join([part async for part in response.body_iterator]).encode()  # type: ignore[misc]
+    await asyncio.sleep(0)  # let the ledger book what settle sent
+    return response
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_sixth_request_of_a_five_rpm_key_is_429_with_openai_headers(ingress: Ingress) -> None:
+    async def scenario() -> list[Response | ApiError]:
+        return [await call(ingress, "five-key", max_tokens=4) for _ in range(6)]
+
+    *answered, refused = run(scenario())
+    assert all(isinstance(r, Response) and r.status_code == 200 for r in answered)
+    remaining = [r.headers["x-ratelimit-remaining-requests"] for r in answered]
+    assert remaining == ["4", "3", "2", "1", "0"]
+    assert isinstance(refused, ApiError)
+    assert (refused.status, refused.code) == (429, "rate_limited")
+    assert refused.body()["error"]["type"] == "rate_limit_error"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert refused.headers["x-ratelimit-limit-requests"] == "5"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+
+
+def test_one_answer_crosses_the_tpm_and_the_next_is_refused(ingress: Ingress) -> None:
+    async def scenario() -> tuple[Any, Any]:
+        return await call(ingress, "tpm-key"), await call(ingress, "tpm-key")
+
+    first, second = run(scenario())
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-remaining-tokens"] == "50"  # before this answer's usage
+    assert isinstance(second, ApiError)
+    assert second.code == "rate_limited"
+    assert "tokens per minute" in second.message
+    assert second.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+def test_budget_exceeded_says_so_until_the_period_ends(ingress: Ingress) -> None:
+    async def scenario() -> list[Any]:
+        return [await call(ingress, "budget-key") for _ in range(3)]
+
+    first, second, third = run(scenario())
+    assert first.status_code == second.status_code == 200  # 55 tokens, then 110
+    assert isinstance(third, ApiError)
+    assert (third.status, third.code) == (429, "budget_exceeded")
+    assert int(third.headers["Retry-After"]) <= 24 * 3600
+    assert third.headers["x-budget-remaining-tokens"] == "0"
+
+
+def test_max_parallel_holds_while_requests_are_in_progress(
+    config: ClusterConfig, ledger: LocalLedger
+) -> None:
+    release = asyncio.Event()
+
+    class SlowRouter(EngineLikeRouter):
+        async def _once(self, job: ChatJob) -> list[Any]:
+            await release.wait()
+            return await super()._once(job)
+
+    ingress = Ingress(config, SlowRouter(), lambda: ledger)
+
+    async def scenario() -> tuple[Any, list[Any]]:
+        slow = [asyncio.create_task(call(ingress, "pair-key")) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        third = await call(ingress, "pair-key")
+        release.set()
+        return third, await asyncio.gather(*slow)
+
+    third, done = run(scenario())
+    assert isinstance(third, ApiError)
+    assert "max_parallel 2" in third.message
+    assert [r.status_code for r in done] == [200, 200]
+
+
+def test_stream_usage_is_booked_and_hidden_from_a_client_that_did_not_ask(
+    ingress: Ingress, ledger: LocalLedger
+) -> None:
+    async def scenario() -> tuple[Any, Any, dict[str, Any]]:
+        hidden = await call(ingress, "free-key", stream=True)
+        shown = await call(ingress, "free-key", stream=True, stream_options={"include_usage": True})
+        usage = await ingress.keys_usage(request("admin-key", "/v1/keys/usage"))
+        return hidden, shown, json.loads(bytes(usage.body))
+
+    hidden, shown, usage = run(scenario())
+    assert b'"usage"' not in hidden.body
+    assert hidden.body.endswith(b"data: [DONE]\n\n")
+    assert b'"usage"' in shown.body
+    free = usage["keys"]["free"]
+    assert free["prompt_tokens"] == 2 * PROMPT
+    assert free["completion_tokens"] == 2 * COMPLETION
+    assert free["requests"] == 2
+    assert free["in_flight"] == 0
+
+
+def test_a_malformed_request_costs_no_quota(ingress: Ingress, ledger: LocalLedger) -> None:
+    async def scenario() -> list[Any]:
+        bad = [await call(ingress, "five-key", max_tokens=-3) for _ in range(7)]
+        return [*bad, await call(ingress, "five-key")]
+
+    *bad, good = run(scenario())
+    assert {e.status for e in bad} == {400}
+    assert good.headers["x-ratelimit-remaining-requests"] == "4"
+
+
+def test_usage_is_for_admin_keys_only(ingress: Ingress) -> None:
+    with pytest.raises(ApiError) as refused:
+        run(ingress.keys_usage(request("five-key", "/v1/keys/usage")))
+    assert (refused.value.status, refused.value.code) == (403, "admin_only")
+    with pytest.raises(ApiError) as unknown:
+        run(ingress.keys_usage(request("nobody", "/v1/keys/usage")))
+    assert unknown.value.status == 401
+
+
+def test_an_unreachable_ledger_admits_unmetered(config: ClusterConfig) -> None:
+    def gone() -> Any:
+        raise ConnectionError("ledger actor is restarting")
+
+    ingress = Ingress(config, EngineLikeRouter(), gone)
+    answers = run(_many(ingress, "five-key", 7))
+    assert [a.status_code for a in answers] == [200] * 7
+    assert "x-ratelimit-remaining-requests" not in answers[0].headers
+
+
+async def _many(ingress: Ingress, key: str, count: int) -> list[Any]:
+    return [await call(ingress, key) for _ in range(count)]
+
+
+def test_every_answer_says_the_gateway_overhead(ingress: Ingress) -> None:
+    started = time.perf_counter()
+    answer = run(call(ingress, "free-key"))
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    assert 0 <= float(answer.headers[OVERHEAD_HEADER]) <= elapsed_ms
+
+
+def test_the_ledger_carries_on_from_its_snapshot() -> None:
+    store = MemorySnapshots()
+    first = KeyLedger("unit", store=store)
+    limits = key_limits(KEYS["five-key"])
+
+    async def use(ledger: KeyLedger, lease: str) -> bool:
+        verdict = await ledger.admit("five", limits, lease, 600)
+        if verdict.admitted:
+            await ledger.settle("five", lease, 3, 4, "month")
+        return verdict.admitted
+
+    async def scenario() -> tuple[list[bool], dict[str, Any], bytes]:
+        used = [await use(first, f"l{i}") for i in range(3)]
+        first.snapshot()
+        second = KeyLedger("unit", store=store)  # a restarted actor
+        used += [await use(second, f"m{i}") for i in range(3)]
+        return used, await second.usage({"five": limits}), await second.metrics_text()
+
+    used, usage, metrics = run(scenario())
+    assert used == [True] * 5 + [False]
+    assert usage["five"]["prompt_tokens"] == 15
+    assert usage["five"]["refused"] == 1
+    assert b'gps_key_tokens_total{key="five",kind="completion"} 20.0' in metrics
