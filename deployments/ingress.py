@@ -121,7 +121,7 @@ class Ingress:
                 ErrorCode.ADMIN_ONLY,
                 "Only an admin key (api_keys[].admin: true) may read the keys' usage.",
             )
-        return JSONResponse({"object": "list", "keys": await self._metering.usage()})
+        return JSONResponse({"object": "key_usage", **await self._metering.usage()})
 
     @app.get("/healthz")
     async def healthz(self) -> Response:

@@ -50,8 +50,11 @@ class KeyLedger:
         self._meters: dict[str, KeyMeter] = {}
         self._dirty = False
         self._saver: asyncio.Task[None] | None = None
-        for name, saved in (self._store.load() or {}).items():
+        snapshot = self._store.load()
+        for name, saved in (snapshot or {}).items():
             self._meters[name] = _meter_from(saved)
+        # Shown with the usage: when this incarnation started, and whether it carried on.
+        self._about = {"started_at": clock(), "restored_from_snapshot": snapshot is not None}
 
     # Async methods: they run one at a time on the actor's event loop (none awaits inside), and
     # the snapshot waits on that loop instead of a write per request.
@@ -67,12 +70,14 @@ class KeyLedger:
         self._changed()
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
-        """Every configured key's usage and limits (keys not seen yet show zeros)."""
+        """Every configured key's usage and limits (keys not seen yet show zeros), and the
+        ledger's own start."""
         now = self._clock()
-        return {
+        keys = {
             name: {**self._meter(name).usage(key_limits, now), "limits": asdict(key_limits)}
             for name, key_limits in limits.items()
         }
+        return {"keys": keys, "ledger": dict(self._about)}
 
     async def metrics_text(self) -> bytes:
         registry = CollectorRegistry()

@@ -94,12 +94,18 @@ def test_a_spent_budget_survives_a_restart_of_the_ledger_and_a_router(limits_url
         ask(client)
     assert spent.value.code == "budget_exceeded"
     time.sleep(SNAPSHOT_S + 1)  # the ledger's snapshot is in the GCS
+    before = ledger_started(limits_url)
     ray.kill(ray.get_actor(ledger_actor_name(APP), namespace="serve"), no_restart=False)
     [router, *_] = [
         r for r in ray.util.list_named_actors(all_namespaces=True) if f"{APP}#router#" in r["name"]
     ]
     ray.kill(ray.get_actor(router["name"], namespace=router["namespace"]), no_restart=False)
     deadline = time.monotonic() + 120
+    while ledger_started(limits_url) == before:  # the next answer comes from a new incarnation
+        assert time.monotonic() < deadline, "the ledger actor was not restarted"
+        time.sleep(0.5)
+    ledger = admin_usage(limits_url)["ledger"]
+    assert ledger["restored_from_snapshot"] is True
     while True:
         try:
             ask(client)
@@ -112,6 +118,19 @@ def test_a_spent_budget_survives_a_restart_of_the_ledger_and_a_router(limits_url
             continue
         pytest.fail("a restarted ledger forgot the key's spent budget")
     assert code == "budget_exceeded"
+
+
+def admin_usage(url: str) -> dict[str, Any]:
+    admin = {"Authorization": f"Bearer {KEYS['ops'][0]}"}
+    answer = httpx.get(f"{url}/v1/keys/usage", headers=admin, timeout=60)
+    assert answer.status_code == 200, answer.text
+    usage: dict[str, Any] = answer.json()
+    return usage
+
+
+def ledger_started(url: str) -> float:
+    started: float = admin_usage(url)["ledger"]["started_at"]
+    return started
 
 
 def test_one_long_answer_crosses_the_tpm_and_the_next_is_refused(limits_url: str) -> None:
@@ -137,10 +156,9 @@ def test_stream_usage_is_booked_without_showing_it(limits_url: str) -> None:
     chunks = list(stream)
     assert all(chunk.usage is None for chunk in chunks)  # not asked for, not shown
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
-    admin = {"Authorization": f"Bearer {KEYS['ops'][0]}"}
     deadline = time.monotonic() + 10
     while True:  # settling is sent after the stream's end, not awaited
-        usage = httpx.get(f"{limits_url}/v1/keys/usage", headers=admin).json()["keys"]["meter"]
+        usage = admin_usage(limits_url)["keys"]["meter"]
         if usage["completion_tokens"] or time.monotonic() > deadline:
             break
         time.sleep(0.2)

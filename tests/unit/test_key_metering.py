@@ -293,6 +293,7 @@ def test_the_ledger_carries_on_from_its_snapshot() -> None:
 
     used, usage, metrics = run(scenario())
     assert used == [True] * 5 + [False]
-    assert usage["five"]["prompt_tokens"] == 15
-    assert usage["five"]["refused"] == 1
+    assert usage["keys"]["five"]["prompt_tokens"] == 15
+    assert usage["keys"]["five"]["refused"] == 1
+    assert usage["ledger"]["restored_from_snapshot"] is True
     assert b'gps_key_tokens_total{key="five",kind="completion"} 20.0' in metrics
