@@ -11,7 +11,7 @@ from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
 from autoscale.placer import placement_matters
 from autoscale.policy import placement_policy
-from core.config import ClusterConfig
+from core.config import ClusterConfig, ModelConfig
 from core.topology import RESOURCE_SLIVER, Backend
 from core.types import DEPLOYMENT_PREFIX
 from deployments.fallback.replica import CpuFallback, FallbackSettings
@@ -53,7 +53,11 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
             "model_id": backend.role.value,
             "model_source": config.resolve_path(model.source),
         },
-        "engine_kwargs": {"max_model_len": model.context_window, **model.engine_kwargs},
+        "engine_kwargs": {
+            "max_model_len": model.context_window,
+            **model.engine_kwargs,
+            **tool_engine_kwargs(config, model),
+        },
         "deployment_config": options,
         # The engine's processes die with the replica (deployments/parent_death.py).
         "runtime_env": {"env_vars": {**model.env_vars, PARENT_DEATH_ENV: "1"}},
@@ -61,6 +65,21 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
     if model.device == "cpu":
         llm_config["placement_group_config"] = {"bundles": [{"CPU": model.cpus_per_replica}]}
     return LLMConfig(**llm_config)
+
+
+def tool_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, Any]:
+    """`models[].tools` as vLLM's frontend options (ray.serve.llm passes them to vLLM's
+    OpenAI serving layer as `vllm serve` would)."""
+    tools = model.tools
+    if tools is None:
+        return {}
+    kwargs: dict[str, Any] = {
+        "tool_call_parser": tools.parser,
+        "enable_auto_tool_choice": tools.auto_choice,
+    }
+    if tools.chat_template is not None:
+        kwargs["chat_template"] = str(config.tools_template(tools))
+    return kwargs
 
 
 def build_backend(

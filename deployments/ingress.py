@@ -40,7 +40,7 @@ from policy.context.tokens import message_text
 from policy.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
 from policy.engine_errors import EngineError, Fault, readable_message, response_fault
 from policy.oom import OOM_CODE
-from policy.request import check_chat_request, parse_object
+from policy.request import check_chat_request, check_tool_support, parse_object
 
 logger = logging.getLogger("ray.serve")
 
@@ -178,6 +178,7 @@ class Ingress:
             depth = self._depth_for(payload, request.headers.get(DEPTH_HEADER))
             route = self._config.depth_route(depth.depth)
             role, context_share = route.role, route.context_share
+        check_tool_support(payload, payload["model"], self._config.model_for(role).tools)
         admission = await self._metering.admit(caller.name)
         usage = None
         if chat_request.stream:

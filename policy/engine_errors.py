@@ -132,6 +132,11 @@ def readable_message(message: str) -> str:
             f"The model {model!r} cannot take images: it is not a multimodal model. Send text "
             f"only, or serve a multimodal model as {model!r} (models[].source in the config)."
         )
+    if "--enable-auto-tool-choice" in message or "--tool-call-parser" in message:
+        return (
+            "The model serving this request is not configured for tool calling: set `tools` "
+            "on its entry under models[] in the gateway config (e.g. `tools: {parser: hermes}`)."
+        )
     return message
 
 

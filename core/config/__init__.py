@@ -37,6 +37,7 @@ from core.config.sections import (
     PlacementConfig,
     PoolConfig,
     RouterConfig,
+    ToolsConfig,
 )
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "RayAutoscalerProvisioner",
     "RouterConfig",
     "TerraformProvisioner",
+    "ToolsConfig",
     "hash_key",
     "keys_from_env",
     "load_config",

@@ -55,6 +55,17 @@ def _model_pools(config: ClusterConfig) -> list[str]:
                 f"models[{i}].engine_kwargs.max_model_len: set context_window instead; the "
                 "router fits requests to context_window and passes it to vLLM"
             )
+        template = config.tools_template(model.tools) if model.tools else None
+        if template is not None and not template.is_file():
+            problems.append(
+                f"models[{i}].tools.chat_template: {template} is not a file; give the path of a "
+                "Jinja chat template, relative to this config file"
+            )
+        for key in sorted(TOOL_ENGINE_KWARGS & set(model.engine_kwargs)):
+            problems.append(
+                f"models[{i}].engine_kwargs.{key}: set models[{i}].tools instead (parser, "
+                "auto_choice, chat_template); the gateway checks requests against it"
+            )
         if len(set(model.pools)) != len(model.pools):
             problems.append(f"models[{i}].pools: a pool is listed twice; list each once")
     if config.fallback.pool is not None and config.fallback.pool not in known:
@@ -139,6 +150,10 @@ def _chains(config: ClusterConfig) -> list[str]:
         elif FALLBACK_BACKEND in links[:-1]:
             problems.append(f"{where}: {FALLBACK_BACKEND!r} may only be the last link")
     return problems
+
+
+# vLLM options that `models[].tools` owns.
+TOOL_ENGINE_KWARGS = frozenset({"enable_auto_tool_choice", "tool_call_parser", "chat_template"})
 
 
 def _keys(config: ClusterConfig) -> list[str]:

@@ -21,6 +21,7 @@ from core.config.sections import (
     PlacementConfig,
     PoolConfig,
     RouterConfig,
+    ToolsConfig,
 )
 from core.topology import Backend, Target
 from core.types import Depth, Role
@@ -94,6 +95,12 @@ class ClusterConfig(Frozen):
 
     def resolve_path(self, source: str) -> str:
         return topology.resolve_path(self.base_dir, source)
+
+    def tools_template(self, tools: ToolsConfig) -> Path | None:
+        """The tools chat template's file (relative to the config file), if one is set."""
+        if tools.chat_template is None:
+            return None
+        return (self.base_dir / Path(tools.chat_template).expanduser()).resolve()
 
     def model_for(self, role: Role) -> ModelConfig:
         return next(m for m in self.models if m.role == role)

@@ -33,6 +33,7 @@ __all__ = [
     "PlacementConfig",
     "PoolConfig",
     "RouterConfig",
+    "ToolsConfig",
 ]
 
 
@@ -59,6 +60,20 @@ class PoolConfig(Frozen):
         return f"pool_{self.name}"
 
 
+class ToolsConfig(Frozen):
+    """Tool calling for one model, mapped onto vLLM's own options (`tool_call_parser`,
+    `enable_auto_tool_choice`, `chat_template`)."""
+
+    # vLLM's name for the format the model writes tool calls in: hermes, llama3_json, mistral,
+    # qwen3_xml, pythonic, ... (`vllm serve --help=tool-call-parser` lists them).
+    parser: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$", max_length=40)
+    # `tool_choice: auto` (the model decides): what IDE agents send on nearly every call.
+    auto_choice: bool = True
+    # A chat template that renders `tools` and tool results, for models whose own does not
+    # (a path, relative to the config file).
+    chat_template: str | None = None
+
+
 class ModelConfig(Frozen):
     """One model serving one role, deployable on the listed pools (the first is its home)."""
 
@@ -75,6 +90,8 @@ class ModelConfig(Frozen):
     pools: tuple[Name, ...] = Field(min_length=1)
     replicas: int = Field(1, ge=1)
     max_concurrency: int | None = None
+    # None: a request with tools is refused with a 400 that names this key.
+    tools: ToolsConfig | None = None
 
     @property
     def cap(self) -> int:

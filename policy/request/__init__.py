@@ -4,5 +4,6 @@ work for an engine."""
 
 from policy.request.body import nesting_exceeds, parse_object
 from policy.request.schema import check_chat_request
+from policy.request.tools import check_tool_support
 
-__all__ = ["check_chat_request", "nesting_exceeds", "parse_object"]
+__all__ = ["check_chat_request", "check_tool_support", "nesting_exceeds", "parse_object"]

@@ -283,3 +283,12 @@ def test_a_text_model_sent_images_says_so_in_those_words() -> None:
     assert "'vision' cannot take images" in message
     assert "not a multimodal model" in message
     assert readable_message("max_tokens must be at least 1") == "max_tokens must be at least 1"
+
+
+def test_vllms_tool_flags_are_never_shown_to_clients() -> None:
+    message = readable_message(
+        '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    )
+    assert "--" not in message
+    assert "models[]" in message
+    assert "tools" in message

@@ -1,0 +1,107 @@
+"""`models[].tools`: read, mapped onto vLLM's options, and checked against each request."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster.backends import llm_config_for
+from core.config import ClusterConfig, ConfigError, ToolsConfig, load_config
+from core.errors import ApiError
+from policy.request import check_tool_support
+
+BASE: dict[str, Any] = {
+    "pools": [{"name": "local", "kind": "local"}],
+    "models": [
+        {
+            "role": "orchestrator",
+            "source": "./models/orc",
+            "context_window": 4096,
+            "pools": ["local"],
+            "tools": {"parser": "hermes", "chat_template": "templates/tools.jinja"},
+        },
+        {"role": "coding", "source": "./models/code", "context_window": 4096, "pools": ["local"]},
+    ],
+    "fallback": {"source": "./fallback.gguf"},
+}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def load(tmp_path: Path, data: dict[str, Any]) -> ClusterConfig:
+    (tmp_path / "templates").mkdir(exist_ok=True)
+    (tmp_path / "templates" / "tools.jinja").write_text("{{ messages }}")
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(path, environ={})
+
+
+def test_tools_become_vllms_own_options(tmp_path: Path) -> None:
+    config = load(tmp_path, copy.deepcopy(BASE))
+    [orchestrator, coding] = config.home_backends
+    kwargs = llm_config_for(config, orchestrator).engine_kwargs
+    assert kwargs["tool_call_parser"] == "hermes"
+    assert kwargs["enable_auto_tool_choice"] is True
+    assert kwargs["chat_template"] == str(tmp_path / "templates" / "tools.jinja")
+    assert "tool_call_parser" not in llm_config_for(config, coding).engine_kwargs
+
+
+def test_tool_options_in_engine_kwargs_point_to_models_tools(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["models"][1]["engine_kwargs"] = {"enable_auto_tool_choice": True}
+    with pytest.raises(
+        ConfigError,
+        match=r"models\[1\].engine_kwargs.enable_auto_tool_choice: set models\[1\].tools",
+    ):
+        load(tmp_path, data)
+
+
+def test_a_missing_template_is_named(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["models"][0]["tools"]["chat_template"] = "templates/absent.jinja"
+    with pytest.raises(
+        ConfigError, match=r"models\[0\].tools.chat_template: .*absent.jinja is not a file"
+    ):
+        load(tmp_path, data)
+
+
+def test_a_parser_name_is_checked(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["models"][0]["tools"] = {"parser": "--enable-everything"}
+    with pytest.raises(ConfigError, match=r"models.0.tools.parser"):
+        load(tmp_path, data)
+
+
+def test_a_model_without_tools_refuses_them_naming_the_config_key() -> None:
+    with pytest.raises(ApiError) as refused:
+        check_tool_support({"tools": [TOOL]}, "coding", None)
+    error = refused.value
+    assert (error.status, error.code, error.param) == (400, "tools_not_supported", "tools")
+    assert "'coding' is not configured for tool calling" in error.message
+    assert "models[]" in error.message
+    assert "--" not in error.message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"tools": []},
+        {"tools": [TOOL], "tool_choice": "none"},
+    ],
+)
+def test_requests_that_call_no_tool_pass_any_model(payload: dict[str, Any]) -> None:
+    check_tool_support(payload, "coding", None)
+
+
+def test_auto_choice_off_asks_for_an_explicit_choice() -> None:
+    manual = ToolsConfig(parser="hermes", auto_choice=False)
+    with pytest.raises(ApiError, match="auto_choice"):
+        check_tool_support({"tools": [TOOL]}, "orchestrator", manual)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    check_tool_support({"tools": [TOOL], "tool_choice": named}, "orchestrator", manual)
+    check_tool_support({"tools": [TOOL], "tool_choice": "required"}, "orchestrator", manual)
+    check_tool_support({"tools": [TOOL]}, "orchestrator", ToolsConfig(parser="hermes"))
