@@ -61,6 +61,11 @@ class KeyMetering:
         self._limits = {key.name: key_limits(key) for key in keys}
         self._connect = ledger
         self._ledger: LedgerClient | None = None
+        if self.enabled:  # start the actor now: its first start must not be a request's wait
+            try:
+                self._client()
+            except Exception as error:  # noqa: BLE001 - tried again on the first request
+                logger.warning("key ledger not reachable yet: %r", error)
 
     @property
     def enabled(self) -> bool:
