@@ -233,6 +233,29 @@ def test_stream_usage_is_booked_and_hidden_from_a_client_that_did_not_ask(
     assert free["in_flight"] == 0
 
 
+def test_a_key_without_limits_is_counted_without_an_admission_round_trip(
+    config: ClusterConfig,
+) -> None:
+    class CountingLedger(LocalLedger):
+        admits = 0
+
+        async def admit(self, *args: Any) -> Any:
+            CountingLedger.admits += 1
+            return await super().admit(*args)
+
+    ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
+    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+
+    async def scenario() -> dict[str, Any]:
+        await call(ingress, "free-key")
+        await call(ingress, "five-key")
+        return await ledger.usage({"free": key_limits(KEYS["free-key"])})
+
+    usage = run(scenario())["keys"]["free"]
+    assert CountingLedger.admits == 1  # the five-a-minute key's only
+    assert (usage["requests"], usage["prompt_tokens"], usage["in_flight"]) == (1, PROMPT, 0)
+
+
 def test_a_malformed_request_costs_no_quota(ingress: Ingress, ledger: LocalLedger) -> None:
     async def scenario() -> list[Any]:
         bad = [await call(ingress, "five-key", max_tokens=-3) for _ in range(7)]
