@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from ray import serve
 
 from bench import stack
 from bench.load import LoadResult, run_load
-from cluster.app import build_gateway
 
 CONFIG = Path(__file__).with_name("overhead.yaml")
 API_KEY = "bench-key"
@@ -87,12 +85,8 @@ def deploy() -> list[Side]:
             "KeyLedger",
         ),
     )
-    handles = {  # what stack.stage gave the limited gateway: the anchor's replicas
-        b.name: serve.get_deployment_handle(f"LLMServer:{b.name}", app_name=stack.ANCHOR_APP)
-        for b in target.config.home_backends
-    }
     open_config = target.config.model_copy(update={"api_keys": ()})
-    serve.run(build_gateway(open_config, handles), name=OPEN_APP, route_prefix=f"/{OPEN_APP}")
+    stack.deploy_gateway(open_config, target.anchor, name=OPEN_APP)
     keyless = Side(
         "gateway, no keys",
         f"{target.base_url}/{OPEN_APP}/v1/chat/completions",

@@ -8,7 +8,7 @@ and placement are shared and only the path in front of them differs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ GATEWAY_APP = "gateway"
 class Stage:
     config: ClusterConfig
     base_url: str
+    # The anchor's replicas by backend name, where `stage` deployed them.
+    anchor: Mapping[str, DeploymentHandle] = field(default_factory=dict)
 
     @property
     def anchor_url(self) -> str:
@@ -93,16 +95,21 @@ def deploy_anchor(
     }
 
 
-def deploy_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> None:
-    """Our gateway over `backends`: handles to running replicas, or bound deployments."""
-    serve.run(build_gateway(config, backends), name=GATEWAY_APP, route_prefix="/")
+def deploy_gateway(
+    config: ClusterConfig, backends: Mapping[str, Any], name: str = GATEWAY_APP
+) -> None:
+    """Our gateway over `backends` (handles to running replicas, or bound deployments), at `/`
+    or, under another `name`, at `/<name>`."""
+    prefix = "/" if name == GATEWAY_APP else f"/{name}"
+    serve.run(build_gateway(config, backends), name=name, route_prefix=prefix)
 
 
 def stage(config_path: Path, port: int, overrides: Mapping[str, Any] | None = None) -> Stage:
     """Anchor and gateway over the same replicas of every home backend."""
     config = start(config_path, port, overrides)
-    deploy_gateway(config, deploy_anchor(config))
-    return Stage(config, f"http://127.0.0.1:{port}")
+    anchor = deploy_anchor(config)
+    deploy_gateway(config, anchor)
+    return Stage(config, f"http://127.0.0.1:{port}", anchor)
 
 
 def stop() -> None:

@@ -6,8 +6,8 @@ so limits hold however many replicas there are, and an ingress or router restart
 The meters are snapshotted to Ray's internal key-value store (the GCS) at most every
 `SNAPSHOT_S`, so a restarted ledger carries on from them (losing at most that much usage).
 
-Cost: one actor call at admission (awaited) and one at the end (not awaited) per request;
-bench/overhead.py measures it with limits on.
+Cost: one actor call at admission (awaited; only for keys with limits) and one at the end (not
+awaited) per request; bench/overhead.py measures it with limits on.
 """
 
 from __future__ import annotations
@@ -38,15 +38,23 @@ def ledger_actor_name(app: str) -> str:
     return f"gps-key-ledger-{app}"
 
 
+class SnapshotStore(Protocol):
+    """Where the ledger keeps its meters between incarnations (KvSnapshots; MemorySnapshots)."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, meters: dict[str, Any]) -> None: ...
+
+
 class KeyLedger:
     def __init__(
         self,
         app: str,
         clock: Callable[[], float] = time.time,
-        store: Any | None = None,
+        store: SnapshotStore | None = None,
     ) -> None:
         self._clock = clock
-        self._store = store if store is not None else KvSnapshots(app)
+        self._store: SnapshotStore = store if store is not None else KvSnapshots(app)
         self._meters: dict[str, KeyMeter] = {}
         self._dirty = False
         self._saver: asyncio.Task[None] | None = None
@@ -64,9 +72,16 @@ class KeyLedger:
         return verdict
 
     async def settle(
-        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+        self,
+        key: str,
+        lease: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        period: BudgetPeriod,
+        admitted: bool = True,
     ) -> None:
-        self._meter(key).settle(lease, self._clock(), prompt_tokens, completion_tokens, period)
+        meter = self._meter(key)
+        meter.settle(lease, self._clock(), prompt_tokens, completion_tokens, period, admitted)
         self._changed()
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
@@ -179,7 +194,13 @@ class LedgerClient(Protocol):
     async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict: ...
 
     def settle(
-        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+        self,
+        key: str,
+        lease: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        period: BudgetPeriod,
+        admitted: bool,
     ) -> None: ...
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]: ...
@@ -198,9 +219,15 @@ class RayLedger:
         return verdict
 
     def settle(
-        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+        self,
+        key: str,
+        lease: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        period: BudgetPeriod,
+        admitted: bool,
     ) -> None:
-        self._actor.settle.remote(key, lease, prompt_tokens, completion_tokens, period)
+        self._actor.settle.remote(key, lease, prompt_tokens, completion_tokens, period, admitted)
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
         usage: dict[str, Any] = await self._actor.usage.remote(dict(limits))
@@ -222,10 +249,16 @@ class LocalLedger:
         return await self.ledger.admit(key, limits, lease, lease_s)
 
     def settle(
-        self, key: str, lease: str, prompt_tokens: int, completion_tokens: int, period: BudgetPeriod
+        self,
+        key: str,
+        lease: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        period: BudgetPeriod,
+        admitted: bool,
     ) -> None:
         task = asyncio.get_running_loop().create_task(
-            self.ledger.settle(key, lease, prompt_tokens, completion_tokens, period)
+            self.ledger.settle(key, lease, prompt_tokens, completion_tokens, period, admitted)
         )
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -276,6 +309,7 @@ __all__ = [
     "LocalLedger",
     "MemorySnapshots",
     "RayLedger",
+    "SnapshotStore",
     "ensure_key_ledger",
     "ledger_actor_name",
 ]

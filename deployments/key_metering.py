@@ -1,7 +1,8 @@
 """The ingress's side of per-key limits: admit through the shared ledger, settle real usage.
 
-Every request of a configured key is admitted by the app's key ledger (deployments/key_ledger.py)
-after its body passed the schema checks (a malformed request costs no quota), and settled with
+Every request of a key with limits is admitted by the app's key ledger (deployments/key_ledger.py)
+after its body passed the schema checks (a malformed request costs no quota); a key without
+limits needs no decision and skips that round trip. Every keyed request is settled with
 the engine's own `usage` when it ends: the whole answer's, or a stream's last chunk. Streams are
 always asked for that chunk (`stream_options.include_usage`); a client that did not ask for it
 does not get it.
@@ -51,6 +52,7 @@ class Admission:
     period: BudgetPeriod
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+    admitted: bool = True  # False: a key with no limits, counted only when settled
 
 
 UNMETERED = Admission(None, "", "month")
@@ -76,6 +78,8 @@ class KeyMetering:
         if limits is None:
             return UNMETERED
         lease = uuid.uuid4().hex
+        if not limits.any:  # nothing to decide: no round trip, the usage is booked at the end
+            return Admission(key, lease, limits.budget_period, admitted=False)
         try:
             verdict = await asyncio.wait_for(
                 self._client().admit(key, limits, lease, LEASE_S), ADMIT_TIMEOUT_S
@@ -96,7 +100,12 @@ class KeyMetering:
         admission.settled = True
         try:
             self._client().settle(
-                admission.key, admission.lease, prompt_tokens, completion_tokens, admission.period
+                admission.key,
+                admission.lease,
+                prompt_tokens,
+                completion_tokens,
+                admission.period,
+                admission.admitted,
             )
         except Exception as error:  # noqa: BLE001 - usage lost is better than an error shown
             logger.warning("key ledger: usage of %r not booked: %r", admission.key, error)

@@ -126,11 +126,16 @@ class KeyMeter:
         prompt_tokens: int,
         completion_tokens: int,
         period: BudgetPeriod,
+        admitted: bool = True,
     ) -> None:
         """Book an ended request's real usage and free its lease (unknown leases too: the
-        usage happened whether or not the lease had run out)."""
+        usage happened whether or not the lease had run out). `admitted` False: a key with no
+        limits skips admission, so its request is counted here."""
         self._expire(now, period)
         self.leases.pop(lease, None)
+        if not admitted:
+            self.requests.append(now)
+            self.total_requests += 1
         used = max(0, prompt_tokens) + max(0, completion_tokens)
         self.prompt_tokens += max(0, prompt_tokens)
         self.completion_tokens += max(0, completion_tokens)

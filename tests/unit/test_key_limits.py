@@ -146,3 +146,11 @@ def test_december_rolls_into_january() -> None:
 )
 def test_reset_text_follows_openai(seconds: float, text: str) -> None:
     assert reset_text(seconds) == text
+
+
+def test_a_request_never_admitted_is_counted_when_settled() -> None:
+    meter, limits = KeyMeter(), KeyLimits()
+    meter.settle("l", T0, 5, 6, "month", admitted=False)
+    usage = meter.usage(limits, T0 + 1)
+    assert (usage["requests"], usage["total_tokens"], usage["in_flight"]) == (1, 11, 0)
+    assert usage["last_minute"] == {"requests": 1, "tokens": 11}

@@ -6,6 +6,7 @@ usage an engine would report."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -27,31 +28,13 @@ from deployments.overhead_header import OVERHEAD_HEADER
 
 TESTS = Path(__file__).parents[1]
 PROMPT, COMPLETION = 30, 25  # what the fake engine reports for every answer
-
-
-class _Stream:
-    def __init__(self, items: list[Any]) -> None:
-        self._items = iter(items)
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return next(self._items)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    def cancel(self) -> None:
-        pass
-
-
-class _Method:
-    def __init__(self, answer: Any) -> None:
-        self._answer = answer
-
-    def remote(self, job: ChatJob) -> Any:
-        return self._answer(job)
+_spec = importlib.util.spec_from_file_location(
+    "gps_serve_handle", TESTS / "fakes" / "serve_handle.py"
+)
+assert _spec is not None
+assert _spec.loader is not None
+serve_handle = importlib.util.module_from_spec(_spec)  # tests are not a package
+_spec.loader.exec_module(serve_handle)
 
 
 class EngineLikeRouter:
@@ -59,8 +42,8 @@ class EngineLikeRouter:
 
     def __init__(self) -> None:
         self.jobs: list[ChatJob] = []
-        self.chat = _Method(self._stream)
-        self.chat_once = _Method(self._once)
+        self.chat = serve_handle.HandleMethod(self._stream)
+        self.chat_once = serve_handle.HandleMethod(self._once)
 
     def options(self, **_: Any) -> EngineLikeRouter:
         return self
@@ -74,10 +57,12 @@ class EngineLikeRouter:
         shaper = self._shaper(job)
         return [_routed(), shaper.whole("Hi.", Finish("stop", PROMPT, COMPLETION))]
 
-    def _stream(self, job: ChatJob) -> _Stream:
+    def _stream(self, job: ChatJob) -> Any:
         shaper = self._shaper(job)
         closing = shaper.closing(Finish("stop", PROMPT, COMPLETION))
-        return _Stream([_routed(), [*shaper.opening("Hi."), *closing, "data: [DONE]\n\n"]])
+        return serve_handle.ItemStream(
+            [_routed(), [*shaper.opening("Hi."), *closing, "data: [DONE]\n\n"]]
+        )
 
 
 def _routed() -> Routed:
@@ -231,6 +216,29 @@ def test_stream_usage_is_booked_and_hidden_from_a_client_that_did_not_ask(
     assert free["completion_tokens"] == 2 * COMPLETION
     assert free["requests"] == 2
     assert free["in_flight"] == 0
+
+
+def test_a_key_without_limits_is_counted_without_an_admission_round_trip(
+    config: ClusterConfig,
+) -> None:
+    class CountingLedger(LocalLedger):
+        admits = 0
+
+        async def admit(self, *args: Any) -> Any:
+            CountingLedger.admits += 1
+            return await super().admit(*args)
+
+    ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
+    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+
+    async def scenario() -> dict[str, Any]:
+        await call(ingress, "free-key")
+        await call(ingress, "five-key")
+        return await ledger.usage({"free": key_limits(KEYS["free-key"])})
+
+    usage = run(scenario())["keys"]["free"]
+    assert CountingLedger.admits == 1  # the five-a-minute key's only
+    assert (usage["requests"], usage["prompt_tokens"], usage["in_flight"]) == (1, PROMPT, 0)
 
 
 def test_a_malformed_request_costs_no_quota(ingress: Ingress, ledger: LocalLedger) -> None:

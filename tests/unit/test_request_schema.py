@@ -50,34 +50,10 @@ def _load(path: Path) -> Any:
 
 
 fuzz_requests = _load(TESTS / "chaos" / "fuzz_requests.py")
+serve_handle = _load(TESTS / "fakes" / "serve_handle.py")
 
 
 # -- the ingress, with a router that checks what reaches it ------------------------------------
-
-
-class _Stream:
-    def __init__(self, items: list[Any]) -> None:
-        self._items = iter(items)
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return next(self._items)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    def cancel(self) -> None:
-        pass
-
-
-class _Method:
-    def __init__(self, answer: Any) -> None:
-        self._answer = answer
-
-    def remote(self, job: ChatJob) -> Any:
-        return self._answer(job)
 
 
 class CheckingRouter:
@@ -85,8 +61,8 @@ class CheckingRouter:
 
     def __init__(self) -> None:
         self.jobs = 0
-        self.chat = _Method(self._stream)
-        self.chat_once = _Method(self._once)
+        self.chat = serve_handle.HandleMethod(self._stream)
+        self.chat_once = serve_handle.HandleMethod(self._once)
 
     def options(self, **_: Any) -> CheckingRouter:
         return self
@@ -104,9 +80,11 @@ class CheckingRouter:
         routed, shaper = self._check(job)
         return [routed, shaper.whole("Hi.", Finish("stop", 1, 1))]
 
-    def _stream(self, job: ChatJob) -> _Stream:
+    def _stream(self, job: ChatJob) -> Any:
         routed, shaper = self._check(job)
-        return _Stream([routed, [*shaper.opening("Hi."), *shaper.closing(Finish("stop", 1, 1))]])
+        return serve_handle.ItemStream(
+            [routed, [*shaper.opening("Hi."), *shaper.closing(Finish("stop", 1, 1))]]
+        )
 
 
 def http_request(body: bytes, headers: dict[str, str]) -> Request:
