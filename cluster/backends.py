@@ -76,6 +76,7 @@ def tool_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, A
     kwargs: dict[str, Any] = {
         "tool_call_parser": tools.parser,
         "enable_auto_tool_choice": tools.auto_choice,
+        "tool_strict_level": "parameter" if tools.strict else "auto",
     }
     if tools.chat_template is not None:
         kwargs["chat_template"] = str(config.tools_template(tools))
@@ -102,6 +103,7 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
         keep_alive=fallback.keep_alive,
         ollama_models_dir=fallback.ollama_models_dir,
         n_gpu_layers=fallback.n_gpu_layers,
+        chat_template=config.fallback_target.chat_template,
     )
 
 

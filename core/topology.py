@@ -15,6 +15,7 @@ from core.types import AUTO_MODEL, DEPLOYMENT_PREFIX, FALLBACK_BACKEND, Role
 
 if TYPE_CHECKING:
     from core.config.cluster import ClusterConfig
+    from core.config.sections import ToolsConfig
 
 __all__ = [
     "HEAD_NODE_RESOURCE",
@@ -62,6 +63,17 @@ class Target(Frozen):
     tokenizer: str = Field(description="Where its token counter loads from.")
     role: Role | None = Field(None, description="None for the fallback, which serves any role.")
     pool: str | None = None
+    tools: bool = Field(False, description="Whether its engine takes `tools` (models[].tools).")
+    chat_template: str | None = Field(
+        None, description="The template its engine renders with, where not the tokenizer's own."
+    )
+
+    @property
+    def counter_key(self) -> str:
+        """What its token counter is loaded from: targets that agree share one counter."""
+        if self.chat_template is None:
+            return self.tokenizer
+        return f"{self.tokenizer} rendered with {self.chat_template}"
 
 
 def resolve_path(base_dir: Path, source: str) -> str:
@@ -115,6 +127,8 @@ def fallback_target(config: ClusterConfig) -> Target:
         if fallback.tokenizer
         else source,
         pool=fallback.pool,
+        tools=fallback.tools is not None,
+        chat_template=_template(config, fallback.tools),
     )
 
 
@@ -130,7 +144,14 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         tokenizer=resolve_path(config.base_dir, model.source),
         role=backend.role,
         pool=backend.pool,
+        tools=model.tools is not None,
+        chat_template=_template(config, model.tools),
     )
+
+
+def _template(config: ClusterConfig, tools: ToolsConfig | None) -> str | None:
+    path = config.tools_template(tools) if tools is not None else None
+    return None if path is None else str(path)
 
 
 def targets(config: ClusterConfig) -> dict[str, Target]:

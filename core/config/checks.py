@@ -10,6 +10,7 @@ from core.types import AUTO_MODEL, FALLBACK_BACKEND, Role
 
 if TYPE_CHECKING:
     from core.config.cluster import ClusterConfig
+    from core.config.sections import ToolsConfig
 
 __all__ = ["cross_section_problems"]
 
@@ -55,25 +56,31 @@ def _model_pools(config: ClusterConfig) -> list[str]:
                 f"models[{i}].engine_kwargs.max_model_len: set context_window instead; the "
                 "router fits requests to context_window and passes it to vLLM"
             )
-        template = config.tools_template(model.tools) if model.tools else None
-        if template is not None and not template.is_file():
-            problems.append(
-                f"models[{i}].tools.chat_template: {template} is not a file; give the path of a "
-                "Jinja chat template, relative to this config file"
-            )
+        problems += _missing_template(config, model.tools, f"models[{i}]")
         for key in sorted(TOOL_ENGINE_KWARGS & set(model.engine_kwargs)):
             problems.append(
                 f"models[{i}].engine_kwargs.{key}: set models[{i}].tools instead (parser, "
-                "auto_choice, chat_template); the gateway checks requests against it"
+                "auto_choice, strict, chat_template); the gateway checks requests against it"
             )
         if len(set(model.pools)) != len(model.pools):
             problems.append(f"models[{i}].pools: a pool is listed twice; list each once")
+    problems += _missing_template(config, config.fallback.tools, "fallback")
     if config.fallback.pool is not None and config.fallback.pool not in known:
         problems.append(
             f"fallback.pool: pool {config.fallback.pool!r} does not exist; define it under "
             "pools or leave fallback.pool empty to run on the head node"
         )
     return problems
+
+
+def _missing_template(config: ClusterConfig, tools: ToolsConfig | None, where: str) -> list[str]:
+    template = config.tools_template(tools) if tools is not None else None
+    if template is None or template.is_file():
+        return []
+    return [
+        f"{where}.tools.chat_template: {template} is not a file; give the path of a Jinja chat "
+        "template, relative to this config file"
+    ]
 
 
 def _caps(config: ClusterConfig) -> list[str]:
@@ -153,7 +160,9 @@ def _chains(config: ClusterConfig) -> list[str]:
 
 
 # vLLM options that `models[].tools` owns.
-TOOL_ENGINE_KWARGS = frozenset({"enable_auto_tool_choice", "tool_call_parser", "chat_template"})
+TOOL_ENGINE_KWARGS = frozenset(
+    {"enable_auto_tool_choice", "tool_call_parser", "chat_template", "tool_strict_level"}
+)
 
 
 def _keys(config: ClusterConfig) -> list[str]:

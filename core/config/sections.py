@@ -69,6 +69,10 @@ class ToolsConfig(Frozen):
     parser: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$", max_length=40)
     # `tool_choice: auto` (the model decides): what IDE agents send on nearly every call.
     auto_choice: bool = True
+    # Every call's arguments held to its tool's JSON schema while decoding, as if each tool
+    # said `strict: true` (vLLM's `tool_strict_level: parameter`); off, only a tool that says
+    # so is held, and a forced call fixes its name but not its arguments.
+    strict: bool = False
     # A chat template that renders `tools` and tool results, for models whose own does not
     # (a path, relative to the config file).
     chat_template: str | None = None
@@ -113,6 +117,10 @@ class FallbackConfig(Frozen):
     # Exact counts need the model's own tokenizer: a Hugging Face path or hub id. By default the
     # GGUF's embedded tokenizer and chat template; an Ollama model name is counted by estimate.
     tokenizer: str | None = None
+    # Tool calling on the fallback. llama.cpp: `parser: hermes` only (the server reads the calls
+    # back from its text), with `chat_template` where the GGUF's own ignores `tools`. Ollama reads
+    # calls with the template of its model; the parser names no more than the format.
+    tools: ToolsConfig | None = None
     threads: int = Field(2, ge=1, description="CPU threads the engine computes with")
     # Memory tiering (llama.cpp): layers offloaded to the node's GPU, the rest stay in RAM, for
     # a model too big for the VRAM left. 0 on CPU nodes; -1 offloads all. Needs a CUDA build of
@@ -128,6 +136,15 @@ class FallbackConfig(Frozen):
     @property
     def is_gguf_file(self) -> bool:
         return self.source.endswith(".gguf")
+
+    @model_validator(mode="after")
+    def _tools_can_be_read_back(self) -> Self:
+        if self.tools is not None and self.engine != "ollama" and self.tools.parser != "hermes":
+            raise ValueError(
+                f"tools.parser {self.tools.parser!r}: the llama.cpp fallback reads tool calls "
+                "in the Hermes format only (`parser: hermes`, with a template that asks for it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine_has_a_model(self) -> Self:

@@ -24,6 +24,9 @@ class ChatParams:
     seed: int | None = None
     # An answer cut short elsewhere, to be continued (its text counts toward max_tokens).
     continue_text: str = ""
+    # OpenAI's `tools` and `tool_choice`, as plain JSON; calls come back as Hermes text.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class LlamaCppEngine:
         context_window: int,
         threads: int,
         n_gpu_layers: int = 0,
+        chat_template: str | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
     ) -> None:
         def command(port: int) -> list[str]:
@@ -53,6 +54,7 @@ class LlamaCppEngine:
                 f"--n-ctx={context_window}",
                 f"--threads={threads}",
                 f"--n-gpu-layers={n_gpu_layers}",
+                *([f"--chat-template={chat_template}"] if chat_template else []),
             ]
 
         self._server = Supervisor(
@@ -157,4 +159,6 @@ def _body(params: ChatParams, resume_text: str) -> dict[str, Any]:
         "seed": params.seed,
         "continue_text": params.continue_text,
         "resume_text": resume_text,
+        "tools": params.tools,
+        "tool_choice": params.tool_choice,
     }

@@ -15,6 +15,11 @@ tokens are not counted: `max_tokens` and `completion_tokens` are about new token
 server produced itself before it died goes in `resume_text`, after it: those tokens do count,
 so an answer resumed after a restart has the limit and the count of one that never stopped.
 
+Tools: `tools` render through the chat template (`--chat-template FILE` where the GGUF's own
+ignores them); the answer is plain text, its calls in the Hermes format, which the replica reads
+back (`tool_calls.py`). A `tool_choice` that forces a call (`required`, a named function) starts
+the answer with `<tool_call>` and holds the rest to that call's JSON schema with a grammar.
+
 One llama.cpp context decodes one sequence at a time: requests run in order on one worker
 thread; a client that goes away stops its generation at the next token.
 """
@@ -28,7 +33,10 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from deployments.fallback.tool_calls import CALL_CLOSE, CALL_OPEN, forced_call_schema
 
 _END = object()
 
@@ -46,6 +54,7 @@ class Prepared:
     resumed_tokens: int  # of the resumed text: already part of the answer
     stop: list[str]
     max_tokens: int  # still to generate
+    forced: Any = None  # the grammar of a call the answer must be (a LlamaGrammar)
 
 
 class _TokenTally:
@@ -62,11 +71,11 @@ class _TokenTally:
 class LlamaChat:
     """The model, its chat template, and one worker thread that owns both."""
 
-    def __init__(self, llama: Any) -> None:
+    def __init__(self, llama: Any, template: str | None = None) -> None:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self._llama = llama
-        template = llama.metadata.get("tokenizer.chat_template")
+        template = template or llama.metadata.get("tokenizer.chat_template")
         if not template:
             raise SystemExit("the GGUF has no tokenizer.chat_template: it cannot serve chats")
         vocab = llama._model
@@ -81,13 +90,15 @@ class LlamaChat:
         self.cancelled = 0  # generations stopped because their client left
 
     def prepare(self, body: dict[str, Any]) -> Prepared:
+        tools = body.get("tools") or None
+        forced = _grammar(forced_call_schema(tools, body.get("tool_choice")))
         try:
-            rendered = self._format(messages=body["messages"])
+            rendered = self._format(messages=body["messages"], tools=tools)
         except Exception as error:  # noqa: BLE001 - the template rejects the conversation (roles, order)
             raise BadRequest(
                 "invalid", f"the chat template rejects the messages: {error}"
             ) from None
-        prompt = rendered.prompt
+        prompt = rendered.prompt + (CALL_OPEN if forced is not None else "")
         base = self._tokenize(prompt, rendered.added_special)
         continued = prompt + str(body.get("continue_text") or "")
         resumed = continued + str(body.get("resume_text") or "")
@@ -103,7 +114,7 @@ class LlamaChat:
         room = self.window - len(tokens)
         done = len(tokens) - len(before)
         max_tokens = min(int(body.get("max_tokens") or room) - done, room)
-        return Prepared(tokens, len(base), done, [s for s in stop if s], max_tokens)
+        return Prepared(tokens, len(base), done, [s for s in stop if s], max_tokens, forced)
 
     def _tokenize(self, text: str, added_special: bool) -> list[int]:
         tokens: list[int] = self._llama.tokenize(
@@ -121,6 +132,9 @@ class LlamaChat:
             return
         tally = _TokenTally()
         options = {k: body[k] for k in ("temperature", "top_p", "seed") if body.get(k) is not None}
+        if prepared.forced is not None:
+            options["grammar"] = prepared.forced
+            yield {"text": CALL_OPEN}  # in the prompt: the answer is read as one call
         chunks = self._llama.create_completion(
             prompt=prepared.tokens,
             max_tokens=prepared.max_tokens,
@@ -140,6 +154,8 @@ class LlamaChat:
                 yield {"text": choice["text"]}
             if choice.get("finish_reason"):
                 reason = "length" if choice["finish_reason"] == "length" else "stop"
+        if prepared.forced is not None and reason == "stop":
+            yield {"text": CALL_CLOSE}
         # A stop ends on a sampled end token that is not output; a length limit does not.
         generated = tally.samples - 1 if reason == "stop" and tally.samples else tally.samples
         yield self._done(reason, prepared, generated)
@@ -152,6 +168,19 @@ class LlamaChat:
             "prompt_tokens": prepared.prompt_tokens,
             "completion_tokens": prepared.resumed_tokens + generated,
         }
+
+
+def _grammar(schema: dict[str, Any] | None) -> Any:
+    """The grammar that holds an answer to `schema`; a schema llama.cpp cannot turn into one
+    is the client's error (a 400), never the engine's."""
+    if schema is None:
+        return None
+    from llama_cpp import LlamaGrammar
+
+    try:
+        return LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+    except Exception as error:  # noqa: BLE001 - the converter raises anything on odd schemas
+        raise BadRequest("invalid", f"the tool's parameters cannot be decoded: {error}") from None
 
 
 def build_app(chat: LlamaChat) -> Any:
@@ -211,6 +240,7 @@ def main() -> None:
     parser.add_argument("--n-ctx", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n-gpu-layers", type=int, default=0)
+    parser.add_argument("--chat-template", help="a Jinja chat template file, for the GGUF's own")
     args = parser.parse_args()
 
     import uvicorn
@@ -224,7 +254,8 @@ def main() -> None:
         n_gpu_layers=args.n_gpu_layers,
         verbose=False,
     )
-    app = build_app(LlamaChat(llama))
+    template = Path(args.chat_template).read_text() if args.chat_template else None
+    app = build_app(LlamaChat(llama, template))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 

@@ -29,6 +29,7 @@ from deployments.fallback.engine import (
     PromptTooLong,
 )
 from deployments.fallback.supervisor import Supervisor
+from deployments.fallback.tool_calls import CALL_CLOSE, CALL_OPEN, call_text, forced_call_schema
 
 logger = logging.getLogger("ray.serve")
 
@@ -130,18 +131,47 @@ def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> 
         options["stop"] = list(params.stop)
     if params.seed is not None:
         options["seed"] = params.seed
-    messages = [
-        {"role": m.get("role", "user"), "content": _text(m.get("content"))} for m in params.messages
-    ]
+    messages = [_message(m) for m in params.messages]
     if params.continue_text:  # Ollama continues a trailing assistant message
         messages.append({"role": "assistant", "content": params.continue_text})
-    return {
+    body = {
         "model": model,
         "messages": messages,
         "stream": True,
         "keep_alive": keep_alive,
         "options": options,
     }
+    if params.tools:
+        body["tools"] = params.tools
+    forced = forced_call_schema(params.tools, params.tool_choice)
+    if forced is not None:  # Ollama has no tool_choice: the call's schema as the answer's format
+        body["format"] = forced
+    return body
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as Ollama takes it: text content, and calls with their arguments as objects."""
+    plain: dict[str, Any] = {
+        "role": message.get("role", "user"),
+        "content": _text(message.get("content")),
+    }
+    calls = message.get("tool_calls") or []
+    if calls:
+        plain["tool_calls"] = [
+            {"function": {"name": c["function"]["name"], "arguments": _arguments(c["function"])}}
+            for c in calls
+        ]
+    return plain
+
+
+def _arguments(function: dict[str, Any]) -> Any:
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        return arguments or {}
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return {}
 
 
 def _text(content: Any) -> str:
@@ -150,6 +180,21 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
     return ""
+
+
+def _pieces(item: dict[str, Any], *, opening: bool, closing: bool) -> list[Piece]:
+    """The text of one `/api/chat` line, with the calls Ollama read itself written back in
+    the Hermes format; a forced call's JSON between its tags."""
+    message = item.get("message", {})
+    pieces = [Piece(CALL_OPEN)] if opening else []
+    if message.get("content"):
+        pieces.append(Piece(message["content"]))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {})
+        pieces.append(Piece(call_text(function.get("name", ""), function.get("arguments"))))
+    if item.get("done") and closing:
+        pieces.append(Piece(CALL_CLOSE))
+    return pieces
 
 
 class OllamaEngine:
@@ -235,11 +280,13 @@ class OllamaEngine:
         if not self._server.ready:
             raise EngineUnavailable("ollama serve is not running")
         body = chat_body(self._served_model, params, self._window, self._keep_alive)
+        forced = "format" in body  # the answer is the JSON of one call: written back as one
         try:
+            first = True
             async for item in self._api().chat(body):
-                text = item.get("message", {}).get("content", "")
-                if text:
-                    yield Piece(text)
+                for piece in _pieces(item, opening=forced and first, closing=forced):
+                    yield piece
+                first = False
                 if item.get("done"):
                     yield Finish(
                         reason="length" if item.get("done_reason") == "length" else "stop",

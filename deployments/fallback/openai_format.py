@@ -16,6 +16,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 
 from deployments.fallback.engine import ChatParams, Finish
+from deployments.fallback.tool_calls import ReadCalls, read_calls
 
 DONE = "data: [DONE]\n\n"
 
@@ -35,6 +36,7 @@ def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> Chat
         and messages[-1].get("role") == "assistant"
     ):
         continue_text = str(messages.pop()["content"])
+    choice = request.tool_choice
     return ChatParams(
         messages=messages,
         max_tokens=int(max_tokens),
@@ -43,6 +45,8 @@ def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> Chat
         stop=[str(s) for s in stop],
         seed=request.seed,
         continue_text=continue_text,
+        tools=[tool.model_dump() for tool in request.tools] if request.tools else None,
+        tool_choice=choice.model_dump() if hasattr(choice, "model_dump") else choice,
     )
 
 
@@ -88,26 +92,42 @@ class ChatShaper:
     def text(self, text: str) -> str:
         return self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
 
-    def closing(self, finish: Finish) -> list[str]:
-        lines = [self._chunk([{"index": 0, "delta": {}, "finish_reason": finish.reason}])]
+    def closing(self, finish: Finish, reason: str | None = None) -> list[str]:
+        ending = reason or finish.reason
+        lines = [self._chunk([{"index": 0, "delta": {}, "finish_reason": ending}])]
         if self._include_usage:
             lines.append(self._chunk([], usage=_usage(finish)))
         return [*lines, DONE]
 
-    def whole(self, text: str, finish: Finish) -> ChatCompletionResponse:
+    def with_calls(self, text: str, finish: Finish) -> list[str]:
+        """A whole answer read for tool calls, streamed as OpenAI does: the role, the content,
+        a delta per call (whole: the fallback sends them once read), and the end."""
+        read = read_calls(text)
+        lines = self.opening(read.content or "")
+        for index, call in enumerate(read.calls):
+            delta = {"tool_calls": [{"index": index, **call}]}
+            lines.append(self._chunk([{"index": 0, "delta": delta, "finish_reason": None}]))
+        return [*lines, *self.closing(finish, _reason(finish, read))]
+
+    def whole(self, text: str, finish: Finish, tools: bool = False) -> ChatCompletionResponse:
+        """The answer; with `tools`, its calls read out of the text."""
+        read = read_calls(text) if tools else ReadCalls(text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": read.content}
+        if read.calls:
+            message["tool_calls"] = read.calls
+        elif read.content is None:
+            message["content"] = ""
         return ChatCompletionResponse(
             id=self._id,
             created=self._created,
             model=self._model,
-            choices=[
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish.reason,
-                }
-            ],
+            choices=[{"index": 0, "message": message, "finish_reason": _reason(finish, read)}],
             usage=_usage(finish),
         )
+
+
+def _reason(finish: Finish, read: ReadCalls) -> str:
+    return "tool_calls" if read.calls and finish.reason == "stop" else finish.reason
 
 
 def _usage(finish: Finish) -> dict[str, int]:

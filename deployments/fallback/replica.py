@@ -16,7 +16,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    ErrorResponse,
+)
 
 from core.errors import ErrorCode
 from deployments.fallback.engine import (
@@ -27,6 +30,7 @@ from deployments.fallback.engine import (
     PromptTooLong,
 )
 from deployments.fallback.openai_format import ChatShaper, chat_params, error_response
+from policy.request.tools import calls_tools
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,6 +52,7 @@ class FallbackSettings:
     keep_alive: str
     ollama_models_dir: str | None = None
     n_gpu_layers: int = 0  # llama.cpp: layers offloaded to a GPU (0 on CPU nodes, -1 all)
+    chat_template: str | None = None  # llama.cpp: the template file for the GGUF's own (tools)
 
 
 def choose_engine(requested: str, ollama_binary: str | None, source_is_file: bool) -> str:
@@ -89,6 +94,7 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
         context_window=settings.context_window,
         threads=settings.threads,
         n_gpu_layers=settings.n_gpu_layers,
+        chat_template=settings.chat_template,
     )
 
 
@@ -129,11 +135,21 @@ class CpuFallback:
             except (Exception, StopAsyncIteration) as error:  # noqa: BLE001 - nothing sent: the router fails over
                 yield error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error!r}")
                 return
-            if request.stream:
+            if calls_tools(request):  # calls are read from the whole text, then sent
+                answer = await self._collect(first, pieces)
+                if isinstance(answer, ErrorResponse):
+                    yield answer
+                elif request.stream:
+                    yield shaper.with_calls(*answer)
+                else:
+                    text, finish = answer
+                    yield shaper.whole(text, finish, tools=True)
+            elif request.stream:
                 async for item in self._stream(first, pieces, shaper):
                     yield item
             else:
-                yield await self._whole(first, pieces, shaper)
+                answer = await self._collect(first, pieces)
+                yield answer if isinstance(answer, ErrorResponse) else shaper.whole(*answer)
         finally:
             await pieces.aclose()  # a client that left stops the engine now, not at collection
 
@@ -157,12 +173,10 @@ class CpuFallback:
             logger.warning("CPU fallback failed mid-stream: %s", error)
             yield [error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error}")]
 
-    async def _whole(
-        self,
-        first: Piece | Finish,
-        pieces: AsyncGenerator[Piece | Finish, None],
-        shaper: ChatShaper,
-    ) -> Any:
+    async def _collect(
+        self, first: Piece | Finish, pieces: AsyncGenerator[Piece | Finish, None]
+    ) -> tuple[str, Finish] | ErrorResponse:
+        """The whole text and its Finish, or the error that ended it before any was sent."""
         text: list[str] = []
         item: Piece | Finish = first
         try:
@@ -171,7 +185,7 @@ class CpuFallback:
                 item = await anext(pieces)
         except Exception as error:  # noqa: BLE001 - nothing was sent yet: a fault the router fails over on
             return error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error}")
-        return shaper.whole("".join(text), item)
+        return "".join(text), item
 
     async def check_health(self) -> None:
         await self._engine.check_health()

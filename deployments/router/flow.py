@@ -34,6 +34,7 @@ from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
 from policy.context.tokens import TokenCounter
 from policy.gate import Shed
 from policy.link_choice import choose_link
+from policy.request.tools import calls_tools
 from policy.stream_migration import continuable, continuation_request
 
 logger = logging.getLogger("ray.serve")
@@ -61,6 +62,8 @@ class Flow:
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
         chain = self._placement.chain(job.role)
+        if calls_tools(job.request):  # a link whose engine cannot take them is no failover
+            chain = tuple(name for name in chain if self._links[name].target.tools)
         tried: list[str] = []
         original = job.request
         continuing: Continuing | None = None  # a stream whose link failed after its first token
@@ -137,6 +140,7 @@ class Flow:
     async def _fit(self, job: ChatJob, target: Target) -> Fit:
         """Fit the job to the window of the link that will serve it (windows differ)."""
         request = job.request
+        counter = self._counters[target.counter_key]
         fit_args = {
             "window": max(1, int(target.context_window * job.context_share)),
             "requested_max_tokens": (
@@ -144,12 +148,15 @@ class Flow:
                 if request.max_completion_tokens is not None
                 else request.max_tokens
             ),
-            "counter": self._counters[target.tokenizer],
+            "counter": counter,
         }
         messages = [dict(m) for m in request.messages]
-        quick = pass_through(messages, **fit_args)
-        if quick is not None:  # most requests: proven to fit without tokenizing
-            return quick
+        if request.tools:  # the template lists them in the prompt (measured once per tool set)
+            fit_args["tools"] = [tool.model_dump() for tool in request.tools]  # as vLLM renders
+        else:
+            quick = pass_through(messages, **fit_args)
+            if quick is not None:  # most requests: proven to fit without tokenizing
+                return quick
         work = functools.partial(fit_messages, messages, **fit_args)
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 

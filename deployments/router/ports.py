@@ -96,6 +96,6 @@ class RouterPorts:
     backends: Mapping[str, Backend]  # by backend name (`role@pool`, `cpu-fallback`)
     deployments: DeploymentStatuses
     placement: PlacementSource | None  # None: no model can move, so there is nothing to follow
-    counters: Mapping[str, TokenCounter]  # by tokenizer source (Target.tokenizer)
+    counters: Mapping[str, TokenCounter]  # by Target.counter_key
     clock: Clock
     pools: PoolSource | None = None  # None: no cluster manager, every pool counts as healthy

@@ -118,7 +118,10 @@ class _Budget:
 
 
 def _budget(
-    window: int, requested_max_tokens: int | None, counter: TokenCounter, policy: FitPolicy
+    window: int,
+    requested_max_tokens: int | None,
+    counter: TokenCounter,
+    policy: FitPolicy,
 ) -> _Budget:
     cap = max(1, int(window * policy.output_share))
     max_tokens = cap if requested_max_tokens is None else max(1, min(requested_max_tokens, cap))
@@ -128,6 +131,12 @@ def _budget(
     return _Budget(max_tokens, margin, window - max_tokens - margin)
 
 
+# How far the tools' measured cost (`TokenCounter.count_tools`) may fall short of what they add
+# to a given conversation (tokens merge differently where the listing meets the text): measured
+# at 3 for the demo model's Hermes template; the exact count decides wherever it is close.
+TOOLS_SLACK_TOKENS = 16
+
+
 def pass_through(
     messages: Sequence[Message],
     *,
@@ -135,11 +144,15 @@ def pass_through(
     requested_max_tokens: int | None,
     counter: TokenCounter,
     policy: FitPolicy = FitPolicy(),
+    tools: Sequence[Message] | None = None,
 ) -> Fit | None:
     """The request as it is, output clamped, when a cheap upper bound proves the prompt fits
-    (no tokenizing: microseconds); None when only `fit_messages` can tell."""
+    (no tokenizing: microseconds); None when only `fit_messages` can tell. `tools`: the tools
+    the template lists in the prompt (as vLLM renders them), which take room too."""
     budget = _budget(window, requested_max_tokens, counter, policy)
     bound = counter.upper_bound(messages)
+    if bound is not None and tools:
+        bound += counter.count_tools(tools) + TOOLS_SLACK_TOKENS
     if bound is None or bound > budget.prompt:
         return None
     return Fit(
@@ -162,6 +175,7 @@ def fit_messages(
     requested_max_tokens: int | None,
     counter: TokenCounter,
     policy: FitPolicy = FitPolicy(),
+    tools: Sequence[Message] | None = None,
 ) -> Fit:
     quick = pass_through(
         messages,
@@ -169,12 +183,13 @@ def fit_messages(
         requested_max_tokens=requested_max_tokens,
         counter=counter,
         policy=policy,
+        tools=tools,
     )
     if quick is not None:
         return quick
     budget = _budget(window, requested_max_tokens, counter, policy)
     max_tokens, margin = budget.max_tokens, budget.margin
-    planner = _Planner(list(messages), counter, policy)
+    planner = _Planner(list(messages), counter, policy, tools)
     try:
         draft, prompt_tokens = planner.plan(budget.prompt)
     except _NoRoom:
@@ -213,10 +228,19 @@ def group_turns(indices: Sequence[int], messages: Sequence[Message]) -> list[lis
 
 
 class _Planner:
-    def __init__(self, messages: list[Message], counter: TokenCounter, policy: FitPolicy) -> None:
+    def __init__(
+        self,
+        messages: list[Message],
+        counter: TokenCounter,
+        policy: FitPolicy,
+        tools: Sequence[Message] | None = None,
+    ) -> None:
         self._messages = messages
         self._counter = counter
         self._policy = policy
+        # The tools' room comes off every target; the exact count renders them.
+        self._tools = list(tools) if tools else None
+        self._listed = counter.count_tools(tools) if tools else 0
         users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         self._tail_start = users[-1] if users else max(len(messages) - 1, 0)
         has_system = bool(messages) and messages[0].get("role") == "system"
@@ -227,10 +251,13 @@ class _Planner:
 
     def plan(self, budget: int) -> tuple[_Draft, int]:
         """A draft within `budget` by exact count; shrinks the target when the estimate was low."""
-        target = budget
+        target = budget - self._listed
         for _ in range(MAX_ATTEMPTS):
-            draft = self._draft(target)
-            exact = self._counter.count_prompt(draft.messages)
+            try:
+                draft = self._draft(target)
+            except _NoRoom as no_room:  # what the messages need; the tools need their room too
+                raise _NoRoom(no_room.needed + self._listed) from None
+            exact = self._counter.count_prompt(draft.messages, self._tools)
             if exact <= budget:
                 return draft, exact
             target -= exact - budget + max(1, budget // 100)

@@ -9,6 +9,7 @@ Content counts are cached by text, so a growing conversation only tokenizes its 
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,12 +40,19 @@ class TokenCounter(Protocol):
         """Tokens of a piece of content, without template or special tokens."""
         ...
 
-    def count_prompt(self, messages: Sequence[Message]) -> int:
-        """Tokens of the whole prompt: the chat template over the messages, ready to generate."""
+    def count_prompt(
+        self, messages: Sequence[Message], tools: Sequence[Message] | None = None
+    ) -> int:
+        """Tokens of the whole prompt: the chat template over the messages (and the tools it
+        lists), ready to generate."""
         ...
 
     def upper_bound(self, messages: Sequence[Message]) -> int | None:
         """A cheap count never below `count_prompt`, or None where no such bound is known."""
+        ...
+
+    def count_tools(self, tools: Sequence[Message]) -> int:
+        """Tokens that listing `tools` adds to a prompt (the template renders them once)."""
         ...
 
 
@@ -82,9 +90,13 @@ class ChatTemplateCounter:
 
     exact = True
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
         self._tokenizer = tokenizer
+        # The engine's template where it is not the tokenizer's own (models[].tools).
+        self._template = chat_template
         self._encode = functools.lru_cache(maxsize=CONTENT_CACHE_ENTRIES)(self._encode_uncached)
+        # Agents send the same tools on every call: their cost is measured once.
+        self._tools_cost = functools.lru_cache(maxsize=64)(self._tools_cost_uncached)
         self._frame = self._measure_frame()
 
     def _measure_frame(self) -> tuple[int, int] | None:
@@ -110,13 +122,20 @@ class ChatTemplateCounter:
         return 2 * base, per_message + 2
 
     @classmethod
-    def from_pretrained(cls, source: str | Path) -> ChatTemplateCounter:
+    def from_pretrained(
+        cls, source: str | Path, chat_template: str | Path | None = None
+    ) -> ChatTemplateCounter:
+        """The tokenizer at `source`, rendering with its own chat template or the one in the
+        file `chat_template`."""
         from transformers import AutoTokenizer
 
+        template = Path(chat_template).read_text() if chat_template is not None else None
         path = Path(source)
         if path.suffix == ".gguf":  # llama.cpp's file carries the tokenizer and chat template
-            return cls(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
-        return cls(AutoTokenizer.from_pretrained(str(source)))
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(str(source))
+        return cls(tokenizer, template)
 
     def _encode_uncached(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False))
@@ -124,11 +143,17 @@ class ChatTemplateCounter:
     def count_text(self, text: str) -> int:
         return int(self._encode(text))
 
-    def count_prompt(self, messages: Sequence[Message]) -> int:
+    def count_prompt(
+        self, messages: Sequence[Message], tools: Sequence[Message] | None = None
+    ) -> int:
         # Rendered as vLLM renders them: content flattened to text (None becomes "").
         rendered = [{**m, "content": message_text(m)} for m in messages]
         encoded = self._tokenizer.apply_chat_template(
-            rendered, tokenize=True, add_generation_prompt=True
+            rendered,
+            tools=list(tools) if tools else None,
+            chat_template=self._template,
+            tokenize=True,
+            add_generation_prompt=True,
         )
         ids = (
             encoded["input_ids"]
@@ -144,6 +169,13 @@ class ChatTemplateCounter:
         content = sum(len(message_text(m).encode()) + 1 for m in messages)
         return base + per_message * len(messages) + content
 
+    def count_tools(self, tools: Sequence[Message]) -> int:
+        return int(self._tools_cost(json.dumps(list(tools), sort_keys=True)))
+
+    def _tools_cost_uncached(self, listed: str) -> int:
+        probe = [{"role": "user", "content": ""}]
+        return max(0, self.count_prompt(probe, json.loads(listed)) - self.count_prompt(probe))
+
 
 class CharEstimateCounter:
     """About `chars_per_token` characters a token, plus a few tokens of template per message."""
@@ -157,9 +189,16 @@ class CharEstimateCounter:
     def count_text(self, text: str) -> int:
         return math.ceil(len(text) / self._chars_per_token)
 
-    def count_prompt(self, messages: Sequence[Message]) -> int:
+    def count_prompt(
+        self, messages: Sequence[Message], tools: Sequence[Message] | None = None
+    ) -> int:
         body = sum(self.count_text(message_text(m)) for m in messages)
-        return body + self._tokens_per_message * (len(messages) + 1)
+        listed = self.count_tools(tools) if tools else 0
+        return body + listed + self._tokens_per_message * (len(messages) + 1)
 
     def upper_bound(self, messages: Sequence[Message]) -> int | None:
         return None  # an estimate bounds nothing
+
+    def count_tools(self, tools: Sequence[Message]) -> int:
+        # The definitions as JSON, and as much again for the instructions around them.
+        return 2 * self.count_text(json.dumps(list(tools)))

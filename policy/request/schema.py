@@ -21,6 +21,7 @@ from policy.request.fields import (
     require,
     short,
 )
+from policy.request.json_schema import check_json_schema
 from policy.request.messages import check_messages
 
 __all__ = [
@@ -148,6 +149,7 @@ def _check_response_format(format_: Any) -> None:
         require(schema, "name", str, "a string", "response_format.json_schema")
         check_optional(schema, "schema", dict, "an object", "response_format.json_schema")
         check_optional(schema, "strict", bool, "a boolean", "response_format.json_schema")
+        check_json_schema(schema.get("schema"), "response_format.json_schema.schema")
 
 
 def _tool_names(tools: Any) -> set[str]:
@@ -169,6 +171,7 @@ def _tool_names(tools: Any) -> set[str]:
             fail(f"{where}.function.name", "must not be empty")
         check_optional(function, "description", str, "a string", f"{where}.function")
         check_optional(function, "parameters", dict, "a JSON schema object", f"{where}.function")
+        check_json_schema(function.get("parameters"), f"{where}.function.parameters")
         check_optional(function, "strict", bool, "a boolean", f"{where}.function")
         names.add(name)
     return names

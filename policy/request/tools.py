@@ -12,16 +12,24 @@ from typing import Any
 from core.config import ToolsConfig
 from core.errors import ApiError, ErrorCode
 
-__all__ = ["check_tool_support"]
+__all__ = ["calls_tools", "check_tool_support"]
+
+
+def calls_tools(request: Any) -> bool:
+    """Whether a request (a payload or a parsed request) may be answered with tool calls: it
+    lists tools and does not say `tool_choice: none`."""
+    if isinstance(request, Mapping):
+        tools, choice = request.get("tools"), request.get("tool_choice")
+    else:
+        tools, choice = getattr(request, "tools", None), getattr(request, "tool_choice", None)
+    return bool(tools) and choice != "none"
 
 
 def check_tool_support(payload: Mapping[str, Any], model: str, tools: ToolsConfig | None) -> None:
     """Raise ApiError 400 when `payload` asks `model` for tool calls it is not configured for."""
-    if not payload.get("tools"):
+    if not calls_tools(payload):  # no tools, or listed but not to be called: any model can
         return
     choice = payload.get("tool_choice")
-    if choice == "none":  # tools listed but not to be called: every model can do that
-        return
     if tools is None:
         raise ApiError(
             400,

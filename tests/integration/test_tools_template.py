@@ -79,3 +79,25 @@ def test_vllms_hermes_parser_reads_back_the_format_it_asks_for(tokenizer: Any) -
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Oslo"}
     assert extracted.content == "Let me check.\n"
+
+
+def test_a_long_conversation_with_tools_is_fitted_by_the_exact_count_with_them(
+    tokenizer: Any,
+) -> None:
+    from policy.context.fit import fit_messages
+    from policy.context.tokens import ChatTemplateCounter
+
+    counter = ChatTemplateCounter(tokenizer, TEMPLATE)
+    tools = [WEATHER] * 4  # about 200 tokens of listing
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 60}
+        for i in range(21)
+    ]
+    window = 1024
+    fit = fit_messages(turns, window=window, requested_max_tokens=200, counter=counter, tools=tools)
+    assert fit.dropped_messages > 0
+    # What the engine will see, tools included, is what the fit says; and it fits.
+    assert fit.prompt_tokens == counter.count_prompt(fit.messages, tools)
+    assert fit.prompt_tokens + fit.max_tokens <= window
+    without = fit_messages(turns, window=window, requested_max_tokens=200, counter=counter)
+    assert len(fit.messages) < len(without.messages)  # the listing took a turn's room

@@ -580,7 +580,7 @@ def test_provisioner_shorthand_and_full_form() -> None:
         },
     ]
     raw = config.model_dump(mode="json", exclude={"base_dir"})
-    parsed = type(config).model_validate({**raw, "pools": pools})
+    parsed = type(config).model_validate({**raw, "pools": pools, "base_dir": config.base_dir})
     assert isinstance(parsed.pool("cloud").provisioner, RayAutoscalerProvisioner)
     mesh = parsed.pool("mesh").provisioner
     assert isinstance(mesh, CommandProvisioner)

@@ -159,7 +159,7 @@ def make_router(
         backends=backends,
         deployments=deployments,
         placement=placement,
-        counters={t.tokenizer: CharEstimateCounter() for t in config.targets.values()},
+        counters={t.counter_key: CharEstimateCounter() for t in config.targets.values()},
         clock=clock or FakeClock(),
     )
     return Router(config, ports, watch=watch)
@@ -183,9 +183,14 @@ def engine_error(code: int, kind: str = "x") -> Behaviour:
 
 
 def make_config(
-    cap: int = 4, max_queue: int = 8, queue_timeout_s: float = 5.0, fallback_window: int = 2048
+    cap: int = 4,
+    max_queue: int = 8,
+    queue_timeout_s: float = 5.0,
+    fallback_window: int = 2048,
+    tools_on: tuple[str, ...] = (),
 ) -> ClusterConfig:
-    raw = {
+    tools = {"parser": "hermes"}
+    raw: dict[str, Any] = {
         "pools": [{"name": "local", "kind": "local"}],
         "models": [
             {
@@ -194,10 +199,15 @@ def make_config(
                 "context_window": 4096,
                 "pools": ["local"],
                 "max_concurrency": cap,
+                "tools": tools if role in tools_on else None,
             }
             for role in ("orchestrator", "coding")
         ],
-        "fallback": {"source": "fallback.gguf", "context_window": fallback_window},
+        "fallback": {
+            "source": "fallback.gguf",
+            "context_window": fallback_window,
+            "tools": tools if "cpu-fallback" in tools_on else None,
+        },
         "chains": {"coding": ["coding@local", "orchestrator@local", "cpu-fallback"]},
         "router": {
             "breaker_failures": 3,
@@ -487,6 +497,38 @@ def test_a_chain_whose_first_links_are_down_ends_on_the_fallback_fitted_to_its_w
     assert routed.prompt_tokens + routed.max_tokens <= 512
     assert sent.messages[-1] == turns[-1]
     assert sent.max_tokens == routed.max_tokens
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "x " * 200}}
+
+
+def test_a_job_that_may_call_tools_skips_links_without_them_and_is_fitted_with_them() -> None:
+    coding, orchestrator, fallback = FakeBackend(dead), FakeBackend(ok), FakeBackend(ok)
+    config = make_config(tools_on=("coding", "cpu-fallback"))
+    handles = {"coding@local": coding, "orchestrator@local": orchestrator, "cpu-fallback": fallback}
+    router = make_router(config, handles)
+
+    def routed_for(**fields: Any) -> Routed:
+        request = ChatCompletionRequest(
+            model="coding", messages=[{"role": "user", "content": "hi"}], stream=True, **fields
+        )
+        routed = asyncio.run(
+            collect(router, ChatJob(request, Role.CODING, PriorityClass.USER, "t"))
+        )
+        assert isinstance(routed[0], Routed)
+        return routed[0]
+
+    plain = routed_for()
+    called = routed_for(tools=[WEATHER])
+    # orchestrator@local has no `tools`: the job with tools passes it for the fallback.
+    assert (plain.backend, plain.failovers) == ("orchestrator@local", 1)
+    assert (called.backend, called.failovers) == ("cpu-fallback", 1)
+    # Tools listed but not to be called: any link will do.
+    listed = routed_for(tools=[WEATHER], tool_choice="none")
+    assert listed.backend == "orchestrator@local"
+    # The listing takes room in the prompt, counted before the output is clamped.
+    listing = CharEstimateCounter().count_tools([WEATHER])
+    assert called.prompt_tokens >= plain.prompt_tokens + listing > plain.prompt_tokens + 100
 
 
 def test_an_out_of_memory_answer_opens_the_breaker_at_once_and_the_job_fails_over() -> None:

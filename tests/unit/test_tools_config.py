@@ -45,6 +45,7 @@ def test_tools_become_vllms_own_options(tmp_path: Path) -> None:
     kwargs = llm_config_for(config, orchestrator).engine_kwargs
     assert kwargs["tool_call_parser"] == "hermes"
     assert kwargs["enable_auto_tool_choice"] is True
+    assert kwargs["tool_strict_level"] == "auto"  # `strict: true` makes it "parameter"
     assert kwargs["chat_template"] == str(tmp_path / "templates" / "tools.jinja")
     assert "tool_call_parser" not in llm_config_for(config, coding).engine_kwargs
 
@@ -105,3 +106,31 @@ def test_auto_choice_off_asks_for_an_explicit_choice() -> None:
     check_tool_support({"tools": [TOOL], "tool_choice": named}, "orchestrator", manual)
     check_tool_support({"tools": [TOOL], "tool_choice": "required"}, "orchestrator", manual)
     check_tool_support({"tools": [TOOL]}, "orchestrator", ToolsConfig(parser="hermes"))
+
+
+def test_targets_say_which_links_take_tools_and_what_template_they_render_with(
+    tmp_path: Path,
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["fallback"]["tools"] = {"parser": "hermes", "chat_template": "templates/tools.jinja"}
+    config = load(tmp_path, data)
+    orchestrator = config.targets["orchestrator@local"]
+    coding = config.targets["coding@local"]
+    fallback = config.targets["cpu-fallback"]
+    template = str(tmp_path / "templates" / "tools.jinja")
+    assert (orchestrator.tools, orchestrator.chat_template) == (True, template)
+    assert (coding.tools, coding.chat_template) == (False, None)
+    assert (fallback.tools, fallback.chat_template) == (True, template)
+    # One counter per tokenizer and template: the same model under another template is another.
+    assert coding.counter_key == coding.tokenizer
+    assert orchestrator.counter_key != orchestrator.tokenizer
+
+
+def test_the_llama_cpp_fallback_reads_hermes_calls_only(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["fallback"]["tools"] = {"parser": "llama3_json"}
+    with pytest.raises(ConfigError, match="fallback reads tool calls in the Hermes format only"):
+        load(tmp_path, data)
+    data["fallback"]["tools"] = {"parser": "hermes", "chat_template": "nowhere.jinja"}
+    with pytest.raises(ConfigError, match=r"fallback.tools.chat_template: .*nowhere.jinja"):
+        load(tmp_path, data)
