@@ -139,6 +139,17 @@ class FallbackConfig(Frozen):
 
     @model_validator(mode="after")
     def _tools_can_be_read_back(self) -> Self:
+        if self.tools is not None and self.tools.chat_template is not None:
+            if self.engine == "ollama":
+                raise ValueError(
+                    "tools.chat_template: a Jinja template is for llama.cpp; Ollama renders with "
+                    "its model's own template (leave chat_template out, or use engine llama_cpp)"
+                )
+            if not self.is_gguf_file:
+                raise ValueError(
+                    "tools.chat_template: llama.cpp renders it and serves a GGUF file; point "
+                    "source at a .gguf file or leave chat_template out"
+                )
         if self.tools is not None and self.engine != "ollama" and self.tools.parser != "hermes":
             raise ValueError(
                 f"tools.parser {self.tools.parser!r}: the llama.cpp fallback reads tool calls "

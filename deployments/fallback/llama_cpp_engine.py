@@ -27,6 +27,7 @@ from deployments.fallback.engine import (
     PromptTooLong,
 )
 from deployments.fallback.supervisor import START_TIMEOUT_S, Supervisor
+from deployments.fallback.tool_calls import forced_call_schema
 
 SELF_TEST = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
@@ -87,7 +88,11 @@ class LlamaCppEngine:
                     yield item
                 return
             except EngineUnavailable:
-                if attempt == 2 or not await self._server.recovered(generation, START_TIMEOUT_S):
+                # A forced call is held by a grammar from its first token: it cannot resume.
+                forced = forced_call_schema(params.tools, params.tool_choice) is not None
+                if attempt == 2 or forced:
+                    raise
+                if not await self._server.recovered(generation, START_TIMEOUT_S):
                     raise
                 self.retried += 1
 

@@ -178,9 +178,29 @@ def _grammar(schema: dict[str, Any] | None) -> Any:
     from llama_cpp import LlamaGrammar
 
     try:
-        return LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        return LlamaGrammar.from_json_schema(json.dumps(_loosened(schema)), verbose=False)
     except Exception as error:  # noqa: BLE001 - the converter raises anything on odd schemas
         raise BadRequest("invalid", f"the tool's parameters cannot be decoded: {error}") from None
+
+
+# llama.cpp spells a length or count bound out as that many grammar rules: a bound past this
+# is left out (the answer is held to the rest of the schema) instead of a grammar of millions.
+MAX_GRAMMAR_BOUND = 256
+_BOUNDS = frozenset(
+    {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"}
+)
+
+
+def _loosened(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_loosened(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        key: _loosened(value)
+        for key, value in schema.items()
+        if not (key in _BOUNDS and isinstance(value, int) and value > MAX_GRAMMAR_BOUND)
+    }
 
 
 def build_app(chat: LlamaChat) -> Any:

@@ -25,6 +25,7 @@ from deployments.fallback.engine import (
     ChatParams,
     EngineUnavailable,
     Finish,
+    InvalidChat,
     Piece,
     PromptTooLong,
 )
@@ -37,7 +38,11 @@ HASH_CHUNK = 1 << 20
 
 
 class OllamaError(Exception):
-    """Ollama answered with an error."""
+    """Ollama answered with an error (`status`: its HTTP status, where it gave one)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def file_digest(path: Path) -> str:
@@ -117,7 +122,7 @@ def _raise_for_error(reply: httpx.Response) -> None:
         message = reply.json().get("error", reply.text)
     except ValueError:
         message = reply.text
-    raise OllamaError(f"HTTP {reply.status_code}: {message}")
+    raise OllamaError(f"HTTP {reply.status_code}: {message}", reply.status_code)
 
 
 def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> dict[str, Any]:
@@ -182,19 +187,31 @@ def _text(content: Any) -> str:
     return ""
 
 
-def _pieces(item: dict[str, Any], *, opening: bool, closing: bool) -> list[Piece]:
-    """The text of one `/api/chat` line, with the calls Ollama read itself written back in
-    the Hermes format; a forced call's JSON between its tags."""
-    message = item.get("message", {})
-    pieces = [Piece(CALL_OPEN)] if opening else []
-    if message.get("content"):
-        pieces.append(Piece(message["content"]))
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {})
-        pieces.append(Piece(call_text(function.get("name", ""), function.get("arguments"))))
-    if item.get("done") and closing:
-        pieces.append(Piece(CALL_CLOSE))
-    return pieces
+class _Reader:
+    """The text of `/api/chat` lines as pieces, with the calls Ollama read itself written back
+    in the Hermes format. A forced call's answer (under `format`) is held to the end: the JSON
+    Ollama wrote goes between the tags, unless Ollama read it as a call itself."""
+
+    def __init__(self, forced: bool) -> None:
+        self._forced = forced
+        self._held: list[str] = []
+        self._calls = 0
+
+    def pieces(self, item: dict[str, Any]) -> list[Piece]:
+        message = item.get("message", {})
+        pieces = []
+        if message.get("content"):
+            if self._forced:
+                self._held.append(message["content"])
+            else:
+                pieces.append(Piece(message["content"]))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            self._calls += 1
+            pieces.append(Piece(call_text(function.get("name", ""), function.get("arguments"))))
+        if item.get("done") and self._forced and not self._calls and self._held:
+            pieces.append(Piece(f"{CALL_OPEN}{''.join(self._held)}{CALL_CLOSE}"))
+        return pieces
 
 
 class OllamaEngine:
@@ -280,13 +297,11 @@ class OllamaEngine:
         if not self._server.ready:
             raise EngineUnavailable("ollama serve is not running")
         body = chat_body(self._served_model, params, self._window, self._keep_alive)
-        forced = "format" in body  # the answer is the JSON of one call: written back as one
+        reader = _Reader(forced="format" in body)  # the answer is the JSON of one call
         try:
-            first = True
             async for item in self._api().chat(body):
-                for piece in _pieces(item, opening=forced and first, closing=forced):
+                for piece in reader.pieces(item):
                     yield piece
-                first = False
                 if item.get("done"):
                     yield Finish(
                         reason="length" if item.get("done_reason") == "length" else "stop",
@@ -299,6 +314,8 @@ class OllamaEngine:
         except OllamaError as error:
             if "context" in str(error).lower() and "exceed" in str(error).lower():
                 raise PromptTooLong(str(error)) from error
+            if error.status == 400:  # the request's fault (a template without tools, a format)
+                raise InvalidChat(str(error)) from error
             raise EngineUnavailable(str(error)) from error
         raise EngineUnavailable("ollama ended the stream without done")
 

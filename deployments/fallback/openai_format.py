@@ -17,6 +17,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 
 from deployments.fallback.engine import ChatParams, Finish
 from deployments.fallback.tool_calls import ReadCalls, read_calls
+from policy.context.tokens import template_message
 
 DONE = "data: [DONE]\n\n"
 
@@ -51,18 +52,9 @@ def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> Chat
 
 
 def _plain(original: Any) -> dict[str, Any]:
-    """A message as a plain dict with text content (image parts cannot be read here)."""
-    message: dict[str, Any] = dict(original)
-    content = message.get("content")
-    if isinstance(content, list):
-        message["content"] = "\n".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text"
-        )
-    elif content is None:
-        message["content"] = ""
-    return message
+    """A message as vLLM gives it to a template (text content, call arguments as objects), so
+    the fallback renders what the router counted (image parts cannot be read here)."""
+    return template_message(dict(original))
 
 
 def error_response(status: int, kind: str, message: str) -> ErrorResponse:
@@ -99,7 +91,7 @@ class ChatShaper:
             lines.append(self._chunk([], usage=_usage(finish)))
         return [*lines, DONE]
 
-    def with_calls(self, text: str, finish: Finish) -> list[str]:
+    def with_calls(self, text: str, finish: Finish, named: bool = False) -> list[str]:
         """A whole answer read for tool calls, streamed as OpenAI does: the role, the content,
         a delta per call (whole: the fallback sends them once read), and the end."""
         read = read_calls(text)
@@ -107,10 +99,13 @@ class ChatShaper:
         for index, call in enumerate(read.calls):
             delta = {"tool_calls": [{"index": index, **call}]}
             lines.append(self._chunk([{"index": 0, "delta": delta, "finish_reason": None}]))
-        return [*lines, *self.closing(finish, _reason(finish, read))]
+        return [*lines, *self.closing(finish, _reason(finish, read, named))]
 
-    def whole(self, text: str, finish: Finish, tools: bool = False) -> ChatCompletionResponse:
-        """The answer; with `tools`, its calls read out of the text."""
+    def whole(
+        self, text: str, finish: Finish, tools: bool = False, named: bool = False
+    ) -> ChatCompletionResponse:
+        """The answer; with `tools`, its calls read out of the text (`named`: a call the
+        request forced by name, which OpenAI ends with `stop`)."""
         read = read_calls(text) if tools else ReadCalls(text, [])
         message: dict[str, Any] = {"role": "assistant", "content": read.content}
         if read.calls:
@@ -121,13 +116,18 @@ class ChatShaper:
             id=self._id,
             created=self._created,
             model=self._model,
-            choices=[{"index": 0, "message": message, "finish_reason": _reason(finish, read)}],
+            choices=[
+                {"index": 0, "message": message, "finish_reason": _reason(finish, read, named)}
+            ],
             usage=_usage(finish),
         )
 
 
-def _reason(finish: Finish, read: ReadCalls) -> str:
-    return "tool_calls" if read.calls and finish.reason == "stop" else finish.reason
+def _reason(finish: Finish, read: ReadCalls, named: bool) -> str:
+    """As OpenAI (and vLLM) end an answer: `tool_calls` when the model called tools by its own
+    choice or under `required`, `stop` after a call forced by name."""
+    called = read.calls and finish.reason == "stop" and not named
+    return "tool_calls" if called else finish.reason
 
 
 def _usage(finish: Finish) -> dict[str, int]:

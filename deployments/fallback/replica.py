@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     ErrorResponse,
@@ -55,8 +56,13 @@ class FallbackSettings:
     chat_template: str | None = None  # llama.cpp: the template file for the GGUF's own (tools)
 
 
-def choose_engine(requested: str, ollama_binary: str | None, source_is_file: bool) -> str:
-    """`auto` prefers Ollama; llama.cpp needs a GGUF file, Ollama needs its binary."""
+def choose_engine(
+    requested: str, ollama_binary: str | None, source_is_file: bool, jinja_template: bool = False
+) -> str:
+    """`auto` prefers Ollama, unless a Jinja chat template is configured (`fallback.tools`),
+    which only llama.cpp renders; llama.cpp needs a GGUF file, Ollama needs its binary."""
+    if requested == "auto" and jinja_template and source_is_file:
+        return "llama_cpp"
     if requested == "ollama" and ollama_binary is None:
         raise NoEngine(
             "fallback.engine is ollama but there is no `ollama` binary on this node's PATH; "
@@ -74,7 +80,12 @@ def choose_engine(requested: str, ollama_binary: str | None, source_is_file: boo
 
 def make_engine(settings: FallbackSettings) -> FallbackEngine:
     binary = shutil.which("ollama")
-    chosen = choose_engine(settings.engine, binary, settings.source.endswith(".gguf"))
+    chosen = choose_engine(
+        settings.engine,
+        binary,
+        settings.source.endswith(".gguf"),
+        jinja_template=settings.chat_template is not None,
+    )
     if chosen == "ollama":
         from deployments.fallback.ollama import OllamaEngine
 
@@ -137,13 +148,16 @@ class CpuFallback:
                 return
             if calls_tools(request):  # calls are read from the whole text, then sent
                 answer = await self._collect(first, pieces)
+                named = isinstance(request.tool_choice, BaseModel | dict)
                 if isinstance(answer, ErrorResponse):
                     yield answer
-                elif request.stream:
-                    yield shaper.with_calls(*answer)
                 else:
                     text, finish = answer
-                    yield shaper.whole(text, finish, tools=True)
+                    yield (
+                        shaper.with_calls(text, finish, named=named)
+                        if request.stream
+                        else shaper.whole(text, finish, tools=True, named=named)
+                    )
             elif request.stream:
                 async for item in self._stream(first, pieces, shaper):
                     yield item

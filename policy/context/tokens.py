@@ -9,6 +9,7 @@ Content counts are cached by text, so a growing conversation only tokenizes its 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -25,11 +26,13 @@ __all__ = [
     "TokenCounter",
     "is_plain",
     "message_text",
+    "template_message",
 ]
 
 Message = dict[str, Any]
 
 CONTENT_CACHE_ENTRIES = 4096
+TOOLS_CACHE_ENTRIES = 256
 
 
 class TokenCounter(Protocol):
@@ -70,6 +73,33 @@ def message_text(message: Message) -> str:
     return ""
 
 
+def template_message(message: Message) -> Message:
+    """A message as vLLM hands it to a chat template: content flattened to text (None becomes
+    ""), and a call's `arguments` parsed from their JSON string into an object (not JSON, or not
+    an object: `{}`), so a template writes them as it would its own (`tojson`)."""
+    rendered = {**message, "content": message_text(message)}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        if not calls:
+            del rendered["tool_calls"]
+        else:
+            rendered["tool_calls"] = [_parsed_call(call) for call in calls]
+    return rendered
+
+
+def _parsed_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return call
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments else {}
+        except ValueError:
+            arguments = {}
+    return {**call, "function": {**function, "arguments": arguments or {}}}
+
+
 # Messages the byte bound covers: their whole rendering is the role's frame plus the content.
 PLAIN_ROLES = frozenset({"system", "user", "assistant"})
 PLAIN_KEYS = frozenset({"role", "content"})
@@ -95,8 +125,9 @@ class ChatTemplateCounter:
         # The engine's template where it is not the tokenizer's own (models[].tools).
         self._template = chat_template
         self._encode = functools.lru_cache(maxsize=CONTENT_CACHE_ENTRIES)(self._encode_uncached)
-        # Agents send the same tools on every call: their cost is measured once.
-        self._tools_cost = functools.lru_cache(maxsize=64)(self._tools_cost_uncached)
+        # Agents send the same tools on every call: their cost is measured once (by digest,
+        # so the cache holds numbers, not the listings).
+        self._tools_costs: dict[str, int] = {}
         self._frame = self._measure_frame()
 
     def _measure_frame(self) -> tuple[int, int] | None:
@@ -146,8 +177,7 @@ class ChatTemplateCounter:
     def count_prompt(
         self, messages: Sequence[Message], tools: Sequence[Message] | None = None
     ) -> int:
-        # Rendered as vLLM renders them: content flattened to text (None becomes "").
-        rendered = [{**m, "content": message_text(m)} for m in messages]
+        rendered = [template_message(m) for m in messages]  # as vLLM renders them
         encoded = self._tokenizer.apply_chat_template(
             rendered,
             tools=list(tools) if tools else None,
@@ -170,11 +200,16 @@ class ChatTemplateCounter:
         return base + per_message * len(messages) + content
 
     def count_tools(self, tools: Sequence[Message]) -> int:
-        return int(self._tools_cost(json.dumps(list(tools), sort_keys=True)))
-
-    def _tools_cost_uncached(self, listed: str) -> int:
-        probe = [{"role": "user", "content": ""}]
-        return max(0, self.count_prompt(probe, json.loads(listed)) - self.count_prompt(probe))
+        listed = json.dumps(list(tools), sort_keys=True).encode()
+        digest = hashlib.sha256(listed).hexdigest()
+        cost = self._tools_costs.get(digest)
+        if cost is None:
+            probe = [{"role": "user", "content": ""}]
+            cost = max(0, self.count_prompt(probe, tools) - self.count_prompt(probe))
+            if len(self._tools_costs) >= TOOLS_CACHE_ENTRIES:
+                self._tools_costs.pop(next(iter(self._tools_costs)))  # the oldest
+            self._tools_costs[digest] = cost
+        return cost
 
 
 class CharEstimateCounter:

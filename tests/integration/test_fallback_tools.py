@@ -100,7 +100,7 @@ def test_a_named_tool_choice_is_a_call_to_that_tool_with_arguments_of_its_schema
     [response] = ask(loop, fallback, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=60)
     body = json.loads(response.model_dump_json())
     answer = body["choices"][0]
-    assert answer["finish_reason"] == "tool_calls", answer
+    assert answer["finish_reason"] == "stop", answer  # as OpenAI ends a call forced by name
     [call] = answer["message"]["tool_calls"]
     assert call["type"] == "function"
     assert call["id"].startswith("call_")

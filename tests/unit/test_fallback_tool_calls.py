@@ -68,6 +68,9 @@ def test_an_answer_with_calls_finishes_as_tool_calls_and_one_without_as_it_stopp
     assert said.choices[0].message.content == "It is sunny."
     cut = shaper.whole(call_text("weather", {}), Finish("length", 10, 5), tools=True)
     assert cut.choices[0].finish_reason == "length"
+    forced = shaper.whole(call_text("weather", {}), finish, tools=True, named=True)
+    assert forced.choices[0].finish_reason == "stop"  # OpenAI's end of a call forced by name
+    assert forced.choices[0].message.tool_calls
 
 
 def test_definitions_a_tools_parameters_refer_to_are_found_at_the_root() -> None:

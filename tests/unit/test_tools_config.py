@@ -134,3 +134,16 @@ def test_the_llama_cpp_fallback_reads_hermes_calls_only(tmp_path: Path) -> None:
     data["fallback"]["tools"] = {"parser": "hermes", "chat_template": "nowhere.jinja"}
     with pytest.raises(ConfigError, match=r"fallback.tools.chat_template: .*nowhere.jinja"):
         load(tmp_path, data)
+
+
+def test_a_jinja_template_on_the_fallback_is_for_llama_cpp_only(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["fallback"] = {
+        "engine": "ollama",
+        "source": "qwen2.5:3b",
+        "tools": {"parser": "hermes", "chat_template": "templates/tools.jinja"},
+    }
+    with pytest.raises(ConfigError, match=r"a Jinja template is for llama\.cpp"):
+        load(tmp_path, data)
+    data["fallback"]["tools"] = {"parser": "hermes"}  # Ollama's own template reads the calls
+    assert load(tmp_path, data).targets["cpu-fallback"].tools
