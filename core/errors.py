@@ -7,7 +7,8 @@ follows the status (`error_type_for`), `code` is one of `ErrorCode`. The tree, b
     ├── 400 invalid_json, json_too_deep, too_many_messages, missing_model,
     │       invalid_request (a field, or what an engine rejects: policy.engine_errors),
     │       context_length_exceeded (the latest user message alone cannot fit),
-    │       invalid_priority, tools_not_supported (the model's config has no `tools`)
+    │       invalid_priority, tools_not_supported (the model's config has no `tools`),
+    │       fim_not_supported (`suffix` to a model whose tokenizer has no FIM markers)
     ├── 401 missing_api_key, invalid_api_key          403 admin_only
     ├── 404 model_not_found, not_found          405 method_not_allowed
     ├── 413 request_too_large
@@ -46,6 +47,7 @@ class ErrorCode(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     INVALID_PRIORITY = "invalid_priority"
     TOOLS_NOT_SUPPORTED = "tools_not_supported"
+    FIM_NOT_SUPPORTED = "fim_not_supported"
     MISSING_API_KEY = "missing_api_key"
     INVALID_API_KEY = "invalid_api_key"
     ADMIN_ONLY = "admin_only"

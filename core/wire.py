@@ -20,6 +20,7 @@ __all__ = [
     "PromptCount",
     "Refusal",
     "Routed",
+    "is_completion",
     "take_prompt_count",
     "with_prompt_count",
 ]
@@ -52,11 +53,16 @@ def take_prompt_count(request: Request) -> tuple[Request, PromptCount | None]:
     return bare, count if isinstance(count, PromptCount) else None
 
 
+def is_completion(request: Any) -> bool:
+    """Whether a job's request is a `/v1/completions` one (a prompt), not a chat."""
+    return hasattr(request, "prompt") and not hasattr(request, "messages")
+
+
 @dataclass(frozen=True)
 class ChatJob:
-    """A validated chat request, already authenticated and resolved to a role."""
+    """A validated chat or completions request, authenticated and resolved to a role."""
 
-    request: Any  # ray.serve.llm ChatCompletionRequest (vLLM's schema)
+    request: Any  # ray.serve.llm ChatCompletionRequest or CompletionRequest (vLLM's schemas)
     role: Role
     priority: PriorityClass
     caller: str

@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
+    CompletionRequest,
     ErrorResponse,
 )
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
@@ -40,7 +42,12 @@ from policy.context.tokens import message_text
 from policy.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
 from policy.engine_errors import EngineError, Fault, readable_message, response_fault
 from policy.oom import OOM_CODE
-from policy.request import check_chat_request, check_tool_support, parse_object
+from policy.request import (
+    check_chat_request,
+    check_completion_request,
+    check_tool_support,
+    parse_object,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -112,6 +119,17 @@ class Ingress:
         metrics.observe_request("chat", response.status_code, time.perf_counter() - started)
         return response
 
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            response = await self._complete(request, started)
+        except ApiError as error:
+            metrics.observe_request("completions", error.status, time.perf_counter() - started)
+            raise
+        metrics.observe_request("completions", response.status_code, time.perf_counter() - started)
+        return response
+
     @app.get("/v1/keys/usage")
     async def keys_usage(self, request: Request) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
@@ -175,19 +193,46 @@ class Ingress:
         depth = None
         context_share = 1.0
         if role is None:  # `model: auto`: the depth router picks the role and the budget
-            depth = self._depth_for(payload, request.headers.get(DEPTH_HEADER))
+            effort = payload.get("reasoning_effort")
+            depth = self._depth_for(
+                _latest_user_text(payload),
+                request.headers.get(DEPTH_HEADER),
+                effort if isinstance(effort, str) else None,
+            )
             route = self._config.depth_route(depth.depth)
             role, context_share = route.role, route.context_share
         check_tool_support(payload, payload["model"], self._config.model_for(role).tools)
-        admission = await self._metering.admit(caller.name)
-        usage = None
-        if chat_request.stream:
-            usage = StreamUsage(_wants_usage(chat_request))
-            if admission is not UNMETERED:  # the engine's count, not an estimate
-                chat_request = chat_request.model_copy(
-                    update={"stream_options": StreamOptions(include_usage=True)}
-                )
         job = ChatJob(chat_request, role, priority, caller.name, context_share)
+        return await self._metered(job, depth, started)
+
+    async def _complete(self, request: Request, started: float) -> Response:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        limits = self._config.gateway
+        payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
+        role = self._role_for(payload)
+        priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
+        completion = _validate_completion(payload)
+        depth = None
+        context_share = 1.0
+        if role is None:  # `model: auto`: the depth of the prompt's text picks the role
+            text = completion.prompt if isinstance(completion.prompt, str) else ""
+            depth = self._depth_for(text, request.headers.get(DEPTH_HEADER))
+            route = self._config.depth_route(depth.depth)
+            role, context_share = route.role, route.context_share
+        job = ChatJob(completion, role, priority, caller.name, context_share)
+        return await self._metered(job, depth, started)
+
+    async def _metered(self, job: ChatJob, depth: DepthDecision | None, started: float) -> Response:
+        """The job answered under its key's limits, its usage counted however it ends."""
+        admission = await self._metering.admit(job.caller)
+        usage = None
+        if job.request.stream:
+            usage = StreamUsage(_wants_usage(job.request))
+            if admission is not UNMETERED:  # the engine's count, not an estimate
+                options = StreamOptions(include_usage=True)
+                job = replace(
+                    job, request=job.request.model_copy(update={"stream_options": options})
+                )
         try:
             return await self._answer(job, admission, usage, depth, started)
         except ApiError as error:
@@ -276,17 +321,12 @@ class Ingress:
             return Role.VISION
         return self._served[name]
 
-    def _depth_for(self, payload: dict[str, Any], header: str | None) -> DepthDecision:
-        messages = payload["messages"]  # validated: a non-empty list of messages
-        users = [m for m in messages if m.get("role") == "user"]
-        latest = message_text(users[-1]) if users else ""
-        effort = payload.get("reasoning_effort")
+    def _depth_for(
+        self, latest: str, header: str | None, effort: str | None = None
+    ) -> DepthDecision:
         try:
             return classify(
-                latest,
-                rules=self._config.depth,
-                header=header,
-                reasoning_effort=effort if isinstance(effort, str) else None,
+                latest, rules=self._config.depth, header=header, reasoning_effort=effort
             )
         except UnknownDepth as error:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, str(error), param="X-Depth") from None
@@ -334,6 +374,27 @@ def _validate(payload: dict[str, Any], limits: GatewayConfig) -> Any:
         raise ApiError(
             400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}", param=param
         ) from None
+
+
+def _latest_user_text(payload: dict[str, Any]) -> str:
+    messages = payload["messages"]  # validated: a non-empty list of messages
+    users = [m for m in messages if m.get("role") == "user"]
+    return message_text(users[-1]) if users else ""
+
+
+def _validate_completion(payload: dict[str, Any]) -> Any:
+    """The request as vLLM's CompletionRequest, or ApiError 400: never another exception."""
+    check_completion_request(payload)
+    try:
+        return CompletionRequest.model_validate(payload)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or None
+        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
+    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
+        logger.warning("completion refused by vLLM's schema, not ours: %r", error)
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
 
 
 def _has_image_parts(payload: dict[str, Any]) -> bool:

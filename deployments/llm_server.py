@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
@@ -125,6 +125,18 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         return None if self._stats is None else self._stats.usage
 
     async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+        async for item in self._served(super().chat, request, raw_request_info):
+            yield item
+
+    async def completions(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+        async for item in self._served(super().completions, request, raw_request_info):
+            yield item
+
+    async def _served(
+        self, serve: Callable[..., Awaitable[Any]], request: Any, raw_request_info: Any
+    ) -> AsyncIterator[Any]:
+        """A chat or a completion through the guard, its errors judged and its failures
+        contained (the module's docstring)."""
         if self._failure is not None:
             yield oom_response(f"This replica is being replaced: {self._failure}")
             return
@@ -135,7 +147,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             if refusal is not None:
                 yield refusal
                 return
-            stream = await super().chat(request, raw_request_info)
+            stream = await serve(request, raw_request_info)
             async for item in stream:
                 kind = item_kind(item)
                 if kind is not None:
@@ -182,7 +194,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         room = KvRoom(self._capacity, self._stats.usage, self._stats.running)
         if room.running == 0:
             return None  # an idle engine holds a whole window (vLLM checked at start)
-        max_tokens = request.max_completion_tokens or request.max_tokens or 0
+        max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens or 0
         if admits(room, count.tokens + max_tokens):
             return None  # exact, or a bound that fits: either way it fits
         prompt = count.tokens if count.exact else await self._count_exactly(request)

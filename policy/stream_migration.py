@@ -97,8 +97,11 @@ class StreamTape:
 
 
 def continuable(request: Any) -> bool:
-    """Whether a cut answer to this request can be continued as plain text: not under a
-    grammar (a JSON format, a forced tool call), which would start over on the next link."""
+    """Whether a cut answer to this request can be continued as plain text: a chat (not a
+    completion, whose prompt has no assistant turn to continue), not under a grammar (a JSON
+    format, a forced tool call), which would start over on the next link."""
+    if not hasattr(request, "messages"):
+        return False
     fmt = getattr(request, "response_format", None)
     kind = fmt.get("type") if isinstance(fmt, dict) else getattr(fmt, "type", None)
     choice = getattr(request, "tool_choice", None)

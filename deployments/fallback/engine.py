@@ -30,6 +30,19 @@ class ChatParams:
 
 
 @dataclass(frozen=True)
+class CompletionParams:
+    """A `/v1/completions` prompt already fitted by the router (a FIM prompt written out)."""
+
+    prompt: str | list[int]
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    echo: bool = False  # the prompt's text first (not generated, not counted)
+
+
+@dataclass(frozen=True)
 class Piece:
     text: str
 
@@ -62,6 +75,10 @@ class FallbackEngine(Protocol):
 
     def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
         """Text pieces as they are generated, then exactly one Finish."""
+        ...
+
+    def complete(self, params: CompletionParams) -> AsyncGenerator[Piece | Finish, None]:
+        """The same for a raw prompt, no chat template."""
         ...
 
     async def check_health(self) -> None:

@@ -20,6 +20,7 @@ import httpx
 
 from deployments.fallback.engine import (
     ChatParams,
+    CompletionParams,
     EngineUnavailable,
     Finish,
     InvalidChat,
@@ -96,11 +97,28 @@ class LlamaCppEngine:
                     raise
                 self.retried += 1
 
-    async def _chat_once(self, body: dict[str, Any]) -> AsyncGenerator[Piece | Finish, None]:
+    async def complete(self, params: CompletionParams) -> AsyncGenerator[Piece | Finish, None]:
+        """One attempt: a completion is not resumed on a restarted server (its client sees a
+        503 and may retry; the router has already tried every other link)."""
+        body = {
+            "prompt": params.prompt,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "stop": list(params.stop),
+            "seed": params.seed,
+            "echo": params.echo,
+        }
+        async for item in self._chat_once(body, path="/complete"):
+            yield item
+
+    async def _chat_once(
+        self, body: dict[str, Any], path: str = "/chat"
+    ) -> AsyncGenerator[Piece | Finish, None]:
         if not self._server.ready:
             raise EngineUnavailable("the llama.cpp server is not running")
         try:
-            async with self._server.client.stream("POST", "/chat", json=body, timeout=None) as r:
+            async with self._server.client.stream("POST", path, json=body, timeout=None) as r:
                 if r.status_code == 400:
                     error = json.loads(await r.aread())
                     kind = PromptTooLong if error.get("kind") == "prompt_too_long" else InvalidChat

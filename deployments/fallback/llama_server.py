@@ -116,6 +116,34 @@ class LlamaChat:
         max_tokens = min(int(body.get("max_tokens") or room) - done, room)
         return Prepared(tokens, len(base), done, [s for s in stop if s], max_tokens, forced)
 
+    def prepare_completion(self, body: dict[str, Any]) -> Prepared:
+        """A raw prompt (text, FIM markers parsed as the special tokens they are, or token ids),
+        no template: what `/v1/completions` sends."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            vocabulary = self._llama.n_vocab()
+            if not all(isinstance(t, int) and 0 <= t < vocabulary for t in prompt):
+                raise BadRequest(
+                    "invalid", f"a token id is outside the vocabulary (0..{vocabulary - 1})"
+                )
+            tokens = list(prompt)
+        else:
+            tokens = self._llama.tokenize(str(prompt).encode("utf-8"), add_bos=True, special=True)
+        if not tokens or len(tokens) >= self.window:
+            raise BadRequest(
+                "prompt_too_long",
+                f"Requested tokens ({len(tokens)}) exceed context window of {self.window}",
+            )
+        room = self.window - len(tokens)
+        max_tokens = min(int(body.get("max_tokens") or 16), room)
+        stop = [str(s) for s in body.get("stop") or [] if s]
+        return Prepared(tokens, len(tokens), 0, stop, max_tokens)
+
+    def echo(self, prepared: Prepared) -> str:
+        """The prompt as text, for `echo` (what a token-id prompt says)."""
+        text: bytes = self._llama.detokenize(prepared.tokens)
+        return text.decode("utf-8", errors="replace")
+
     def _tokenize(self, text: str, added_special: bool) -> list[int]:
         tokens: list[int] = self._llama.tokenize(
             text.encode("utf-8"), add_bos=not added_special, special=True
@@ -221,13 +249,35 @@ def build_app(chat: LlamaChat) -> Any:
             return JSONResponse({"error": str(error), "kind": error.kind}, status_code=400)
         return StreamingResponse(_lines(chat, prepared, body), media_type="application/x-ndjson")
 
+    async def complete_route(request: Request) -> Response:
+        body = await request.json()
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = await loop.run_in_executor(chat.worker, chat.prepare_completion, body)
+        except BadRequest as error:
+            return JSONResponse({"error": str(error), "kind": error.kind}, status_code=400)
+        echo = None
+        if body.get("echo"):  # a text prompt is its own echo; token ids are read by the model
+            prompt = body.get("prompt")
+            echo = prompt if isinstance(prompt, str) else None
+            echo = echo or await loop.run_in_executor(chat.worker, chat.echo, prepared)
+        lines = _lines(chat, prepared, body, echo)
+        return StreamingResponse(lines, media_type="application/x-ndjson")
+
     return Starlette(
-        routes=[Route("/health", health), Route("/chat", chat_route, methods=["POST"])]
+        routes=[
+            Route("/health", health),
+            Route("/chat", chat_route, methods=["POST"]),
+            Route("/complete", complete_route, methods=["POST"]),
+        ]
     )
 
 
-async def _lines(chat: LlamaChat, prepared: Prepared, body: dict[str, Any]) -> AsyncIterator[str]:
-    """The generation's lines, as the worker thread produces them."""
+async def _lines(
+    chat: LlamaChat, prepared: Prepared, body: dict[str, Any], echo: str | None = None
+) -> AsyncIterator[str]:
+    """The generation's lines, as the worker thread produces them (after the prompt's text
+    when it is to be echoed: not generated, not counted)."""
     loop = asyncio.get_running_loop()
     out: asyncio.Queue[Any] = asyncio.Queue()
     cancelled = threading.Event()
@@ -247,6 +297,8 @@ async def _lines(chat: LlamaChat, prepared: Prepared, body: dict[str, Any]) -> A
 
     loop.run_in_executor(chat.worker, work)
     try:
+        if echo:
+            yield json.dumps({"text": echo}) + "\n"
         while (item := await out.get()) is not _END:
             yield json.dumps(item) + "\n"
     finally:

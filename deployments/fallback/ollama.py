@@ -23,6 +23,7 @@ import httpx
 
 from deployments.fallback.engine import (
     ChatParams,
+    CompletionParams,
     EngineUnavailable,
     Finish,
     InvalidChat,
@@ -94,9 +95,11 @@ class OllamaApi:
         )
         _raise_for_error(reply)
 
-    async def chat(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """`/api/chat` with `stream: true`: one JSON object per line."""
-        async with self._client.stream("POST", "/api/chat", json=body, timeout=None) as reply:
+    async def chat(
+        self, body: dict[str, Any], path: str = "/api/chat"
+    ) -> AsyncIterator[dict[str, Any]]:
+        """`/api/chat` (or `/api/generate`) with `stream: true`: one JSON object per line."""
+        async with self._client.stream("POST", path, json=body, timeout=None) as reply:
             if reply.status_code >= 400:
                 await reply.aread()
                 _raise_for_error(reply)
@@ -127,15 +130,7 @@ def _raise_for_error(reply: httpx.Response) -> None:
 
 def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> dict[str, Any]:
     """An `/api/chat` request: the window and the output limit go in `options`."""
-    options: dict[str, Any] = {"num_ctx": num_ctx, "num_predict": params.max_tokens}
-    if params.temperature is not None:
-        options["temperature"] = params.temperature
-    if params.top_p is not None:
-        options["top_p"] = params.top_p
-    if params.stop:
-        options["stop"] = list(params.stop)
-    if params.seed is not None:
-        options["seed"] = params.seed
+    options = _options(params, num_ctx)
     messages = [_message(m) for m in params.messages]
     if params.continue_text:  # Ollama continues a trailing assistant message
         messages.append({"role": "assistant", "content": params.continue_text})
@@ -152,6 +147,33 @@ def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> 
     if forced is not None:  # Ollama has no tool_choice: the call's schema as the answer's format
         body["format"] = forced
     return body
+
+
+def generate_body(
+    model: str, params: CompletionParams, num_ctx: int, keep_alive: str
+) -> dict[str, Any]:
+    """An `/api/generate` request with `raw: true`: the prompt as sent, no template."""
+    return {
+        "model": model,
+        "prompt": params.prompt,
+        "raw": True,
+        "stream": True,
+        "keep_alive": keep_alive,
+        "options": _options(params, num_ctx),
+    }
+
+
+def _options(params: ChatParams | CompletionParams, num_ctx: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_ctx": num_ctx, "num_predict": params.max_tokens}
+    if params.temperature is not None:
+        options["temperature"] = params.temperature
+    if params.top_p is not None:
+        options["top_p"] = params.top_p
+    if params.stop:
+        options["stop"] = list(params.stop)
+    if params.seed is not None:
+        options["seed"] = params.seed
+    return options
 
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +207,23 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
     return ""
+
+
+def _finish(item: dict[str, Any]) -> Finish:
+    return Finish(
+        reason="length" if item.get("done_reason") == "length" else "stop",
+        prompt_tokens=int(item.get("prompt_eval_count", 0)),
+        completion_tokens=int(item.get("eval_count", 0)),
+    )
+
+
+def _engine_error(error: OllamaError) -> Exception:
+    """Ollama's error as the fallback says it: the request's fault (400) or the engine's."""
+    if "context" in str(error).lower() and "exceed" in str(error).lower():
+        return PromptTooLong(str(error))
+    if error.status == 400:  # the request's fault (a template without tools, a format)
+        return InvalidChat(str(error))
+    return EngineUnavailable(str(error))
 
 
 class _Reader:
@@ -303,20 +342,35 @@ class OllamaEngine:
                 for piece in reader.pieces(item):
                     yield piece
                 if item.get("done"):
-                    yield Finish(
-                        reason="length" if item.get("done_reason") == "length" else "stop",
-                        prompt_tokens=int(item.get("prompt_eval_count", 0)),
-                        completion_tokens=int(item.get("eval_count", 0)),
-                    )
+                    yield _finish(item)
                     return
         except httpx.HTTPError as error:
             raise EngineUnavailable(f"ollama unreachable: {error}") from error
         except OllamaError as error:
-            if "context" in str(error).lower() and "exceed" in str(error).lower():
-                raise PromptTooLong(str(error)) from error
-            if error.status == 400:  # the request's fault (a template without tools, a format)
-                raise InvalidChat(str(error)) from error
-            raise EngineUnavailable(str(error)) from error
+            raise _engine_error(error) from error
+        raise EngineUnavailable("ollama ended the stream without done")
+
+    async def complete(self, params: CompletionParams) -> AsyncGenerator[Piece | Finish, None]:
+        if not self._server.ready:
+            raise EngineUnavailable("ollama serve is not running")
+        if not isinstance(params.prompt, str):
+            raise InvalidChat("the Ollama fallback takes a text prompt, not token ids")
+        body = generate_body(self._served_model, params, self._window, self._keep_alive)
+        try:
+            echoed = False
+            async for item in self._api().chat(body, path="/api/generate"):
+                if params.echo and not echoed:
+                    echoed = True
+                    yield Piece(params.prompt)
+                if item.get("response"):
+                    yield Piece(item["response"])
+                if item.get("done"):
+                    yield _finish(item)
+                    return
+        except httpx.HTTPError as error:
+            raise EngineUnavailable(f"ollama unreachable: {error}") from error
+        except OllamaError as error:
+            raise _engine_error(error) from error
         raise EngineUnavailable("ollama ended the stream without done")
 
     async def check_health(self) -> None:

@@ -11,11 +11,14 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionStreamResponse,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamResponse,
     ErrorInfo,
     ErrorResponse,
 )
 
-from deployments.fallback.engine import ChatParams, Finish
+from deployments.fallback.engine import ChatParams, CompletionParams, Finish
 from deployments.fallback.tool_calls import ReadCalls, read_calls
 from policy.context.tokens import template_message
 
@@ -48,6 +51,25 @@ def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> Chat
         continue_text=continue_text,
         tools=[tool.model_dump() for tool in request.tools] if request.tools else None,
         tool_choice=choice.model_dump() if hasattr(choice, "model_dump") else choice,
+    )
+
+
+def completion_params(request: CompletionRequest, default_max_tokens: int) -> CompletionParams:
+    """What the engines need of a completions request (the router fitted the prompt)."""
+    stop = (
+        request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
+    )
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a list of one prompt
+    return CompletionParams(
+        prompt=prompt if isinstance(prompt, str) else [int(t) for t in prompt],
+        max_tokens=int(request.max_tokens or default_max_tokens),
+        temperature=request.temperature,
+        top_p=request.top_p,
+        stop=[str(s) for s in stop],
+        seed=request.seed,
+        echo=bool(request.echo),
     )
 
 
@@ -119,6 +141,47 @@ class ChatShaper:
             choices=[
                 {"index": 0, "message": message, "finish_reason": _reason(finish, read, named)}
             ],
+            usage=_usage(finish),
+        )
+
+
+class CompletionShaper:
+    """A completion's chunks or whole answer, in vLLM's `text_completion` shapes."""
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self._model = model
+        self._include_usage = include_usage
+        self._id = f"cmpl-{uuid.uuid4().hex}"
+        self._created = int(time.time())
+
+    def text(self, text: str, reason: str | None = None) -> str:
+        chunk = CompletionStreamResponse(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=[{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+        )
+        return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+    def closing(self, finish: Finish) -> list[str]:
+        lines = [self.text("", finish.reason)]
+        if self._include_usage:
+            chunk = CompletionStreamResponse(
+                id=self._id,
+                created=self._created,
+                model=self._model,
+                choices=[],
+                usage=_usage(finish),
+            )
+            lines.append(f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n")
+        return [*lines, DONE]
+
+    def whole(self, text: str, finish: Finish) -> CompletionResponse:
+        return CompletionResponse(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=[{"index": 0, "text": text, "logprobs": None, "finish_reason": finish.reason}],
             usage=_usage(finish),
         )
 

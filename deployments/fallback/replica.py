@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
+    CompletionRequest,
     ErrorResponse,
 )
 
@@ -30,7 +31,14 @@ from deployments.fallback.engine import (
     Piece,
     PromptTooLong,
 )
-from deployments.fallback.openai_format import ChatShaper, chat_params, error_response
+from deployments.fallback.openai_format import (
+    ChatShaper,
+    CompletionShaper,
+    chat_params,
+    completion_params,
+    error_response,
+)
+from policy.context.prompt_fit import COMPLETION_DEFAULT_MAX_TOKENS
 from policy.request.tools import calls_tools
 
 logger = logging.getLogger("ray.serve")
@@ -109,6 +117,32 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
     )
 
 
+async def _first_piece(
+    pieces: AsyncGenerator[Piece | Finish, None],
+) -> Piece | Finish | ErrorResponse:
+    """The engine's first piece, or the error to answer with: the request's (400) or, with
+    nothing sent yet, the engine's (503, which the router fails over on)."""
+    try:
+        return await anext(pieces)
+    except PromptTooLong as error:
+        return error_response(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(error))
+    except InvalidChat as error:
+        return error_response(400, ErrorCode.INVALID_REQUEST, str(error))
+    except (Exception, StopAsyncIteration) as error:  # noqa: BLE001 - nothing sent: the router fails over
+        return error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error!r}")
+
+
+def _completion_refusal(request: CompletionRequest) -> str | None:
+    """What the fallback's engines cannot do for a completion, said as the client's 400."""
+    if (request.n or 1) > 1:
+        return "The CPU fallback answers n=1 only."
+    if request.logprobs is not None:
+        return "The CPU fallback gives no logprobs; ask again without them, or later."
+    if request.suffix is not None:  # the router writes FIM prompts; a suffix here was not fitted
+        return "The CPU fallback takes no suffix."
+    return None
+
+
 class CpuFallback:
     async def __init__(  # type: ignore[misc]  # Serve awaits an async __init__
         self,
@@ -135,18 +169,10 @@ class CpuFallback:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         shaper = ChatShaper(self._settings.model_id, include_usage)
         try:
-            try:
-                first = await anext(pieces)
-            except PromptTooLong as error:
-                yield error_response(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(error))
-                return
-            except InvalidChat as error:
-                yield error_response(400, ErrorCode.INVALID_REQUEST, str(error))
-                return
-            except (Exception, StopAsyncIteration) as error:  # noqa: BLE001 - nothing sent: the router fails over
-                yield error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error!r}")
-                return
-            if calls_tools(request):  # calls are read from the whole text, then sent
+            first = await _first_piece(pieces)
+            if isinstance(first, ErrorResponse):
+                yield first
+            elif calls_tools(request):  # calls are read from the whole text, then sent
                 answer = await self._collect(first, pieces)
                 named = isinstance(request.tool_choice, BaseModel | dict)
                 if isinstance(answer, ErrorResponse):
@@ -166,6 +192,45 @@ class CpuFallback:
                 yield answer if isinstance(answer, ErrorResponse) else shaper.whole(*answer)
         finally:
             await pieces.aclose()  # a client that left stops the engine now, not at collection
+
+    async def completions(self, request: CompletionRequest) -> AsyncIterator[Any]:
+        """A raw prompt (the router has fitted it, a FIM prompt written out), no template."""
+        refusal = _completion_refusal(request)
+        if refusal is not None:
+            yield error_response(400, ErrorCode.INVALID_REQUEST, refusal)
+            return
+        pieces = self._engine.complete(completion_params(request, COMPLETION_DEFAULT_MAX_TOKENS))
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        shaper = CompletionShaper(self._settings.model_id, include_usage)
+        try:
+            first = await _first_piece(pieces)
+            if isinstance(first, ErrorResponse):
+                yield first
+            elif request.stream:
+                async for lines in self._stream_completion(first, pieces, shaper):
+                    yield lines
+            else:
+                answer = await self._collect(first, pieces)
+                yield answer if isinstance(answer, ErrorResponse) else shaper.whole(*answer)
+        finally:
+            await pieces.aclose()
+
+    async def _stream_completion(
+        self,
+        first: Piece | Finish,
+        pieces: AsyncGenerator[Piece | Finish, None],
+        shaper: CompletionShaper,
+    ) -> AsyncIterator[list[Any]]:
+        item: Piece | Finish = first
+        try:
+            while isinstance(item, Piece):
+                yield [shaper.text(item.text)]
+                item = await anext(pieces)
+        except Exception as error:  # noqa: BLE001 - after the first token: an error event, never a hang
+            logger.warning("CPU fallback failed mid-stream: %s", error)
+            yield [error_response(503, ErrorCode.BACKEND_UNAVAILABLE, f"CPU fallback: {error}")]
+            return
+        yield shaper.closing(item)
 
     async def _stream(
         self,

@@ -23,7 +23,7 @@ from core.config import ClusterConfig
 from core.errors import ErrorCode
 from core.topology import Target
 from core.types import Role
-from core.wire import ChatJob, Refusal
+from core.wire import ChatJob, Refusal, is_completion
 from deployments.router import metrics
 from deployments.router.faults import BackendFault, Continuing, MidStreamFault, stream_error_event
 from deployments.router.link import Link
@@ -31,6 +31,7 @@ from deployments.router.placement_sync import PlacementSync
 from deployments.router.ports import Clock
 from deployments.router.serving import Serving
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
+from policy.context.prompt_fit import NoFim, PromptFit, fit_prompt
 from policy.context.tokens import TokenCounter
 from policy.gate import Shed
 from policy.link_choice import choose_link
@@ -104,7 +105,7 @@ class Flow:
         views = {name: link.status().view() for name, link in self._links.items()}
         return choose_link(chain, views, tried)
 
-    async def _admit(self, link: Link, job: ChatJob) -> Fit | Refusal:
+    async def _admit(self, link: Link, job: ChatJob) -> Fit | PromptFit | Refusal:
         """The job fitted to `link` and holding one of its slots, or why not."""
         fitted = await self._fit_or_refusal(job, link.target)
         if isinstance(fitted, Refusal):
@@ -112,11 +113,16 @@ class Flow:
         shed = await self._slot(link, job)
         return fitted if shed is None else shed
 
-    async def _fit_or_refusal(self, job: ChatJob, target: Target) -> Fit | Refusal:
+    async def _fit_or_refusal(self, job: ChatJob, target: Target) -> Fit | PromptFit | Refusal:
         try:
+            if is_completion(job.request):
+                return await self._fit_prompt(job, target)
             return await self._fit(job, target)
         except ContextOverflow as overflow:
             return Refusal(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(overflow))
+        except NoFim as no_fim:
+            message = f"The backend {target.name}: {no_fim}."
+            return Refusal(400, ErrorCode.FIM_NOT_SUPPORTED, message)
         except Exception as error:  # noqa: BLE001 - a chat template may raise anything on messages it rejects
             message = f"The messages cannot be rendered: {error}"
             return Refusal(400, ErrorCode.INVALID_REQUEST, message)
@@ -160,6 +166,20 @@ class Flow:
         work = functools.partial(fit_messages, messages, **fit_args)
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
+    async def _fit_prompt(self, job: ChatJob, target: Target) -> PromptFit:
+        """A completion's prompt fitted to the window of the link that will serve it: its end
+        (and a suffix) kept. Tokenizing happens off the event loop, as for chats."""
+        request = job.request
+        work = functools.partial(
+            fit_prompt,
+            _prompt_of(request),
+            window=max(1, int(target.context_window * job.context_share)),
+            requested_max_tokens=request.max_tokens,
+            counter=self._counters[target.counter_key],
+            suffix=request.suffix,
+        )
+        return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
+
     def _unavailable(self, role: Role, tried: list[str]) -> Refusal:
         if tried:
             message = f"Every backend for {role.value!r} failed ({', '.join(tried)})."
@@ -167,6 +187,14 @@ class Flow:
             message = f"No backend for {role.value!r} is available now."
         retry = max(1, round(self._config.router.breaker_cooldown_s))
         return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
+
+
+def _prompt_of(request: Any) -> str | list[int]:
+    """The one prompt of a completion (the ingress lets one through): text or token ids."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a list of one prompt
+    return prompt if isinstance(prompt, str) else [int(t) for t in prompt]
 
 
 def _failed_over(name: str, tried: list[str]) -> None:

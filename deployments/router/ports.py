@@ -12,7 +12,10 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 
 from autoscale.broadcast import PlacementView
 from core.config import ClusterConfig
@@ -36,6 +39,8 @@ class Backend(Protocol):
         ...
 
     def chat(self, request: ChatCompletionRequest) -> ChatStream: ...
+
+    def completions(self, request: CompletionRequest) -> ChatStream: ...
 
     async def check_health(self) -> None:
         """Returns when the backend answers healthy; raises otherwise."""

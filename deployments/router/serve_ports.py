@@ -10,7 +10,10 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
@@ -39,6 +42,10 @@ class ServeBackend:
 
     def chat(self, request: ChatCompletionRequest) -> ChatStream:
         stream: ChatStream = self._stream.chat.remote(request)
+        return stream
+
+    def completions(self, request: CompletionRequest) -> ChatStream:
+        stream: ChatStream = self._stream.completions.remote(request)
         return stream
 
     async def check_health(self) -> None:

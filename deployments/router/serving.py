@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
     ErrorResponse,
 )
 from ray.serve.exceptions import RequestCancelledError
 
 from core.config import RouterConfig
-from core.wire import ChatJob, PromptCount, Routed, with_prompt_count
+from core.wire import ChatJob, PromptCount, Routed, is_completion, with_prompt_count
 from deployments.router import metrics
 from deployments.router.faults import (
     BACKEND_FAULTS,
@@ -38,6 +37,7 @@ from deployments.router.faults import (
 from deployments.router.link import Link
 from deployments.router.ports import ChatStream
 from policy.context.fit import Fit
+from policy.context.prompt_fit import PromptFit
 from policy.stream_migration import Rewriter, StreamTape, migration_note
 
 
@@ -47,7 +47,7 @@ class Attempt:
     began, so its chunks are rewritten to that answer's)."""
 
     link: Link
-    fit: Fit
+    fit: Fit | PromptFit
     streaming: bool
     continuing: Continuing | None
     tape: StreamTape = field(init=False)
@@ -89,7 +89,12 @@ class Serving:
         self._settings = settings
 
     async def serve_on(
-        self, link: Link, job: ChatJob, fit: Fit, failovers: int, continuing: Continuing | None
+        self,
+        link: Link,
+        job: ChatJob,
+        fit: Fit | PromptFit,
+        failovers: int,
+        continuing: Continuing | None,
     ) -> AsyncGenerator[Any, None]:
         """Run the job on `link`, whose slot it holds; raise BackendFault before any output,
         MidStreamFault when a stream fails after it."""
@@ -115,12 +120,11 @@ class Serving:
         finally:
             _leave(attempt)
 
-    async def _first_item(
-        self, attempt: Attempt, request: ChatCompletionRequest
-    ) -> tuple[ChatStream, Any]:
+    async def _first_item(self, attempt: Attempt, request: Any) -> tuple[ChatStream, Any]:
         link = attempt.link
         try:
-            stream = attempt.stream = link.backend.chat(request)
+            send = link.backend.completions if is_completion(request) else link.backend.chat
+            stream = attempt.stream = send(request)
             asked = time.perf_counter()
             first = await _unless_pool_lost(
                 link, anext(stream), self._settings.first_token_timeout_s
@@ -181,8 +185,18 @@ async def _unless_pool_lost(link: Link, item: Awaitable[Any], timeout_s: float) 
     raise TimeoutError(f"no first item in {timeout_s:.0f} s")
 
 
-def engine_request(link: Link, request: ChatCompletionRequest, fit: Fit) -> ChatCompletionRequest:
+def engine_request(link: Link, request: Any, fit: Fit | PromptFit) -> Any:
+    """The request as `link`'s engine gets it: its model name, the fitted prompt and output."""
     count = PromptCount(fit.prompt_tokens, exact=fit.counted)
+    if isinstance(fit, PromptFit):  # a completion: the prompt fitted, a suffix written into it
+        return with_prompt_count(
+            request,
+            count,
+            model=link.target.model_id,
+            prompt=fit.prompt,
+            suffix=None,
+            max_tokens=fit.max_tokens,
+        )
     return with_prompt_count(
         request,
         count,
@@ -217,7 +231,7 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
     return opening
 
 
-def _routed(link: Link, fit: Fit, failovers: int, engine_wait_s: float) -> Routed:
+def _routed(link: Link, fit: Fit | PromptFit, failovers: int, engine_wait_s: float) -> Routed:
     return Routed(
         backend=link.target.name,
         max_tokens=fit.max_tokens,

@@ -13,15 +13,18 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
     "CONTENT_CACHE_ENTRIES",
+    "KNOWN_FIM_MARKERS",
     "PLAIN_KEYS",
     "PLAIN_ROLES",
     "CharEstimateCounter",
     "ChatTemplateCounter",
+    "FimMarkers",
     "Message",
     "TokenCounter",
     "is_plain",
@@ -57,6 +60,42 @@ class TokenCounter(Protocol):
     def count_tools(self, tools: Sequence[Message]) -> int:
         """Tokens that listing `tools` adds to a prompt (the template renders them once)."""
         ...
+
+    def count_raw(self, text: str) -> int:
+        """Tokens of a completion prompt as the engine tokenizes it (no template; the
+        tokenizer's own special tokens, such as a BOS, included)."""
+        ...
+
+    def tail(self, text: str, tokens: int) -> str:
+        """The longest end of `text` that is at most `tokens` tokens."""
+        ...
+
+    def fim_markers(self) -> FimMarkers | None:
+        """The tokenizer's fill-in-the-middle markers, or None where it has none."""
+        ...
+
+
+@dataclass(frozen=True)
+class FimMarkers:
+    """A prompt for fill-in-the-middle, in the prefix-suffix-middle order every FIM-trained
+    model knows: `{prefix}<text before>{suffix}<text after>{middle}`."""
+
+    prefix: str
+    suffix: str
+    middle: str
+
+    def prompt(self, before: str, after: str) -> str:
+        return f"{self.prefix}{before}{self.suffix}{after}{self.middle}"
+
+
+# The markers of the FIM-trained families, as their tokenizers spell them.
+KNOWN_FIM_MARKERS = (
+    FimMarkers("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, SantaCoder
+    FimMarkers("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, Granite
+    FimMarkers(  # DeepSeek-Coder
+        "<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"
+    ),
+)
 
 
 def message_text(message: Message) -> str:
@@ -199,6 +238,26 @@ class ChatTemplateCounter:
         content = sum(len(message_text(m).encode()) + 1 for m in messages)
         return base + per_message * len(messages) + content
 
+    def count_raw(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=True))
+
+    def tail(self, text: str, tokens: int) -> str:
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= tokens:
+            return text
+        if tokens <= 0:
+            return ""
+        kept: str = self._tokenizer.decode(ids[-tokens:])
+        # A cut inside a character decodes to U+FFFD: begin after it.
+        return kept.lstrip("\ufffd")
+
+    def fim_markers(self) -> FimMarkers | None:
+        vocab = self._tokenizer.get_vocab()
+        for markers in KNOWN_FIM_MARKERS:
+            if {markers.prefix, markers.suffix, markers.middle} <= vocab.keys():
+                return markers
+        return None
+
     def count_tools(self, tools: Sequence[Message]) -> int:
         listed = json.dumps(list(tools), sort_keys=True).encode()
         digest = hashlib.sha256(listed).hexdigest()
@@ -237,3 +296,13 @@ class CharEstimateCounter:
     def count_tools(self, tools: Sequence[Message]) -> int:
         # The definitions as JSON, and as much again for the instructions around them.
         return 2 * self.count_text(json.dumps(list(tools)))
+
+    def count_raw(self, text: str) -> int:
+        return self.count_text(text) + 1  # a BOS, perhaps
+
+    def tail(self, text: str, tokens: int) -> str:
+        keep = max(0, int(tokens * self._chars_per_token))
+        return text[len(text) - keep :] if keep < len(text) else text
+
+    def fim_markers(self) -> FimMarkers | None:
+        return None  # no tokenizer, no markers to find

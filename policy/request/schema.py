@@ -26,6 +26,8 @@ from policy.request.messages import check_messages
 
 __all__ = [
     "BOOL_FIELDS",
+    "INT64_MAX",
+    "INT64_MIN",
     "INT_RANGES",
     "LOGIT_BIAS_RANGE",
     "MAX_STOP_SEQUENCES",
@@ -34,6 +36,7 @@ __all__ = [
     "STRING_FIELDS",
     "TOOL_CHOICES",
     "check_chat_request",
+    "check_sampling",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's bounds for seeds and token counts
@@ -62,23 +65,33 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema", "structural_tag")
 def check_chat_request(payload: Mapping[str, Any], *, max_messages: int) -> None:
     """Raise ApiError 400 for the first field a chat-completions request gets wrong."""
     check_messages(payload.get("messages"), max_messages)
+    check_sampling(payload, INT_RANGES, BOOL_FIELDS)
+    if (payload.get("top_logprobs") or 0) > 0 and payload.get("logprobs") is not True:
+        fail("top_logprobs", "needs logprobs: true")
+    _check_response_format(payload.get("response_format"))
+    _check_tool_choice(payload.get("tool_choice"), _tool_names(payload.get("tools")))
+
+
+def check_sampling(
+    payload: Mapping[str, Any],
+    int_ranges: Mapping[str, tuple[int, int]],
+    bool_fields: tuple[str, ...],
+) -> None:
+    """The fields chats and completions share: sampling numbers, counts, flags, `stop`,
+    `stream_options` and `logit_bias`."""
     for field, (low, high) in NUMBER_RANGES.items():
         _check_number(payload, field, low, high)
-    for field, (low_int, high_int) in INT_RANGES.items():
+    for field, (low_int, high_int) in int_ranges.items():
         _check_int(payload, field, low_int, high_int)
-    for field in BOOL_FIELDS:
+    for field in bool_fields:
         check_optional(payload, field, bool, "a boolean")
     for field in STRING_FIELDS:
         check_optional(payload, field, str, "a string")
     if payload.get("top_p") == 0:
         fail("top_p", "must be greater than 0 (for greedy sampling, set temperature 0)")
-    if (payload.get("top_logprobs") or 0) > 0 and payload.get("logprobs") is not True:
-        fail("top_logprobs", "needs logprobs: true")
     _check_stop(payload.get("stop"))
     _check_stream_options(payload)
     _check_logit_bias(payload.get("logit_bias"))
-    _check_response_format(payload.get("response_format"))
-    _check_tool_choice(payload.get("tool_choice"), _tool_names(payload.get("tools")))
 
 
 def _check_number(payload: Mapping[str, Any], field: str, low: float, high: float) -> None:

@@ -1,8 +1,8 @@
 """A Serve deployment in front of a real backend that sees what the router sends it.
 
 It counts calls and the most requests it ever had at once (to check caps at the backend), and it
-has switches, in the style of Ray's own test_healthcheck.py: a fault switch (every chat and health
-check fails) and a KV-cache reading to report instead of the engine's.
+has switches, in the style of Ray's own test_healthcheck.py: a fault switch (every chat, completion
+and health check fails) and a KV-cache reading to report instead of the engine's.
 """
 
 from __future__ import annotations
@@ -36,13 +36,21 @@ class Probe:
         self._kv_override = usage
 
     async def chat(self, request: Any) -> AsyncIterator[Any]:
+        async for item in self._passed("chat", request):
+            yield item
+
+    async def completions(self, request: Any) -> AsyncIterator[Any]:
+        async for item in self._passed("completions", request):
+            yield item
+
+    async def _passed(self, method: str, request: Any) -> AsyncIterator[Any]:
         self._calls += 1
         self._running += 1
         self._max_running = max(self._max_running, self._running)
         try:
             if self._faulty:
                 raise RuntimeError("injected fault")
-            async for item in self._stream.chat.remote(request):
+            async for item in getattr(self._stream, method).remote(request):
                 yield item
         finally:
             self._running -= 1

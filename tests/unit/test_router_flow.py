@@ -17,6 +17,7 @@ from typing import Any
 from ray.exceptions import ActorDiedError, RayError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
+    CompletionRequest,
     ErrorInfo,
     ErrorResponse,
 )
@@ -83,7 +84,8 @@ class FakeBackend:
         self.running = 0
         self.max_running = 0
         self.streams: list[FakeStream] = []
-        self.requests: list[ChatCompletionRequest] = []
+        self.requests: list[Any] = []
+        self.completion_calls = 0
 
     def chat(self, request: ChatCompletionRequest) -> FakeStream:
         self.calls += 1
@@ -91,6 +93,10 @@ class FakeBackend:
         stream = FakeStream(self, self.behaviour(self.calls))
         self.streams.append(stream)
         return stream
+
+    def completions(self, request: CompletionRequest) -> FakeStream:
+        self.completion_calls += 1
+        return self.chat(request)  # the same script answers both
 
     async def check_health(self) -> None:
         self.probes += 1
@@ -792,3 +798,38 @@ def test_a_job_waiting_on_a_pool_declared_down_fails_over_at_once() -> None:
 
     assert asyncio.run(scenario()) == "cpu-fallback"
     assert hung.streams[0].cancelled  # the engine request on the dead machine is aborted
+
+
+def completion_job(**fields: Any) -> ChatJob:
+    request = CompletionRequest(model="coding", **fields)
+    return ChatJob(request, Role.CODING, PriorityClass.USER, "t")
+
+
+def test_a_completion_fails_over_like_a_chat_and_keeps_the_end_of_a_long_prompt() -> None:
+    coding, orchestrator, fallback = FakeBackend(dead), FakeBackend(ok), FakeBackend(ok)
+    handles = {"coding@local": coding, "orchestrator@local": orchestrator, "cpu-fallback": fallback}
+    router = make_router(make_config(), handles)
+    prompt = "".join(f"line {i}\n" for i in range(3000)) + "def last():"  # ~ 5k estimated tokens
+    routed, *rest = asyncio.run(collect(router, completion_job(prompt=prompt, max_tokens=64)))
+    assert isinstance(routed, Routed)
+    assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
+    assert rest == [['data: {"x": 1}\n\n'], ["data: [DONE]\n\n"]]
+    assert (coding.completion_calls, orchestrator.completion_calls) == (1, 1)
+    [sent] = orchestrator.requests
+    assert sent.model == "orchestrator"
+    assert sent.prompt.endswith("line 2999\ndef last():")  # the end, nearest the cursor, stays
+    assert len(sent.prompt) < len(prompt)
+    assert routed.context_fitted
+    assert routed.max_tokens == 64
+    assert routed.prompt_tokens + routed.max_tokens <= 4096
+
+
+def test_a_suffix_to_a_model_without_fim_markers_is_a_400_and_no_fault() -> None:
+    coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
+    router = make_router(make_config(), two(coding, orchestrator))
+    faults = sample("gps_backend_faults_total", backend="coding@local")
+    [refusal] = asyncio.run(collect(router, completion_job(prompt="def f(", suffix="):")))
+    assert isinstance(refusal, Refusal)
+    assert (refusal.status, refusal.code) == (400, "fim_not_supported")
+    assert coding.calls == orchestrator.calls == 0
+    assert sample("gps_backend_faults_total", backend="coding@local") == faults
