@@ -1,0 +1,55 @@
+"""The gateway driven by LangChain (`langchain-openai`), a client nobody here wrote: a chat, a
+stream, a tool bound and forced, its result sent back, and a legacy completion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI, OpenAI
+
+API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
+
+
+@tool
+def get_weather(city: str) -> str:
+    """The weather in a city now."""
+    return f"It is sunny in {city}."
+
+
+@pytest.fixture
+def chat(gateway: str) -> ChatOpenAI:
+    return ChatOpenAI(
+        base_url=f"{gateway}/v1", api_key=API_KEY, model="smollm2", max_tokens=24, max_retries=0
+    )
+
+
+def test_a_chat_and_a_stream(chat: ChatOpenAI) -> None:
+    answer = chat.invoke("Say hello.")
+    assert isinstance(answer.content, str)
+    assert answer.content
+    streamed = "".join(str(chunk.content) for chunk in chat.stream("Count to three."))
+    assert streamed
+
+
+def test_a_bound_tool_is_called_and_its_result_answered(chat: ChatOpenAI) -> None:
+    forced = chat.bind_tools([get_weather], tool_choice="get_weather")
+    question = HumanMessage("What is the weather in Paris?")
+    called = forced.invoke([question])
+    [call] = called.tool_calls
+    assert call["name"] == "get_weather"
+    assert isinstance(call["args"]["city"], str)
+    result = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
+    answer = chat.bind_tools([get_weather]).invoke([question, called, result])
+    assert answer.content or answer.tool_calls
+
+
+def test_a_legacy_completion(gateway: str) -> None:
+    llm: Any = OpenAI(
+        base_url=f"{gateway}/v1", api_key=API_KEY, model="smollm2", max_tokens=8, max_retries=0
+    )
+    text = llm.invoke("def add(a, b):\n    ")
+    assert isinstance(text, str)
+    assert text
