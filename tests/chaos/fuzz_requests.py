@@ -1,4 +1,5 @@
-"""Seeded bad and odd requests for POST /v1/chat/completions, each labelled with its class.
+"""Seeded bad and odd requests for POST /v1/chat/completions (`fuzz`) and POST /v1/completions
+(`fuzz_completions`), each labelled with its class.
 
 Pure (no HTTP, no Ray): `fuzz(seed, count)` draws every request from one random.Random(seed),
 so a failure replays from its seed and index. Most requests are malformed; the rest are valid
@@ -137,6 +138,7 @@ class FuzzRequest:
     kind: str
     body: bytes
     headers: dict[str, str] = field(default_factory=lambda: dict(JSON_HEADERS))
+    path: str = "/v1/chat/completions"
 
 
 def fuzz(seed: int, count: int) -> Iterator[FuzzRequest]:
@@ -351,5 +353,99 @@ MUTATIONS: dict[str, Callable[[random.Random, dict[str, Any]], Body]] = {
         max_tokens, roles, tool_choice, tools, stream_options, stop, sampling_ranges,
         logit_bias, response_format, duplicate_keys, empty_fields, unicode, invalid_utf8,
         truncated, not_object, many_messages, content_type, tool_messages,
+    )
+}  # fmt: skip
+
+
+# -- /v1/completions ----------------------------------------------------------------------------
+
+COMPLETION_PATH = "/v1/completions"
+# fmt: off
+COMPLETION_FIELDS = (
+    "model", "prompt", "suffix", "echo", "logprobs", "n", "best_of", "stream", "stop", "seed",
+    "temperature", "top_p", "stream_options", "logit_bias", "user", "presence_penalty",
+)
+PROMPT_SHAPES: tuple[Any, ...] = (
+    "", [], [[]], [""], ["a", "b"], [1, 2, 3], [[1, 2]], [-1], [10**12], [1.5], [True], ["x", 1],
+    [[1], [2]], [None], {"text": "hi"}, 5, None, [60_000], [0] * 3000, "def f():\n" * 2000,
+    "\ud800", "<fim_prefix>x<fim_suffix>y<fim_middle>", [[[]]],
+)
+# fmt: on
+
+
+def fuzz_completions(seed: int, count: int) -> Iterator[FuzzRequest]:
+    rng = random.Random(seed)
+    kinds = sorted(COMPLETION_MUTATIONS)
+    for _ in range(count):
+        kind = rng.choice(kinds)
+        body = COMPLETION_MUTATIONS[kind](rng, base_completion(rng))
+        yield FuzzRequest(f"completions.{kind}", _encode(rng, body), path=COMPLETION_PATH)
+
+
+def base_completion(rng: random.Random) -> dict[str, Any]:
+    return {
+        "model": rng.choice(MODELS),
+        "prompt": rng.choice(PROMPTS),
+        "max_tokens": rng.randint(1, MAX_TOKENS),
+    }
+
+
+def completion_field_types(rng: random.Random, body: dict[str, Any]) -> Body:
+    body[rng.choice(COMPLETION_FIELDS)] = rng.choice(ODD_VALUES)
+    return body
+
+
+def prompt_shapes(rng: random.Random, body: dict[str, Any]) -> Body:
+    body["prompt"] = rng.choice(PROMPT_SHAPES)
+    return body
+
+
+def completion_options(rng: random.Random, body: dict[str, Any]) -> Body:
+    """Valid-looking options in odd combinations: echo, logprobs, suffix, n, best_of, stream."""
+    choices: dict[str, tuple[Any, ...]] = {
+        "echo": (True, False),
+        "logprobs": (0, 1, 5, 20, 21),
+        "suffix": ("", "    return x", None),
+        "n": (1, 2),
+        "best_of": (1, 2, None),
+        "stream": (True, False),
+    }
+    for name in rng.sample(sorted(choices), rng.randint(1, len(choices))):
+        body[name] = rng.choice(choices[name])
+    if body.get("stream") and rng.random() < 0.5:
+        body["stream_options"] = {"include_usage": rng.random() < 0.5}
+    return body
+
+
+def completion_numbers(rng: random.Random, body: dict[str, Any]) -> Body:
+    return number_edges(rng, body)
+
+
+def prompt_text(rng: random.Random, body: dict[str, Any]) -> Body:
+    body["prompt"] = rng.choice(TEXTS)
+    if rng.random() < 0.3:
+        body["suffix"] = rng.choice(TEXTS)
+    return body
+
+
+def prompt_bytes(rng: random.Random, body: dict[str, Any]) -> Body:
+    body["prompt"] = PLACEHOLDER
+    raw = json.dumps(body).encode()
+    return raw.replace(PLACEHOLDER.encode(), b"say " + rng.choice(BAD_UTF8) + b" hi")
+
+
+def prompt_nesting(rng: random.Random, body: dict[str, Any]) -> Body:
+    depth = rng.choice(DEPTHS)
+    raw = "[" * depth + "1" + "]" * depth
+    body[rng.choice(("prompt", "suffix", "stop"))] = PLACEHOLDER
+    return _with_raw(body, raw)
+
+
+COMPLETION_MUTATIONS: dict[str, Callable[[random.Random, dict[str, Any]], Body]] = {
+    mutate.__name__: mutate
+    for mutate in (
+        completion_field_types, prompt_shapes, completion_options, completion_numbers, stop,
+        sampling_ranges, logit_bias, duplicate_keys, prompt_text, prompt_bytes, truncated,
+        not_object, prompt_nesting,
     )
 }  # fmt: skip

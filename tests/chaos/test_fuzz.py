@@ -25,6 +25,7 @@ API_KEY = "test-user-key"  # tests/e2e/gateway.yaml
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 SEED = int(os.environ.get("GPS_FUZZ_SEED", "13"))  # a failure replays from its seed and index
 COUNT = 1200
+COMPLETION_COUNT = 400
 CONCURRENCY = 8
 # Most requests are refused in milliseconds; the valid ones cost an engine at most 4 tokens
 # (about a second each on 2 cores, two engines at a time). Generous, and still bounded.
@@ -106,10 +107,10 @@ def problem(status: int, content_type: str, text: str) -> str | None:
     try:
         return None if json.loads(text)["choices"] else "an answer without choices"
     except (ValueError, KeyError, TypeError):
-        return "a 200 that is not a chat completion"
+        return "a 200 that is not a completion"
 
 
-async def send_all(gateway: str) -> tuple[list[str], dict[tuple[str, int], int]]:
+async def send_all(gateway: str, requests: Any) -> tuple[list[str], dict[tuple[str, int], int]]:
     failures: list[str] = []
     outcomes: dict[tuple[str, int], int] = {}
     slots = asyncio.Semaphore(CONCURRENCY)
@@ -120,7 +121,7 @@ async def send_all(gateway: str) -> tuple[list[str], dict[tuple[str, int], int]]
             async with slots:
                 try:
                     reply = await session.post(
-                        "/v1/chat/completions", content=request.body, headers=request.headers
+                        request.path, content=request.body, headers=request.headers
                     )
                 except httpx.HTTPError as error:
                     failures.append(f"#{index} {request.kind}: no answer ({error!r})")
@@ -131,8 +132,7 @@ async def send_all(gateway: str) -> tuple[list[str], dict[tuple[str, int], int]]
             if wrong is not None:
                 failures.append(f"#{index} {request.kind}: {wrong}: {reply.text[:300]!r}")
 
-        requests = enumerate(fuzz_requests.fuzz(SEED, COUNT))
-        await asyncio.gather(*(send(index, request) for index, request in requests))
+        await asyncio.gather(*(send(index, request) for index, request in enumerate(requests)))
     return failures, outcomes
 
 
@@ -141,18 +141,23 @@ def test_fuzzed_requests_get_no_5xx_and_cost_no_backend(gateway: str, http: http
     before = (replicas(), fault_counts(http))
 
     started = time.monotonic()
-    failures, outcomes = asyncio.run(asyncio.wait_for(send_all(gateway), DEADLINE_S))
+    requests = [
+        *fuzz_requests.fuzz(SEED, COUNT),
+        *fuzz_requests.fuzz_completions(SEED, COMPLETION_COUNT),
+    ]
+    failures, outcomes = asyncio.run(asyncio.wait_for(send_all(gateway, requests), DEADLINE_S))
     by_status: dict[int, int] = {}
     for (_, status), count in outcomes.items():
         by_status[status] = by_status.get(status, 0) + count
     kinds = len({kind for kind, _ in outcomes})
     print(  # the figures, with `pytest tests/chaos/test_fuzz.py -s`
-        f"fuzz seed {SEED}: {COUNT} requests of {kinds} mutation classes in "
+        f"fuzz seed {SEED}: {len(requests)} requests of {kinds} mutation classes in "
         f"{time.monotonic() - started:.0f} s: by status {dict(sorted(by_status.items()))}"
     )
 
-    assert not failures, f"{len(failures)} of {COUNT} (seed {SEED}):\n" + "\n".join(failures[:20])
-    assert sum(outcomes.values()) == COUNT
+    total = len(requests)
+    assert not failures, f"{len(failures)} of {total} (seed {SEED}):\n" + "\n".join(failures[:20])
+    assert sum(outcomes.values()) == total
     assert any(status == 200 for _, status in outcomes), "no valid request was served"
     assert set(breakers(http).values()) == {"closed"}
     assert (replicas(), fault_counts(http)) == before, "a client's mistake cost a backend"
