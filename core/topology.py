@@ -64,6 +64,7 @@ class Target(Frozen):
     role: Role | None = Field(None, description="None for the fallback, which serves any role.")
     pool: str | None = None
     tools: bool = Field(False, description="Whether its engine takes `tools` (models[].tools).")
+    embeds: bool = Field(False, description="Whether it serves embeddings (the embedding role).")
     chat_template: str | None = Field(
         None, description="The template its engine renders with, where not the tokenizer's own."
     )
@@ -144,6 +145,7 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         tokenizer=resolve_path(config.base_dir, model.source),
         role=backend.role,
         pool=backend.pool,
+        embeds=not backend.role.generates,
         tools=model.tools is not None,
         chat_template=_template(config, model.tools),
     )

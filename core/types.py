@@ -29,6 +29,14 @@ class Role(StrEnum):
     REASONING = "reasoning"
     VISION = "vision"
     CODING = "coding"
+    # Vectors, not text: served on `/v1/embeddings` only (vLLM's pooling runner), never a link
+    # of a chat's chain, and never failed over to another model (its vectors would not compare).
+    EMBEDDING = "embedding"
+
+    @property
+    def generates(self) -> bool:
+        """Whether the role answers chats and completions (every role but embedding)."""
+        return self is not Role.EMBEDDING
 
 
 class PoolKind(StrEnum):

@@ -21,6 +21,7 @@ __all__ = [
     "Refusal",
     "Routed",
     "is_completion",
+    "is_embedding",
     "take_prompt_count",
     "with_prompt_count",
 ]
@@ -58,11 +59,18 @@ def is_completion(request: Any) -> bool:
     return hasattr(request, "prompt") and not hasattr(request, "messages")
 
 
+def is_embedding(request: Any) -> bool:
+    """Whether a job's request is a `/v1/embeddings` one (inputs to turn into vectors)."""
+    return hasattr(request, "input") and not hasattr(request, "messages")
+
+
 @dataclass(frozen=True)
 class ChatJob:
-    """A validated chat or completions request, authenticated and resolved to a role."""
+    """A validated chat, completions or embeddings request, authenticated and resolved to a
+    role."""
 
-    request: Any  # ray.serve.llm ChatCompletionRequest or CompletionRequest (vLLM's schemas)
+    # ray.serve.llm's ChatCompletionRequest, CompletionRequest or EmbeddingCompletionRequest
+    request: Any
     role: Role
     priority: PriorityClass
     caller: str

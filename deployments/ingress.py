@@ -19,6 +19,7 @@ from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingCompletionRequest,
     ErrorResponse,
 )
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
@@ -45,6 +46,7 @@ from policy.oom import OOM_CODE
 from policy.request import (
     check_chat_request,
     check_completion_request,
+    check_embedding_request,
     check_tool_support,
     parse_object,
 )
@@ -128,6 +130,17 @@ class Ingress:
             metrics.observe_request("completions", error.status, time.perf_counter() - started)
             raise
         metrics.observe_request("completions", response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.post("/v1/embeddings")
+    async def embeddings(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            response = await self._embed(request, started)
+        except ApiError as error:
+            metrics.observe_request("embeddings", error.status, time.perf_counter() - started)
+            raise
+        metrics.observe_request("embeddings", response.status_code, time.perf_counter() - started)
         return response
 
     @app.get("/v1/keys/usage")
@@ -222,11 +235,21 @@ class Ingress:
         job = ChatJob(completion, role, priority, caller.name, context_share)
         return await self._metered(job, depth, started)
 
+    async def _embed(self, request: Request, started: float) -> Response:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        limits = self._config.gateway
+        payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
+        role = self._role_for(payload, vectors=True)
+        priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
+        assert role is not None  # `auto` chooses among text models: refused for vectors
+        job = ChatJob(_validate_embedding(payload), role, priority, caller.name)
+        return await self._metered(job, None, started)
+
     async def _metered(self, job: ChatJob, depth: DepthDecision | None, started: float) -> Response:
         """The job answered under its key's limits, its usage counted however it ends."""
         admission = await self._metering.admit(job.caller)
         usage = None
-        if job.request.stream:
+        if getattr(job.request, "stream", False):  # embeddings are never streamed
             usage = StreamUsage(_wants_usage(job.request))
             if admission is not UNMETERED:  # the engine's count, not an estimate
                 options = StreamOptions(include_usage=True)
@@ -300,8 +323,10 @@ class Ingress:
         finally:
             self._metering.settle(admission, *usage.totals(prompt))
 
-    def _role_for(self, payload: dict[str, Any]) -> Role | None:
-        """The role a request names; None for `auto`, which the depth router resolves."""
+    def _role_for(self, payload: dict[str, Any], vectors: bool = False) -> Role | None:
+        """The role a request names; None for `auto`, which the depth router resolves.
+        `vectors`: for `/v1/embeddings`, which only an embedding model answers (and text
+        endpoints never go to one)."""
         name = payload.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(
@@ -315,11 +340,13 @@ class Ingress:
                 f"The model {name!r} does not exist. Available models: {available}.",
                 param="model",
             )
+        role = self._served[name]
+        _check_kind(name, role, vectors, self._served)
         served_roles = set(self._served.values())
         # Images go to the vision role whatever was asked: a text model cannot read them.
-        if Role.VISION in served_roles and _has_image_parts(payload):
+        if not vectors and Role.VISION in served_roles and _has_image_parts(payload):
             return Role.VISION
-        return self._served[name]
+        return role
 
     def _depth_for(
         self, latest: str, header: str | None, effort: str | None = None
@@ -380,6 +407,35 @@ def _latest_user_text(payload: dict[str, Any]) -> str:
     messages = payload["messages"]  # validated: a non-empty list of messages
     users = [m for m in messages if m.get("role") == "user"]
     return message_text(users[-1]) if users else ""
+
+
+def _check_kind(name: str, role: Role | None, vectors: bool, served: dict[str, Any]) -> None:
+    """Text endpoints never reach an embedding model, nor `/v1/embeddings` a text model (`auto`,
+    None here, resolves to a text model)."""
+    generates = role is None or role.generates
+    if vectors and generates:
+        names = ", ".join(n for n, r in served.items() if r is not None and not r.generates)
+        where = f"embedding models here: {names}" if names else "no embedding model is served"
+        message = f"The model {name!r} generates text, not embeddings ({where})."
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")
+    if not vectors and not generates:
+        message = f"The model {name!r} is an embedding model: send it to /v1/embeddings."
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")
+
+
+def _validate_embedding(payload: dict[str, Any]) -> Any:
+    """The request as vLLM's EmbeddingCompletionRequest, or ApiError 400."""
+    check_embedding_request(payload)
+    try:
+        return EmbeddingCompletionRequest.model_validate(payload)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or None
+        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
+    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
+        logger.warning("embedding refused by vLLM's schema, not ours: %r", error)
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
 
 
 def _validate_completion(payload: dict[str, Any]) -> Any:

@@ -132,10 +132,14 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         async for item in self._served(super().completions, request, raw_request_info):
             yield item
 
+    async def embeddings(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+        async for item in self._served(super().embeddings, request, raw_request_info):
+            yield item
+
     async def _served(
         self, serve: Callable[..., Awaitable[Any]], request: Any, raw_request_info: Any
     ) -> AsyncIterator[Any]:
-        """A chat or a completion through the guard, its errors judged and its failures
+        """A chat, completion or embedding through the guard, its errors judged and its failures
         contained (the module's docstring)."""
         if self._failure is not None:
             yield oom_response(f"This replica is being replaced: {self._failure}")
@@ -194,7 +198,11 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         room = KvRoom(self._capacity, self._stats.usage, self._stats.running)
         if room.running == 0:
             return None  # an idle engine holds a whole window (vLLM checked at start)
-        max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens or 0
+        max_tokens = (
+            getattr(request, "max_completion_tokens", None)
+            or getattr(request, "max_tokens", 0)
+            or 0
+        )
         if admits(room, count.tokens + max_tokens):
             return None  # exact, or a bound that fits: either way it fits
         prompt = count.tokens if count.exact else await self._count_exactly(request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from core import topology
@@ -156,7 +157,25 @@ def _chains(config: ClusterConfig) -> list[str]:
             )
         elif FALLBACK_BACKEND in links[:-1]:
             problems.append(f"{where}: {FALLBACK_BACKEND!r} may only be the last link")
+        problems += _mixed_kinds(role, links, where)
     return problems
+
+
+def _mixed_kinds(role: Role, links: Sequence[str], where: str) -> list[str]:
+    """An embedding chain holds embedding backends only (another model's vectors would not
+    compare with the ones already stored); a text chain holds none."""
+    wrong = [
+        link
+        for link in links
+        if link != FALLBACK_BACKEND
+        and (link.split("@")[0] != Role.EMBEDDING.value) != role.generates
+    ]
+    kind = "vectors" if role.generates else "text"
+    return [
+        f"{where}: {link!r} serves {kind}, not what {role.value!r} answers; list backends of "
+        "the same kind (the CPU fallback serves text only: an embedding chain skips it)"
+        for link in wrong
+    ]
 
 
 # vLLM options that `models[].tools` owns.

@@ -110,13 +110,14 @@ class ClusterConfig(Frozen):
 
     @property
     def default_role(self) -> Role:
-        """Where a request with no better place goes: the orchestrator, else the first role."""
-        roles = [m.role for m in self.models]
+        """Where a request with no better place goes: the orchestrator, else the first role
+        that generates text."""
+        roles = [m.role for m in self.models if m.role.generates] or [self.models[0].role]
         return Role.ORCHESTRATOR if Role.ORCHESTRATOR in roles else roles[0]
 
     def depth_route(self, depth: Depth) -> DepthRoute:
         """The route for a depth, on a served role (the default role if its own is not served)."""
         route = self.depth.routes[depth]
-        if any(m.role == route.role for m in self.models):
+        if route.role.generates and any(m.role == route.role for m in self.models):
             return route
         return DepthRoute(role=self.default_role, context_share=route.context_share)

@@ -43,6 +43,7 @@ DEFAULT_CAPS: Mapping[Role, int] = {
     Role.REASONING: 8,
     Role.VISION: 4,
     Role.CODING: 6,
+    Role.EMBEDDING: 16,
 }
 
 

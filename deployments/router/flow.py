@@ -23,18 +23,20 @@ from core.config import ClusterConfig
 from core.errors import ErrorCode
 from core.topology import Target
 from core.types import Role
-from core.wire import ChatJob, Refusal, is_completion
+from core.wire import ChatJob, Refusal, is_completion, is_embedding
 from deployments.router import metrics
 from deployments.router.faults import BackendFault, Continuing, MidStreamFault, stream_error_event
 from deployments.router.link import Link
 from deployments.router.placement_sync import PlacementSync
 from deployments.router.ports import Clock
 from deployments.router.serving import Serving
+from policy.context.embed_fit import EmbedFit, fit_inputs
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
 from policy.context.prompt_fit import NoFim, PromptFit, fit_prompt
 from policy.context.tokens import TokenCounter
 from policy.gate import Shed
 from policy.link_choice import choose_link
+from policy.request import embedding_inputs
 from policy.request.tools import calls_tools
 from policy.stream_migration import continuable, continuation_request
 
@@ -63,8 +65,11 @@ class Flow:
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
         chain = self._placement.chain(job.role)
+        embeds = is_embedding(job.request)  # vectors come from embedding backends only
+        targets = self._config.targets
+        chain = tuple(name for name in chain if targets[name].embeds == embeds)
         if calls_tools(job.request):  # a link whose engine cannot take them is no failover
-            chain = tuple(name for name in chain if self._links[name].target.tools)
+            chain = tuple(name for name in chain if targets[name].tools)
         tried: list[str] = []
         original = job.request
         continuing: Continuing | None = None  # a stream whose link failed after its first token
@@ -105,7 +110,7 @@ class Flow:
         views = {name: link.status().view() for name, link in self._links.items()}
         return choose_link(chain, views, tried)
 
-    async def _admit(self, link: Link, job: ChatJob) -> Fit | PromptFit | Refusal:
+    async def _admit(self, link: Link, job: ChatJob) -> Fit | PromptFit | EmbedFit | Refusal:
         """The job fitted to `link` and holding one of its slots, or why not."""
         fitted = await self._fit_or_refusal(job, link.target)
         if isinstance(fitted, Refusal):
@@ -113,8 +118,12 @@ class Flow:
         shed = await self._slot(link, job)
         return fitted if shed is None else shed
 
-    async def _fit_or_refusal(self, job: ChatJob, target: Target) -> Fit | PromptFit | Refusal:
+    async def _fit_or_refusal(
+        self, job: ChatJob, target: Target
+    ) -> Fit | PromptFit | EmbedFit | Refusal:
         try:
+            if is_embedding(job.request):
+                return await self._fit_inputs(job, target)
             if is_completion(job.request):
                 return await self._fit_prompt(job, target)
             return await self._fit(job, target)
@@ -177,6 +186,18 @@ class Flow:
             requested_max_tokens=request.max_tokens,
             counter=self._counters[target.counter_key],
             suffix=request.suffix,
+        )
+        return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
+
+    async def _fit_inputs(self, job: ChatJob, target: Target) -> EmbedFit:
+        """An embeddings request's inputs counted against the link's window."""
+        request = job.request
+        work = functools.partial(
+            fit_inputs,
+            embedding_inputs(request.input),
+            window=target.context_window,
+            truncate_prompt_tokens=request.truncate_prompt_tokens,
+            counter=self._counters[target.counter_key],
         )
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 

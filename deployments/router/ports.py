@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingCompletionRequest,
 )
 
 from autoscale.broadcast import PlacementView
@@ -41,6 +42,8 @@ class Backend(Protocol):
     def chat(self, request: ChatCompletionRequest) -> ChatStream: ...
 
     def completions(self, request: CompletionRequest) -> ChatStream: ...
+
+    def embeddings(self, request: EmbeddingCompletionRequest) -> ChatStream: ...
 
     async def check_health(self) -> None:
         """Returns when the backend answers healthy; raises otherwise."""

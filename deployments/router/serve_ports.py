@@ -13,6 +13,7 @@ from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingCompletionRequest,
 )
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
@@ -46,6 +47,10 @@ class ServeBackend:
 
     def completions(self, request: CompletionRequest) -> ChatStream:
         stream: ChatStream = self._stream.completions.remote(request)
+        return stream
+
+    def embeddings(self, request: EmbeddingCompletionRequest) -> ChatStream:
+        stream: ChatStream = self._stream.embeddings.remote(request)
         return stream
 
     async def check_health(self) -> None:

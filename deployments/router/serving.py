@@ -19,7 +19,14 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from ray.serve.exceptions import RequestCancelledError
 
 from core.config import RouterConfig
-from core.wire import ChatJob, PromptCount, Routed, is_completion, with_prompt_count
+from core.wire import (
+    ChatJob,
+    PromptCount,
+    Routed,
+    is_completion,
+    is_embedding,
+    with_prompt_count,
+)
 from deployments.router import metrics
 from deployments.router.faults import (
     BACKEND_FAULTS,
@@ -36,9 +43,12 @@ from deployments.router.faults import (
 )
 from deployments.router.link import Link
 from deployments.router.ports import ChatStream
+from policy.context.embed_fit import EmbedFit
 from policy.context.fit import Fit
 from policy.context.prompt_fit import PromptFit
 from policy.stream_migration import Rewriter, StreamTape, migration_note
+
+AnyFit = Fit | PromptFit | EmbedFit
 
 
 @dataclass
@@ -47,7 +57,7 @@ class Attempt:
     began, so its chunks are rewritten to that answer's)."""
 
     link: Link
-    fit: Fit | PromptFit
+    fit: AnyFit
     streaming: bool
     continuing: Continuing | None
     tape: StreamTape = field(init=False)
@@ -92,7 +102,7 @@ class Serving:
         self,
         link: Link,
         job: ChatJob,
-        fit: Fit | PromptFit,
+        fit: AnyFit,
         failovers: int,
         continuing: Continuing | None,
     ) -> AsyncGenerator[Any, None]:
@@ -101,7 +111,8 @@ class Serving:
         if not link.breaker.try_acquire():  # tripped while we waited for the slot
             link.gate.release()
             raise BackendFault("its breaker opened while the job waited")
-        attempt = Attempt(link, fit, bool(job.request.stream), continuing)
+        streaming = bool(getattr(job.request, "stream", False))  # embeddings never stream
+        attempt = Attempt(link, fit, streaming, continuing)
         _enter(link)
         try:
             stream, first = await self._first_item(attempt, engine_request(link, job.request, fit))
@@ -123,7 +134,7 @@ class Serving:
     async def _first_item(self, attempt: Attempt, request: Any) -> tuple[ChatStream, Any]:
         link = attempt.link
         try:
-            send = link.backend.completions if is_completion(request) else link.backend.chat
+            send = _method(link, request)
             stream = attempt.stream = send(request)
             asked = time.perf_counter()
             first = await _unless_pool_lost(
@@ -185,9 +196,18 @@ async def _unless_pool_lost(link: Link, item: Awaitable[Any], timeout_s: float) 
     raise TimeoutError(f"no first item in {timeout_s:.0f} s")
 
 
-def engine_request(link: Link, request: Any, fit: Fit | PromptFit) -> Any:
+def _method(link: Link, request: Any) -> Any:
+    """The backend's method for the kind of request: chat, completions or embeddings."""
+    if is_embedding(request):
+        return link.backend.embeddings
+    return link.backend.completions if is_completion(request) else link.backend.chat
+
+
+def engine_request(link: Link, request: Any, fit: AnyFit) -> Any:
     """The request as `link`'s engine gets it: its model name, the fitted prompt and output."""
     count = PromptCount(fit.prompt_tokens, exact=fit.counted)
+    if isinstance(fit, EmbedFit):  # the inputs as sent: the engine truncates where asked
+        return with_prompt_count(request, count, model=link.target.model_id)
     if isinstance(fit, PromptFit):  # a completion: the prompt fitted, a suffix written into it
         return with_prompt_count(
             request,
@@ -231,7 +251,7 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
     return opening
 
 
-def _routed(link: Link, fit: Fit | PromptFit, failovers: int, engine_wait_s: float) -> Routed:
+def _routed(link: Link, fit: AnyFit, failovers: int, engine_wait_s: float) -> Routed:
     return Routed(
         backend=link.target.name,
         max_tokens=fit.max_tokens,

@@ -18,6 +18,7 @@ from ray.exceptions import ActorDiedError, RayError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingCompletionRequest,
     ErrorInfo,
     ErrorResponse,
 )
@@ -86,6 +87,7 @@ class FakeBackend:
         self.streams: list[FakeStream] = []
         self.requests: list[Any] = []
         self.completion_calls = 0
+        self.embedding_calls = 0
 
     def chat(self, request: ChatCompletionRequest) -> FakeStream:
         self.calls += 1
@@ -96,7 +98,11 @@ class FakeBackend:
 
     def completions(self, request: CompletionRequest) -> FakeStream:
         self.completion_calls += 1
-        return self.chat(request)  # the same script answers both
+        return self.chat(request)  # the same script answers every kind
+
+    def embeddings(self, request: EmbeddingCompletionRequest) -> FakeStream:
+        self.embedding_calls += 1
+        return self.chat(request)
 
     async def check_health(self) -> None:
         self.probes += 1
@@ -833,3 +839,32 @@ def test_a_suffix_to_a_model_without_fim_markers_is_a_400_and_no_fault() -> None
     assert (refusal.status, refusal.code) == (400, "fim_not_supported")
     assert coding.calls == orchestrator.calls == 0
     assert sample("gps_backend_faults_total", backend="coding@local") == faults
+
+
+def test_vectors_come_from_embedding_backends_only_never_the_text_fallback() -> None:
+    raw = {
+        "pools": [{"name": "local", "kind": "local"}],
+        "models": [
+            {"role": "coding", "source": "example/c", "context_window": 4096, "pools": ["local"]},
+            {"role": "embedding", "source": "example/e", "context_window": 512, "pools": ["local"]},
+        ],
+        "fallback": {"source": "fallback.gguf"},
+    }
+    config = parse_config(raw, base_dir=Path("."), environ={})
+    embedding, fallback = FakeBackend(dead), FakeBackend(ok)
+    router = make_router(config, {"embedding@local": embedding, "cpu-fallback": fallback})
+    request = EmbeddingCompletionRequest(model="embedding", input=["a", "b"])
+    job = ChatJob(request, Role.EMBEDDING, PriorityClass.USER, "t")
+    [refusal] = asyncio.run(collect(router, job))
+    assert isinstance(refusal, Refusal)
+    assert refusal.status == 503
+    assert embedding.embedding_calls == 1
+    assert fallback.calls == 0
+    # A working one answers, and is sent the inputs as they came.
+    healthy = FakeBackend(ok)
+    router = make_router(config, {"embedding@local": healthy, "cpu-fallback": fallback})
+    routed, *_ = asyncio.run(collect(router, job))
+    assert isinstance(routed, Routed)
+    assert routed.backend == "embedding@local"
+    assert healthy.requests[0].input == ["a", "b"]
+    assert healthy.requests[0].model == "embedding"

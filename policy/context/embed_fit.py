@@ -1,0 +1,68 @@
+"""Fit an embeddings request to a backend's window: an input is never cut unless the request
+says so (`truncate_prompt_tokens`, which the engine applies), because a vector of half a text
+is a wrong vector, not a shorter one. An input over the window is refused, naming it.
+
+Pure: the counter is the only tokenizer it touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policy.context.fit import ContextOverflow
+from policy.context.tokens import TokenCounter
+
+__all__ = ["EmbedFit", "InputTooLong", "fit_inputs"]
+
+
+class InputTooLong(ContextOverflow):
+    """An input is longer than the window and the request did not ask to truncate it."""
+
+    def __init__(self, index: int, tokens: int, window: int) -> None:
+        super().__init__(tokens - window, window)
+        self.index = index
+        self.tokens = tokens
+
+    def __str__(self) -> str:
+        return (
+            f"input[{self.index}] is {self.tokens} tokens, over the model's window of "
+            f"{self.window}: shorten it, or set truncate_prompt_tokens (-1: cut to the window)."
+        )
+
+
+@dataclass(frozen=True)
+class EmbedFit:
+    prompt_tokens: int  # of every input, as the engine will see them (after any truncation)
+    truncated: int  # inputs the engine will cut, as the request asked
+    max_tokens: int = 0  # nothing is generated
+    counted: bool = True
+    # What a chat Fit says, for the routing headers: nothing was dropped or compressed.
+    system_compressed: bool = False
+    dropped_messages: int = 0
+    output_clamped: bool = False
+
+    @property
+    def fitted(self) -> bool:
+        return self.truncated > 0
+
+
+def fit_inputs(
+    inputs: Sequence[str | list[int]],
+    *,
+    window: int,
+    truncate_prompt_tokens: int | None,
+    counter: TokenCounter,
+) -> EmbedFit:
+    """Each input's count against the window (or the truncation the request asked for)."""
+    limit = window if truncate_prompt_tokens in (None, -1) else min(truncate_prompt_tokens, window)
+    total = truncated = 0
+    for index, item in enumerate(inputs):
+        tokens = len(item) if isinstance(item, list) else counter.count_raw(item)
+        if tokens > limit:
+            if truncate_prompt_tokens is None:
+                raise InputTooLong(index, tokens, window)
+            truncated += 1
+            tokens = limit
+        total += tokens
+    return EmbedFit(total, truncated, counted=counter.exact)

@@ -1,0 +1,80 @@
+"""`/v1/embeddings` before any engine: the body's shapes, inputs counted against the window,
+and chains that give vectors from embedding backends only."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from core.config import ConfigError, load_config
+from core.errors import ApiError
+from policy.context.embed_fit import InputTooLong, fit_inputs
+from policy.context.tokens import CharEstimateCounter
+from policy.request import check_embedding_request, embedding_inputs
+
+BASE: dict[str, Any] = {
+    "pools": [{"name": "local", "kind": "local"}],
+    "models": [
+        {"role": "orchestrator", "source": "./m", "context_window": 4096, "pools": ["local"]},
+        {"role": "embedding", "source": "./e", "context_window": 512, "pools": ["local"]},
+    ],
+    "fallback": {"source": "./fallback.gguf"},
+}
+
+
+@pytest.mark.parametrize(
+    ("raw", "count"),
+    [("one text", 1), (["a", "b", "c"], 3), ([1, 2, 3], 1), ([[1, 2], [3]], 2)],
+)
+def test_openais_four_input_shapes_are_one_input_each(raw: Any, count: int) -> None:
+    check_embedding_request({"input": raw, "dimensions": 8, "encoding_format": "base64"})
+    assert len(embedding_inputs(raw)) == count
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["a", ""]}, "input[1]"),
+        ({"input": [[1], []]}, "input[1]"),
+        ({"input": ["a", 1]}, "input[1]"),
+        ({"input": {"text": "a"}}, "input"),
+        ({"input": ["a"] * 2049}, "input"),
+        ({"input": "a", "dimensions": 0}, "dimensions"),
+        ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+    ],
+)
+def test_each_mistake_is_a_400_naming_its_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        check_embedding_request(body)
+    assert refused.value.status == 400
+    assert refused.value.param == param
+
+
+def test_an_input_over_the_window_is_refused_by_name_unless_truncation_is_asked() -> None:
+    counter = CharEstimateCounter()  # four characters a token
+    inputs: list[str | list[int]] = ["short", "x" * 4000, list(range(100))]
+    with pytest.raises(InputTooLong) as refused:
+        fit_inputs(inputs, window=512, truncate_prompt_tokens=None, counter=counter)
+    assert refused.value.index == 1
+    assert "input[1]" in str(refused.value)
+    fit = fit_inputs(inputs, window=512, truncate_prompt_tokens=-1, counter=counter)
+    assert fit.truncated == 1
+    assert fit.fitted
+    assert fit.prompt_tokens == counter.count_raw("short") + 512 + 100
+
+
+def test_an_embedding_chain_holds_embedding_backends_only(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["chains"] = {"embedding": ["embedding@local", "orchestrator@local", "cpu-fallback"]}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"'orchestrator@local' serves text"):
+        load_config(path, environ={})
