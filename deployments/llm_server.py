@@ -172,6 +172,8 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         """The prompt's exact count, for the rare request whose bound did not fit the room:
         the tokenizer loads on first need, not at start (most replicas never need it). None
         when it cannot load: then the guard lets the request through, as with no guard."""
+        if not hasattr(request, "messages"):  # a completion counted by estimate: let it through
+            return None
         if self._counter is None:
             source = self._llm_config.model_loading_config.model_source
             try:

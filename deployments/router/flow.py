@@ -64,28 +64,26 @@ class Flow:
 
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
-        chain = self._placement.chain(job.role)
-        embeds = is_embedding(job.request)  # vectors come from embedding backends only
-        targets = self._config.targets
-        chain = tuple(name for name in chain if targets[name].embeds == embeds)
-        if calls_tools(job.request):  # a link whose engine cannot take them is no failover
-            chain = tuple(name for name in chain if targets[name].tools)
+        chain = self._chain_for(job)
         tried: list[str] = []
         original = job.request
         continuing: Continuing | None = None  # a stream whose link failed after its first token
+        without_fim: dict[str, Refusal] = {}  # links whose model cannot fill in the middle
         while True:
             name = self._choose(chain, tried)
             if name is None:
-                yield self._unavailable(job.role, tried)
+                yield self._nowhere(job.role, tried, without_fim)
                 return
             link = self._links[name]
             with link.claimed():
                 admitted = await self._admit(link, job)
                 if isinstance(admitted, Refusal):
-                    if continuing is None:
+                    if admitted.code == ErrorCode.FIM_NOT_SUPPORTED:
+                        without_fim[name] = admitted  # another link's model may have FIM tokens
+                    elif continuing is None:
                         yield admitted
                         return
-                    tried.append(name)  # half an answer is out: another link may take the rest
+                    tried.append(name)  # or half an answer is out: another may take the rest
                     continue
                 try:
                     async for item in self._serving.serve_on(
@@ -105,6 +103,16 @@ class Flow:
                         return
                     request = continuation_request(original, continuing.partial, continuing.budget)
                     job = replace(job, request=request)
+
+    def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
+        """The role's chain, less the links that cannot take this job."""
+        chain = self._placement.chain(job.role)
+        embeds = is_embedding(job.request)  # vectors come from embedding backends only
+        targets = self._config.targets
+        chain = tuple(name for name in chain if targets[name].embeds == embeds)
+        if calls_tools(job.request):  # a link whose engine cannot take them is no failover
+            chain = tuple(name for name in chain if targets[name].tools)
+        return chain
 
     def _choose(self, chain: tuple[str, ...], tried: list[str]) -> str | None:
         views = {name: link.status().view() for name, link in self._links.items()}
@@ -130,7 +138,7 @@ class Flow:
         except ContextOverflow as overflow:
             return Refusal(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(overflow))
         except NoFim as no_fim:
-            message = f"The backend {target.name}: {no_fim}."
+            message = f"No backend of this model's chain can fill in the middle: {no_fim}."
             return Refusal(400, ErrorCode.FIM_NOT_SUPPORTED, message)
         except Exception as error:  # noqa: BLE001 - a chat template may raise anything on messages it rejects
             message = f"The messages cannot be rendered: {error}"
@@ -200,6 +208,12 @@ class Flow:
             counter=self._counters[target.counter_key],
         )
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
+
+    def _nowhere(self, role: Role, tried: list[str], without_fim: Mapping[str, Refusal]) -> Refusal:
+        """No link left: the client's 400 when every link tried lacked FIM tokens, else 503."""
+        if tried and all(name in without_fim for name in tried):
+            return without_fim[tried[-1]]
+        return self._unavailable(role, tried)
 
     def _unavailable(self, role: Role, tried: list[str]) -> Refusal:
         if tried:

@@ -32,8 +32,8 @@ class PromptOverflow(ContextOverflow):
     def __str__(self) -> str:
         return (
             f"The prompt does not fit the model's context window of {self.window} tokens even "
-            f"with its beginning cut: the suffix and the smallest output need {self.over_by} "
-            "more tokens; shorten the suffix."
+            f"with its beginning cut: what must stay (a suffix, one token of the prompt) and "
+            f"the smallest output need {self.over_by} more tokens; shorten the suffix."
         )
 
 
@@ -76,6 +76,7 @@ def fit_prompt(
         margin += math.ceil(window * policy.estimate_margin_share)
     if isinstance(prompt, list):
         return _fit_ids(prompt, window, max_tokens, margin, requested_max_tokens, policy)
+    suffix = suffix or None  # an empty suffix (the cursor at the end) is no suffix
     markers = counter.fim_markers() if suffix is not None else None
     if suffix is not None:
         if markers is None:
@@ -91,7 +92,8 @@ def fit_prompt(
     total = counter.count_raw(text)
     room = window - margin
     if total + max_tokens <= room:  # most requests: as sent
-        return PromptFit(text, max_tokens, total, 0, _clamped(requested_max_tokens, max_tokens))
+        clamped = _clamped(requested_max_tokens, max_tokens)
+        return PromptFit(text, max_tokens, total, 0, clamped, counted=counter.exact)
     # The prompt's beginning goes first; only if what must stay leaves no room for the output
     # asked for does the output shrink, to `min_output_tokens` at the least.
     least = 0 if suffix is not None else 1  # a prompt keeps one token; a suffix is enough
@@ -106,7 +108,8 @@ def fit_prompt(
     counted = counter.count_raw(text)
     max_tokens = max(1, min(max_tokens, room - counted))
     dropped = max(0, total - counted)
-    return PromptFit(text, max_tokens, counted, dropped, _clamped(requested_max_tokens, max_tokens))
+    clamped = _clamped(requested_max_tokens, max_tokens)
+    return PromptFit(text, max_tokens, counted, dropped, clamped, counted=counter.exact)
 
 
 def _fit_ids(

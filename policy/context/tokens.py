@@ -35,6 +35,7 @@ __all__ = [
 Message = dict[str, Any]
 
 CONTENT_CACHE_ENTRIES = 4096
+_UNREAD = object()
 TOOLS_CACHE_ENTRIES = 256
 
 
@@ -167,6 +168,7 @@ class ChatTemplateCounter:
         # Agents send the same tools on every call: their cost is measured once (by digest,
         # so the cache holds numbers, not the listings).
         self._tools_costs: dict[str, int] = {}
+        self._fim: FimMarkers | object | None = _UNREAD
         self._frame = self._measure_frame()
 
     def _measure_frame(self) -> tuple[int, int] | None:
@@ -252,11 +254,17 @@ class ChatTemplateCounter:
         return kept.lstrip("\ufffd")
 
     def fim_markers(self) -> FimMarkers | None:
-        vocab = self._tokenizer.get_vocab()
-        for markers in KNOWN_FIM_MARKERS:
-            if {markers.prefix, markers.suffix, markers.middle} <= vocab.keys():
-                return markers
-        return None
+        if self._fim is _UNREAD:  # the vocabulary is read once (tens of ms)
+            vocab = self._tokenizer.get_vocab()
+            self._fim = next(
+                (
+                    markers
+                    for markers in KNOWN_FIM_MARKERS
+                    if {markers.prefix, markers.suffix, markers.middle} <= vocab.keys()
+                ),
+                None,
+            )
+        return self._fim  # type: ignore[return-value]
 
     def count_tools(self, tools: Sequence[Message]) -> int:
         listed = json.dumps(list(tools), sort_keys=True).encode()

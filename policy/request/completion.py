@@ -27,6 +27,9 @@ MAX_TOKEN_ID = 2**31 - 1
 
 def check_completion_request(payload: Mapping[str, Any]) -> None:
     """Raise ApiError 400 for the first field a completions request gets wrong."""
+    for other, endpoint in (("messages", "/v1/chat/completions"), ("input", "/v1/embeddings")):
+        if other in payload:  # a body meant for another endpoint: never half-read as one
+            fail(other, f"belongs to {endpoint}; a completion takes a prompt")
     _check_prompt(payload.get("prompt"))
     check_sampling(payload, COMPLETION_INT_RANGES, COMPLETION_BOOL_FIELDS)
     check_optional(payload, "suffix", str, "a string")
@@ -36,8 +39,10 @@ def check_completion_request(payload: Mapping[str, Any]) -> None:
     prompt = payload.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a list of one prompt
-    if payload.get("suffix") is not None and not isinstance(prompt, str):
+    if payload.get("suffix") and not isinstance(prompt, str):
         fail("suffix", "needs a text prompt (the prefix), not token ids")
+    if payload.get("suffix") and payload.get("echo"):
+        fail("echo", "cannot be combined with suffix (the prompt sent is the FIM prompt)")
 
 
 def _check_prompt(prompt: Any) -> None:

@@ -21,6 +21,9 @@ MAX_TOKEN_ID = 2**31 - 1
 
 def check_embedding_request(payload: Mapping[str, Any]) -> None:
     """Raise ApiError 400 for the first field an embeddings request gets wrong."""
+    for other, endpoint in (("messages", "/v1/chat/completions"), ("prompt", "/v1/completions")):
+        if other in payload:  # a body meant for another endpoint: never half-read as one
+            fail(other, f"belongs to {endpoint}; embeddings take an input")
     embedding_inputs(payload.get("input"))
     dimensions = payload.get("dimensions")
     if dimensions is not None and (not is_int(dimensions) or dimensions < 1):

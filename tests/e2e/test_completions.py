@@ -63,11 +63,14 @@ def test_echo_and_logprobs_come_back(client: openai.OpenAI) -> None:
 def test_an_over_long_prompt_keeps_its_end(http: httpx.Client) -> None:
     # vision's window is 1536 tokens (tests/e2e/gateway.yaml): this prompt is about 3000.
     lines = "".join(f"x{i} = {i}\n" for i in range(600))
-    body = {"model": "vision", "prompt": lines + "total = x599 +", "max_tokens": 8}
+    body = {"model": "vision", "prompt": lines + "total = x599 +", "max_tokens": 8, "echo": True}
     reply = http.post("/v1/completions", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-context-fitted"] == "true"
     assert reply.json()["usage"]["prompt_tokens"] + 8 <= 1536
+    echoed = reply.json()["choices"][0]["text"]  # the prompt as sent, then the completion
+    assert "x598 = 598\ntotal = x599 +" in echoed  # the end stayed
+    assert "x0 = 0\n" not in echoed  # the beginning went
 
 
 def test_a_suffix_to_a_model_without_fim_tokens_is_a_clear_400(http: httpx.Client) -> None:

@@ -18,6 +18,7 @@ from policy.request import check_completion_request
         {"prompt": ["one prompt"], "suffix": "tail", "stream": True},
         {"prompt": [[1, 2]], "n": 1, "best_of": 1},
         {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}},
+        {"prompt": [1, 2], "suffix": ""},  # an empty suffix is none (the cursor at the end)
     ],
 )
 def test_what_openai_clients_send_passes(body: dict[str, Any]) -> None:
@@ -43,6 +44,9 @@ def test_what_openai_clients_send_passes(body: dict[str, Any]) -> None:
         ({"prompt": "x", "temperature": 9}, "temperature"),
         ({"prompt": "x", "stop": ["a"] * 5}, "stop"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": "x", "messages": []}, "messages"),  # a chat's body: never half-read
+        ({"prompt": "x", "input": "y"}, "input"),
+        ({"prompt": "x", "suffix": "y", "echo": True}, "echo"),
     ],
 )
 def test_each_mistake_is_a_400_naming_its_field(body: dict[str, Any], param: str) -> None:

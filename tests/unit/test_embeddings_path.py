@@ -49,6 +49,8 @@ def test_openais_four_input_shapes_are_one_input_each(raw: Any, count: int) -> N
         ({"input": "a", "dimensions": 0}, "dimensions"),
         ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ({"input": "a", "messages": []}, "messages"),
+        ({"input": "a", "prompt": "b"}, "prompt"),
     ],
 )
 def test_each_mistake_is_a_400_naming_its_field(body: dict[str, Any], param: str) -> None:

@@ -109,3 +109,10 @@ def test_token_ids_keep_the_last_ones() -> None:
     fit = fit_prompt(ids, window=300, requested_max_tokens=100, counter=WordCounter())
     assert fit.prompt == ids[-(300 - 100 - MARGIN) :]
     assert fit.dropped_tokens == 1000 - len(fit.prompt)
+
+
+def test_an_empty_suffix_is_no_suffix_even_without_fim_markers() -> None:
+    fit = fit_prompt(
+        "x = 1", suffix="", window=100, requested_max_tokens=4, counter=WordCounter(False)
+    )
+    assert fit.prompt == "x = 1"

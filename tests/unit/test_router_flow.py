@@ -30,7 +30,7 @@ from core.wire import ChatJob, Refusal, Routed
 from deployments.router import Router, RouterPorts
 from deployments.router.metrics import BACKEND_FAULTS, REGISTRY, STREAM_MIGRATIONS
 from deployments.router.ports import DeploymentFacts, DeploymentKey
-from policy.context.tokens import CharEstimateCounter
+from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
 
 Behaviour = Callable[[int], list[Any]]  # call number -> items (an Exception item is raised)
 APP = "gateway"
@@ -162,6 +162,7 @@ def make_router(
     deployments: FakeDeployments | None = None,
     placement: FakePlacement | None = None,
     clock: FakeClock | None = None,
+    counters: Mapping[str, Any] | None = None,
 ) -> Router:
     deployments = deployments or FakeDeployments()
     for name, backend in backends.items():
@@ -171,7 +172,8 @@ def make_router(
         backends=backends,
         deployments=deployments,
         placement=placement,
-        counters={t.counter_key: CharEstimateCounter() for t in config.targets.values()},
+        counters={t.counter_key: CharEstimateCounter() for t in config.targets.values()}
+        | dict(counters or {}),
         clock=clock or FakeClock(),
     )
     return Router(config, ports, watch=watch)
@@ -868,3 +870,27 @@ def test_vectors_come_from_embedding_backends_only_never_the_text_fallback() -> 
     assert routed.backend == "embedding@local"
     assert healthy.requests[0].input == ["a", "b"]
     assert healthy.requests[0].model == "embedding"
+
+
+class FimCounter(CharEstimateCounter):
+    """An estimate whose tokenizer has StarCoder's fill-in-the-middle markers."""
+
+    def fim_markers(self) -> FimMarkers | None:
+        return KNOWN_FIM_MARKERS[0]
+
+
+def test_a_suffix_goes_past_links_without_fim_to_one_with_it_without_blame() -> None:
+    coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
+    config = make_config()
+    fim = {config.targets["orchestrator@local"].counter_key: FimCounter()}
+    router = make_router(config, two(coding, orchestrator), counters=fim)
+    faults = sample("gps_backend_faults_total", backend="coding@local")
+    job = completion_job(prompt="def f(", suffix="):\n    pass", max_tokens=8)
+    routed, *_ = asyncio.run(collect(router, job))
+    assert isinstance(routed, Routed)
+    assert routed.backend == "orchestrator@local"
+    [sent] = orchestrator.requests
+    assert sent.prompt == "<fim_prefix>def f(<fim_suffix>):\n    pass<fim_middle>"
+    assert sent.suffix is None
+    assert coding.calls == 0
+    assert sample("gps_backend_faults_total", backend="coding@local") == faults
