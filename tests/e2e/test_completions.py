@@ -69,7 +69,7 @@ def test_an_over_long_prompt_keeps_its_end(http: httpx.Client) -> None:
     assert reply.headers["x-context-fitted"] == "true"
     assert reply.json()["usage"]["prompt_tokens"] + 8 <= 1536
     echoed = reply.json()["choices"][0]["text"]  # the prompt as sent, then the completion
-    assert "x598 = 598\ntotal = x599 +" in echoed  # the end stayed
+    assert "x599 = 599\ntotal = x599 +" in echoed  # the end stayed
     assert "x0 = 0\n" not in echoed  # the beginning went
 
 
