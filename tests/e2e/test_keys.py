@@ -163,11 +163,14 @@ def test_stream_usage_is_booked_without_showing_it(limits_url: str) -> None:
             break
         time.sleep(0.2)
     assert usage["requests"] == 1
-    assert usage["completion_tokens"] == len(content)  # one token per content chunk
+    # The engine's count, not the chunks': tokens that end mid-character (or that a tool
+    # parser holds back) share a chunk, so there are at most as many chunks as tokens.
+    booked = usage["completion_tokens"]
+    assert len(content) <= booked <= 6
     assert usage["prompt_tokens"] > 0
     assert usage["in_flight"] == 0
     metrics = httpx.get(f"{limits_url}/metrics").text
-    assert f'gps_key_tokens_total{{key="meter",kind="completion"}} {len(content)}.0' in metrics
+    assert f'gps_key_tokens_total{{key="meter",kind="completion"}} {booked}.0' in metrics
 
 
 def test_usage_is_for_admin_keys_only(limits_url: str) -> None:
