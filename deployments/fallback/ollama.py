@@ -333,39 +333,37 @@ class OllamaEngine:
         return OllamaApi(self._server.client)
 
     async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
-        if not self._server.ready:
-            raise EngineUnavailable("ollama serve is not running")
         body = chat_body(self._served_model, params, self._window, self._keep_alive)
         reader = _Reader(forced="format" in body)  # the answer is the JSON of one call
-        try:
-            async for item in self._api().chat(body):
-                for piece in reader.pieces(item):
-                    yield piece
-                if item.get("done"):
-                    yield _finish(item)
-                    return
-        except httpx.HTTPError as error:
-            raise EngineUnavailable(f"ollama unreachable: {error}") from error
-        except OllamaError as error:
-            raise _engine_error(error) from error
-        raise EngineUnavailable("ollama ended the stream without done")
+        async for item in self._lines(body, "/api/chat"):
+            for piece in reader.pieces(item):
+                yield piece
+            if item.get("done"):
+                yield _finish(item)
 
     async def complete(self, params: CompletionParams) -> AsyncGenerator[Piece | Finish, None]:
-        if not self._server.ready:
-            raise EngineUnavailable("ollama serve is not running")
         if not isinstance(params.prompt, str):
             raise InvalidChat("the Ollama fallback takes a text prompt, not token ids")
         body = generate_body(self._served_model, params, self._window, self._keep_alive)
+        echoed = not params.echo
+        async for item in self._lines(body, "/api/generate"):
+            if not echoed:
+                echoed = True
+                yield Piece(params.prompt)
+            if item.get("response"):
+                yield Piece(item["response"])
+            if item.get("done"):
+                yield _finish(item)
+
+    async def _lines(self, body: dict[str, Any], path: str) -> AsyncIterator[dict[str, Any]]:
+        """Ollama's streamed lines up to the one that says done; its failures as the engine
+        errors the replica answers by (EngineUnavailable, PromptTooLong, InvalidChat)."""
+        if not self._server.ready:
+            raise EngineUnavailable("ollama serve is not running")
         try:
-            echoed = False
-            async for item in self._api().chat(body, path="/api/generate"):
-                if params.echo and not echoed:
-                    echoed = True
-                    yield Piece(params.prompt)
-                if item.get("response"):
-                    yield Piece(item["response"])
+            async for item in self._api().chat(body, path=path):
+                yield item
                 if item.get("done"):
-                    yield _finish(item)
                     return
         except httpx.HTTPError as error:
             raise EngineUnavailable(f"ollama unreachable: {error}") from error

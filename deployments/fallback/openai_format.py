@@ -21,6 +21,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from deployments.fallback.engine import ChatParams, CompletionParams, Finish
 from deployments.fallback.tool_calls import ReadCalls, read_calls
 from policy.context.tokens import template_message
+from policy.request.completion import single_prompt
 
 DONE = "data: [DONE]\n\n"
 
@@ -59,9 +60,7 @@ def completion_params(request: CompletionRequest, default_max_tokens: int) -> Co
     stop = (
         request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
     )
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        prompt = prompt[0]  # a list of one prompt
+    prompt = single_prompt(request.prompt)
     return CompletionParams(
         prompt=prompt if isinstance(prompt, str) else [int(t) for t in prompt],
         max_tokens=int(request.max_tokens or default_max_tokens),

@@ -36,7 +36,8 @@ from policy.context.prompt_fit import NoFim, PromptFit, fit_prompt
 from policy.context.tokens import TokenCounter
 from policy.gate import Shed
 from policy.link_choice import choose_link
-from policy.request import embedding_inputs
+from policy.request.completion import single_prompt
+from policy.request.embedding import embedding_inputs
 from policy.request.tools import calls_tools
 from policy.stream_migration import continuable, continuation_request
 
@@ -189,7 +190,7 @@ class Flow:
         request = job.request
         work = functools.partial(
             fit_prompt,
-            _prompt_of(request),
+            _prompt_of(request.prompt),
             window=max(1, int(target.context_window * job.context_share)),
             requested_max_tokens=request.max_tokens,
             counter=self._counters[target.counter_key],
@@ -224,11 +225,9 @@ class Flow:
         return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
 
 
-def _prompt_of(request: Any) -> str | list[int]:
+def _prompt_of(field: Any) -> str | list[int]:
     """The one prompt of a completion (the ingress lets one through): text or token ids."""
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        prompt = prompt[0]  # a list of one prompt
+    prompt = single_prompt(field)
     return prompt if isinstance(prompt, str) else [int(t) for t in prompt]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from policy.request.fields import check_optional, fail, is_int, json_kind
 from policy.request.schema import INT64_MAX, INT64_MIN, check_sampling
 
-__all__ = ["COMPLETION_INT_RANGES", "check_completion_request"]
+__all__ = ["COMPLETION_INT_RANGES", "check_completion_request", "single_prompt"]
 
 COMPLETION_INT_RANGES = {
     "max_tokens": (1, INT64_MAX),
@@ -36,13 +36,18 @@ def check_completion_request(payload: Mapping[str, Any]) -> None:
     best_of = payload.get("best_of")
     if best_of is not None and (not is_int(best_of) or best_of != (payload.get("n") or 1)):
         fail("best_of", "is not supported: leave it out (or equal to n)")
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a list of one prompt
+    prompt = single_prompt(payload.get("prompt"))
     if payload.get("suffix") and not isinstance(prompt, str):
         fail("suffix", "needs a text prompt (the prefix), not token ids")
     if payload.get("suffix") and payload.get("echo"):
         fail("echo", "cannot be combined with suffix (the prompt sent is the FIM prompt)")
+
+
+def single_prompt(prompt: Any) -> Any:
+    """The one prompt of a `prompt` field (text or token ids): a list of one unwrapped."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        return prompt[0]
+    return prompt
 
 
 def _check_prompt(prompt: Any) -> None:
