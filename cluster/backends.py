@@ -55,8 +55,8 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         },
         "engine_kwargs": {
             "max_model_len": model.context_window,
-            # An embedding model runs vLLM's pooling runner (a generative architecture also
-            # needs `convert: embed` in engine_kwargs).
+            # An embedding model runs vLLM's pooling runner (which turns a *ForCausalLM into
+            # an embedding model with last-token pooling).
             **({"runner": "pooling"} if not model.role.generates else {}),
             **model.engine_kwargs,
             **tool_engine_kwargs(config, model),

@@ -164,10 +164,12 @@ def targets(config: ClusterConfig) -> dict[str, Target]:
 
 
 def chain(config: ClusterConfig, role: Role) -> tuple[str, ...]:
-    """The failover chain for a role: configured, or each of its pools then the fallback."""
+    """The failover chain for a role: configured, or each of its pools then the fallback (for
+    text: the fallback serves no vectors)."""
     if role in config.chains:
         return config.chains[role]
-    return (*(f"{role.value}@{p}" for p in config.model_for(role).pools), FALLBACK_BACKEND)
+    last = (FALLBACK_BACKEND,) if role.generates else ()
+    return (*(f"{role.value}@{p}" for p in config.model_for(role).pools), *last)
 
 
 def served_names(config: ClusterConfig) -> dict[str, Role | None]:

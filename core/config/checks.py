@@ -150,20 +150,32 @@ def _chains(config: ClusterConfig) -> list[str]:
                 f"{where}: {', '.join(repeated)} appears more than once, which would loop; "
                 "list each backend once"
             )
-        if not links or links[-1] != FALLBACK_BACKEND:
-            problems.append(
-                f"{where}: the chain must end on {FALLBACK_BACKEND!r}, the CPU replica that "
-                "cannot run out of GPU memory; append it"
-            )
-        elif FALLBACK_BACKEND in links[:-1]:
-            problems.append(f"{where}: {FALLBACK_BACKEND!r} may only be the last link")
-        problems += _mixed_kinds(role, links, where)
+        problems += _fallback_place(role, links, where) + _mixed_kinds(role, links, where)
     return problems
 
 
+def _fallback_place(role: Role, links: Sequence[str], where: str) -> list[str]:
+    """A text chain ends on the CPU fallback; an embedding chain never lists it (it serves text,
+    and another model's vectors would not compare with the ones already stored)."""
+    if not role.generates:
+        if FALLBACK_BACKEND in links:
+            return [
+                f"{where}: {FALLBACK_BACKEND!r} serves text, not vectors; an embedding chain "
+                "lists embedding backends only"
+            ]
+        return [] if links else [f"{where}: list at least one embedding backend"]
+    if not links or links[-1] != FALLBACK_BACKEND:
+        return [
+            f"{where}: the chain must end on {FALLBACK_BACKEND!r}, the CPU replica that "
+            "cannot run out of GPU memory; append it"
+        ]
+    if FALLBACK_BACKEND in links[:-1]:
+        return [f"{where}: {FALLBACK_BACKEND!r} may only be the last link"]
+    return []
+
+
 def _mixed_kinds(role: Role, links: Sequence[str], where: str) -> list[str]:
-    """An embedding chain holds embedding backends only (another model's vectors would not
-    compare with the ones already stored); a text chain holds none."""
+    """An embedding chain holds embedding backends only; a text chain holds none."""
     wrong = [
         link
         for link in links
@@ -173,7 +185,7 @@ def _mixed_kinds(role: Role, links: Sequence[str], where: str) -> list[str]:
     kind = "vectors" if role.generates else "text"
     return [
         f"{where}: {link!r} serves {kind}, not what {role.value!r} answers; list backends of "
-        "the same kind (the CPU fallback serves text only: an embedding chain skips it)"
+        "the same kind"
         for link in wrong
     ]
 

@@ -1,6 +1,8 @@
 """Fit an embeddings request to a backend's window: an input is never cut unless the request
 says so (`truncate_prompt_tokens`, which the engine applies), because a vector of half a text
-is a wrong vector, not a shorter one. An input over the window is refused, naming it.
+is a wrong vector, not a shorter one. An input over the window is refused, naming it. A
+truncation longer than this backend's window is cut to the window (vLLM would refuse it, and a
+failover link may have a smaller window than the one the client knew).
 
 Pure: the counter is the only tokenizer it touches.
 """
@@ -35,6 +37,7 @@ class InputTooLong(ContextOverflow):
 class EmbedFit:
     prompt_tokens: int  # of every input, as the engine will see them (after any truncation)
     truncated: int  # inputs the engine will cut, as the request asked
+    truncate_to: int | None = None  # what the engine is sent: the request's, at most the window
     max_tokens: int = 0  # nothing is generated
     counted: bool = True
     # What a chat Fit says, for the routing headers: nothing was dropped or compressed.
@@ -65,4 +68,5 @@ def fit_inputs(
             truncated += 1
             tokens = limit
         total += tokens
-    return EmbedFit(total, truncated, counted=counter.exact)
+    sent = truncate_prompt_tokens if truncate_prompt_tokens in (None, -1) else limit
+    return EmbedFit(total, truncated, truncate_to=sent, counted=counter.exact)

@@ -1,5 +1,5 @@
 """The gateway driven by LangChain (`langchain-openai`), a client nobody here wrote: a chat, a
-stream, a tool bound and forced, its result sent back, and a legacy completion."""
+stream, a tool bound and forced, its result sent back, a legacy completion, and embeddings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any, Literal
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
-from langchain_openai import ChatOpenAI, OpenAI
+from langchain_openai import ChatOpenAI, OpenAI, OpenAIEmbeddings
+from pydantic import SecretStr
 
 API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
 
@@ -58,3 +59,20 @@ def test_a_legacy_completion(gateway: str) -> None:
     text = llm.invoke("def add(a, b):\n    ")
     assert isinstance(text, str)
     assert text
+
+
+def test_documents_and_a_query_are_embedded(gateway: str) -> None:
+    embeddings = OpenAIEmbeddings(
+        openai_api_base=f"{gateway}/v1",
+        openai_api_key=SecretStr(API_KEY),
+        model="smollm2-embed",
+        dimensions=128,
+        # LangChain's documented setting for models that are not OpenAI's: send the text, not
+        # tiktoken's ids of it (another vocabulary).
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    documents = embeddings.embed_documents(["Paris is in France.", "Oslo is in Norway."])
+    query = embeddings.embed_query("Paris is in France.")
+    assert [len(vector) for vector in documents] == [128, 128]
+    assert query == pytest.approx(documents[0], abs=1e-2)

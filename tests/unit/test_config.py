@@ -66,13 +66,14 @@ def config_error(tmp_path: Path, data: Any) -> str:
 # --- good configs -------------------------------------------------------------------------------
 
 
-def test_embedded_default_loads_four_roles_on_the_local_pool() -> None:
+def test_embedded_default_loads_every_role_on_the_local_pool() -> None:
     config = load_config(environ={})
     assert [b.name for b in config.backends] == [
         "orchestrator@local",
         "reasoning@local",
         "vision@local",
         "coding@local",
+        "embedding@local",
     ]
     assert [b.name for b in config.home_backends] == [b.name for b in config.backends]
     assert config.base_dir == EMBEDDED_CONFIG.parent
@@ -85,7 +86,9 @@ def test_embedded_default_serves_roles_alias_and_auto() -> None:
         "reasoning": Role.REASONING,
         "vision": Role.VISION,
         "coding": Role.CODING,
+        "embedding": Role.EMBEDDING,
         "smollm2": Role.ORCHESTRATOR,
+        "smollm2-embed": Role.EMBEDDING,
         AUTO_MODEL: None,
     }
 
@@ -97,22 +100,31 @@ def test_embedded_default_has_auth_off() -> None:
 def test_default_caps_per_role() -> None:
     config = load_config(environ={})
     caps = {m.role: m.cap for m in config.models}
-    assert caps == {Role.ORCHESTRATOR: 24, Role.REASONING: 8, Role.VISION: 4, Role.CODING: 6}
+    assert caps == {
+        Role.ORCHESTRATOR: 24,
+        Role.REASONING: 8,
+        Role.VISION: 4,
+        Role.CODING: 6,
+        Role.EMBEDDING: 16,
+    }
 
 
-def test_e2e_config_loads_three_roles_and_a_key() -> None:
+def test_e2e_config_loads_four_roles_and_a_key() -> None:
     config = load_config(E2E_CONFIG, environ={})
     assert [b.name for b in config.home_backends] == [
         "orchestrator@local",
         "coding@local",
         "vision@local",
+        "embedding@local",
     ]
     assert set(config.served_names) == {
         "orchestrator",
         "coding",
         "vision",
+        "embedding",
         "smollm2",
         "smollm2-coder",
+        "smollm2-embed",
         AUTO_MODEL,
     }
     assert config.served_names["smollm2-coder"] == Role.CODING

@@ -12,6 +12,7 @@ import yaml
 
 from core.config import ConfigError, load_config
 from core.errors import ApiError
+from core.types import Role
 from policy.context.embed_fit import InputTooLong, fit_inputs
 from policy.context.tokens import CharEstimateCounter
 from policy.request import check_embedding_request, embedding_inputs
@@ -74,9 +75,38 @@ def test_an_input_over_the_window_is_refused_by_name_unless_truncation_is_asked(
 
 
 def test_an_embedding_chain_holds_embedding_backends_only(tmp_path: Path) -> None:
-    data = copy.deepcopy(BASE)
-    data["chains"] = {"embedding": ["embedding@local", "orchestrator@local", "cpu-fallback"]}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = _write(tmp_path, {"embedding": ["embedding@local", "orchestrator@local"]})
     with pytest.raises(ConfigError, match=r"'orchestrator@local' serves text"):
         load_config(path, environ={})
+
+
+def test_a_truncation_beyond_the_window_is_sent_as_the_window() -> None:
+    counter = CharEstimateCounter()
+    inputs: list[str | list[int]] = [list(range(600)), "short"]
+    fit = fit_inputs(inputs, window=512, truncate_prompt_tokens=4096, counter=counter)
+    assert (fit.truncate_to, fit.truncated) == (512, 1)
+    assert fit.prompt_tokens == 512 + counter.count_raw("short")
+    kept = fit_inputs(inputs, window=512, truncate_prompt_tokens=-1, counter=counter)
+    assert kept.truncate_to == -1  # the engine's own window: right on whichever link it lands
+    untouched = fit_inputs(["short"], window=512, truncate_prompt_tokens=None, counter=counter)
+    assert (untouched.truncate_to, untouched.truncated) == (None, 0)
+
+
+def _write(tmp_path: Path, chains: dict[str, list[str]]) -> Path:
+    data = copy.deepcopy(BASE)
+    data["chains"] = chains
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_an_embedding_chain_never_lists_the_text_fallback(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"embedding": ["embedding@local", "cpu-fallback"]})
+    with pytest.raises(ConfigError, match=r"'cpu-fallback' serves text, not vectors"):
+        load_config(path, environ={})
+
+
+def test_the_default_embedding_chain_is_its_pools_without_the_fallback(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, {}), environ={})
+    assert config.chain(Role.EMBEDDING) == ("embedding@local",)
+    assert config.chain(Role.ORCHESTRATOR)[-1] == "cpu-fallback"
