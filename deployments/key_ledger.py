@@ -6,8 +6,10 @@ so limits hold however many replicas there are, and an ingress or router restart
 The meters are snapshotted to Ray's internal key-value store (the GCS) at most every
 `SNAPSHOT_S`, so a restarted ledger carries on from them (losing at most that much usage).
 
-Cost: one actor call at admission (awaited; only for keys with limits) and one at the end (not
-awaited) per request; bench/overhead.py measures it with limits on.
+Cost: one actor call per request of a key with limits, at admission (awaited). Usage is not sent
+when a request ends: each ingress replica holds it and sends it with its next admission, or
+after `FLUSH_S` in one batch (keys without limits never ask for admission). A replica that dies
+loses at most that much usage. bench/overhead.py measures it with limits on.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -26,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from policy.key_limits import BudgetPeriod, KeyLimits, KeyMeter, Verdict
+from policy.key_limits import KeyLimits, KeyMeter, Settlement, Verdict
 
 logger = logging.getLogger("ray.serve")
 
@@ -66,22 +68,37 @@ class KeyLedger:
 
     # Async methods: they run one at a time on the actor's event loop (none awaits inside), and
     # the snapshot waits on that loop instead of a write per request.
-    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict:
+    async def admit(
+        self,
+        key: str,
+        limits: KeyLimits,
+        lease: str,
+        lease_s: float,
+        settled: Sequence[Settlement] = (),
+    ) -> Verdict:
+        """Book the usage the caller held (its earlier requests: before this decision), then
+        decide this request."""
+        self.book(settled)
         verdict = self._meter(key).admit(limits, self._clock(), lease, lease_s)
         self._changed()
         return verdict
 
-    async def settle(
-        self,
-        key: str,
-        lease: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        period: BudgetPeriod,
-        admitted: bool = True,
-    ) -> None:
-        meter = self._meter(key)
-        meter.settle(lease, self._clock(), prompt_tokens, completion_tokens, period, admitted)
+    async def settle(self, settled: Sequence[Settlement]) -> None:
+        self.book(settled)
+
+    def book(self, settled: Sequence[Settlement]) -> None:
+        if not settled:
+            return
+        now = self._clock()
+        for done in settled:
+            self._meter(done.key).settle(
+                done.lease,
+                now,
+                done.prompt_tokens,
+                done.completion_tokens,
+                done.period,
+                done.admitted,
+            )
         self._changed()
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
@@ -191,17 +208,17 @@ class KvSnapshots:
 class LedgerClient(Protocol):
     """How an ingress reaches the ledger: an actor (RayLedger) or one in process (LocalLedger)."""
 
-    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict: ...
-
-    def settle(
+    async def admit(
         self,
         key: str,
+        limits: KeyLimits,
         lease: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        period: BudgetPeriod,
-        admitted: bool,
-    ) -> None: ...
+        lease_s: float,
+        settled: Sequence[Settlement],
+    ) -> Verdict: ...
+
+    def settle(self, settled: Sequence[Settlement]) -> None:
+        """Book usage; sent, not awaited."""
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]: ...
 
@@ -214,20 +231,19 @@ class RayLedger:
     def __init__(self, actor: Any) -> None:
         self._actor = actor
 
-    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict:
-        verdict: Verdict = await self._actor.admit.remote(key, limits, lease, lease_s)
-        return verdict
-
-    def settle(
+    async def admit(
         self,
         key: str,
+        limits: KeyLimits,
         lease: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        period: BudgetPeriod,
-        admitted: bool,
-    ) -> None:
-        self._actor.settle.remote(key, lease, prompt_tokens, completion_tokens, period, admitted)
+        lease_s: float,
+        settled: Sequence[Settlement],
+    ) -> Verdict:
+        verdict: Verdict = await self._actor.admit.remote(key, limits, lease, lease_s, settled)
+        return verdict
+
+    def settle(self, settled: Sequence[Settlement]) -> None:
+        self._actor.settle.remote(settled)
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
         usage: dict[str, Any] = await self._actor.usage.remote(dict(limits))
@@ -243,25 +259,19 @@ class LocalLedger:
 
     def __init__(self, ledger: KeyLedger) -> None:
         self.ledger = ledger
-        self._pending: set[asyncio.Task[None]] = set()
 
-    async def admit(self, key: str, limits: KeyLimits, lease: str, lease_s: float) -> Verdict:
-        return await self.ledger.admit(key, limits, lease, lease_s)
-
-    def settle(
+    async def admit(
         self,
         key: str,
+        limits: KeyLimits,
         lease: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        period: BudgetPeriod,
-        admitted: bool,
-    ) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self.ledger.settle(key, lease, prompt_tokens, completion_tokens, period, admitted)
-        )
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        lease_s: float,
+        settled: Sequence[Settlement],
+    ) -> Verdict:
+        return await self.ledger.admit(key, limits, lease, lease_s, settled)
+
+    def settle(self, settled: Sequence[Settlement]) -> None:
+        self.ledger.book(settled)
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
         return await self.ledger.usage(limits)

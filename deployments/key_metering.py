@@ -5,7 +5,8 @@ after its body passed the schema checks (a malformed request costs no quota); a 
 limits needs no decision and skips that round trip. Every keyed request is settled with
 the engine's own `usage` when it ends: the whole answer's, or a stream's last chunk. Streams are
 always asked for that chunk (`stream_options.include_usage`); a client that did not ask for it
-does not get it.
+does not get it. Settlements are held and ride on this replica's next admission (booked before
+its decision), or go in one batch after `FLUSH_S`: one actor call per request, not two.
 
 If the ledger cannot be reached within `ADMIT_TIMEOUT_S` the request is admitted unmetered and
 logged: the limits exist to share the service, never to take it down.
@@ -24,13 +25,15 @@ from typing import Any
 from core.config import ApiKeyConfig
 from core.errors import ApiError, ErrorCode
 from deployments.key_ledger import LedgerClient
-from policy.key_limits import BudgetPeriod, KeyLimits
+from policy.key_limits import BudgetPeriod, KeyLimits, Settlement
 
 logger = logging.getLogger("ray.serve")
 
 # A request holds a parallel slot until settled or until this long (its ingress died).
 LEASE_S = 3600.0
 ADMIT_TIMEOUT_S = 2.0
+# Held usage waits at most this long for an admission to carry it.
+FLUSH_S = 0.25
 
 
 def key_limits(key: ApiKeyConfig) -> KeyLimits:
@@ -63,6 +66,8 @@ class KeyMetering:
         self._limits = {key.name: key_limits(key) for key in keys}
         self._connect = ledger
         self._ledger: LedgerClient | None = None
+        self._held: list[Settlement] = []
+        self._flusher: asyncio.Task[None] | None = None
         if self.enabled:  # start the actor now: its first start must not be a request's wait
             try:
                 self._client()
@@ -80,9 +85,10 @@ class KeyMetering:
         lease = uuid.uuid4().hex
         if not limits.any:  # nothing to decide: no round trip, the usage is booked at the end
             return Admission(key, lease, limits.budget_period, admitted=False)
+        held, self._held = self._held, []
         try:
             verdict = await asyncio.wait_for(
-                self._client().admit(key, limits, lease, LEASE_S), ADMIT_TIMEOUT_S
+                self._client().admit(key, limits, lease, LEASE_S, held), ADMIT_TIMEOUT_S
             )
         except Exception as error:  # noqa: BLE001 - any ledger failure: serve unmetered
             logger.warning("key ledger unreachable, %r admitted unmetered: %r", key, error)
@@ -94,12 +100,13 @@ class KeyMetering:
         return Admission(key, lease, limits.budget_period, verdict.headers)
 
     def settle(self, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
-        """Book the usage (once; not awaited: the answer is already the client's)."""
+        """Hold the usage for the ledger (once; never awaited: the answer is already the
+        client's)."""
         if admission.key is None or admission.settled:
             return
         admission.settled = True
-        try:
-            self._client().settle(
+        self._held.append(
+            Settlement(
                 admission.key,
                 admission.lease,
                 prompt_tokens,
@@ -107,16 +114,32 @@ class KeyMetering:
                 admission.period,
                 admission.admitted,
             )
-        except Exception as error:  # noqa: BLE001 - usage lost is better than an error shown
-            logger.warning("key ledger: usage of %r not booked: %r", admission.key, error)
+        )
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def usage(self) -> dict[str, Any]:
+        self._flush()  # this replica's own usage, booked before it is read
         return await self._client().usage(self._limits)
 
     async def metrics_text(self) -> bytes:
         if not self.enabled:
             return b""
+        self._flush()
         return await self._client().metrics_text()
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(FLUSH_S)
+        self._flush()
+
+    def _flush(self) -> None:
+        held, self._held = self._held, []
+        if not held:
+            return
+        try:
+            self._client().settle(held)
+        except Exception as error:  # noqa: BLE001 - usage lost is better than an error shown
+            logger.warning("key ledger: usage of %d requests not booked: %r", len(held), error)
 
     def _client(self) -> LedgerClient:
         if self._ledger is None:
@@ -168,4 +191,12 @@ def _usage_of(part: str) -> tuple[dict[str, Any] | None, bool]:
     return usage, bool(chunk.get("choices"))
 
 
-__all__ = ["LEASE_S", "UNMETERED", "Admission", "KeyMetering", "StreamUsage", "key_limits"]
+__all__ = [
+    "FLUSH_S",
+    "LEASE_S",
+    "UNMETERED",
+    "Admission",
+    "KeyMetering",
+    "StreamUsage",
+    "key_limits",
+]

@@ -28,6 +28,7 @@ __all__ = [
     "BudgetPeriod",
     "KeyLimits",
     "KeyMeter",
+    "Settlement",
     "Verdict",
     "period_bounds",
     "reset_text",
@@ -90,6 +91,18 @@ class Verdict:
     code: str | None = None
     message: str | None = None
     retry_after_s: int | None = None
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """An ended request's real usage, to book on its key's meter (`KeyMeter.settle`)."""
+
+    key: str
+    lease: str
+    prompt_tokens: int
+    completion_tokens: int
+    period: BudgetPeriod
+    admitted: bool = True  # False: a key without limits, never admitted, counted here
 
 
 @dataclass

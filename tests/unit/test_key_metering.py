@@ -23,8 +23,9 @@ from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import ChatShaper
 from deployments.ingress import Ingress
 from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
-from deployments.key_metering import key_limits
+from deployments.key_metering import FLUSH_S, key_limits
 from deployments.overhead_header import OVERHEAD_HEADER
+from policy.key_limits import Settlement
 
 TESTS = Path(__file__).parents[1]
 PROMPT, COMPLETION = 30, 25  # what the fake engine reports for every answer
@@ -289,7 +290,7 @@ def test_the_ledger_carries_on_from_its_snapshot() -> None:
     async def use(ledger: KeyLedger, lease: str) -> bool:
         verdict = await ledger.admit("five", limits, lease, 600)
         if verdict.admitted:
-            await ledger.settle("five", lease, 3, 4, "month")
+            await ledger.settle([Settlement("five", lease, 3, 4, "month")])
         return verdict.admitted
 
     async def scenario() -> tuple[list[bool], dict[str, Any], bytes]:
@@ -305,3 +306,37 @@ def test_the_ledger_carries_on_from_its_snapshot() -> None:
     assert usage["keys"]["five"]["refused"] == 1
     assert usage["ledger"]["restored_from_snapshot"] is True
     assert b'gps_key_tokens_total{key="five",kind="completion"} 20.0' in metrics
+
+
+def test_usage_rides_on_the_next_admission_or_goes_in_one_batch(config: ClusterConfig) -> None:
+    class CountingLedger(LocalLedger):
+        def __init__(self, ledger: KeyLedger) -> None:
+            super().__init__(ledger)
+            self.calls: list[tuple[str, int]] = []
+
+        async def admit(self, *args: Any) -> Any:
+            self.calls.append(("admit", len(args[-1])))
+            return await super().admit(*args)
+
+        def settle(self, settled: Any) -> None:
+            self.calls.append(("settle", len(settled)))
+            super().settle(settled)
+
+    ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
+    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+
+    async def scenario() -> dict[str, Any]:
+        for _ in range(3):
+            await call(ingress, "five-key")
+        for _ in range(3):
+            await call(ingress, "free-key")
+        await asyncio.sleep(FLUSH_S * 2)
+        limits = {name: key_limits(KEYS[f"{name}-key"]) for name in ("five", "free")}
+        return await ledger.ledger.usage(limits)
+
+    usage = run(scenario())
+    # One call per limited request, each carrying the one before; the rest in one batch.
+    assert ledger.calls == [("admit", 0), ("admit", 1), ("admit", 1), ("settle", 4)]
+    assert usage["keys"]["five"]["prompt_tokens"] == 3 * PROMPT
+    assert usage["keys"]["free"]["requests"] == 3
+    assert usage["keys"]["five"]["in_flight"] == 0
