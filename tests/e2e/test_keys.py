@@ -17,6 +17,7 @@ from ray import serve
 from cluster.app import build_gateway
 from core.config import ApiKeyConfig, ClusterConfig, GatewayConfig, hash_key
 from deployments.key_ledger import SNAPSHOT_S, ledger_actor_name
+from deployments.key_metering import FLUSH_S
 
 APP = "limits"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
@@ -90,6 +91,9 @@ def test_a_spent_budget_survives_a_restart_of_the_ledger_and_a_router(limits_url
     client = sdk(limits_url, "budget")
     first = ask(client)
     assert first.headers["x-budget-limit-tokens"] == "1"
+    # Booked within FLUSH_S of the answer (by the next admission on the same ingress replica,
+    # or a batch); the next request may go to the other replica.
+    time.sleep(FLUSH_S * 2)
     with pytest.raises(openai.RateLimitError) as spent:
         ask(client)
     assert spent.value.code == "budget_exceeded"
@@ -142,6 +146,7 @@ def test_one_long_answer_crosses_the_tpm_and_the_next_is_refused(limits_url: str
     assert usage is not None
     assert usage.total_tokens > 60
     assert raw.headers["x-ratelimit-limit-tokens"] == "60"
+    time.sleep(FLUSH_S * 2)  # booked (see the budget test)
     with pytest.raises(openai.RateLimitError) as refused:
         ask(client)
     assert "tokens per minute" in refused.value.message
