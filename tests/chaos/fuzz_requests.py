@@ -1,5 +1,5 @@
-"""Seeded bad and odd requests for POST /v1/chat/completions (`fuzz`) and POST /v1/completions
-(`fuzz_completions`), each labelled with its class.
+"""Seeded bad and odd requests for POST /v1/chat/completions (`fuzz`), POST /v1/completions
+(`fuzz_completions`) and POST /v1/embeddings (`fuzz_embeddings`), each labelled with its class.
 
 Pure (no HTTP, no Ray): `fuzz(seed, count)` draws every request from one random.Random(seed),
 so a failure replays from its seed and index. Most requests are malformed; the rest are valid
@@ -447,5 +447,96 @@ COMPLETION_MUTATIONS: dict[str, Callable[[random.Random, dict[str, Any]], Body]]
         completion_field_types, prompt_shapes, completion_options, completion_numbers, stop,
         sampling_ranges, logit_bias, duplicate_keys, prompt_text, prompt_bytes, truncated,
         not_object, prompt_nesting,
+    )
+}  # fmt: skip
+
+
+# -- /v1/embeddings -----------------------------------------------------------------------------
+
+EMBEDDING_PATH = "/v1/embeddings"
+EMBEDDING_MODELS = ("embedding", "smollm2-embed", "smollm2", "auto")  # two that cannot embed
+EMBEDDING_FIELDS = (
+    "model", "input", "dimensions", "encoding_format", "truncate_prompt_tokens", "user",
+    "truncation_side", "add_special_tokens", "use_activation", "embed_dtype", "priority",
+)  # fmt: skip
+INPUT_SHAPES: tuple[Any, ...] = (
+    "", [], [""], [[]], [1, "a"], ["a", 1], [[1], "a"], [-1], [2**31], [[2**40]], [1.5], [True],
+    {"text": "a"}, [None], [["a"]], ["a"] * 2049, [100_000], list(range(50)), [[5, 6], [7]],
+    ["a", "b"], "a", [0],
+)  # fmt: skip
+EMBEDDING_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "dimensions": (0, -1, 1, 64, 576, 577, 10**9, 1.5, "64", True),
+    "encoding_format": ("float", "base64", "bytes", "int8", "", None, 5),
+    "truncate_prompt_tokens": (-2, -1, 0, 1, 8, 1024, 10**6, 1.5, "8", True),
+    "truncation_side": ("left", "right", "middle", 5),
+}
+
+
+def fuzz_embeddings(seed: int, count: int) -> Iterator[FuzzRequest]:
+    rng = random.Random(seed)
+    kinds = sorted(EMBEDDING_MUTATIONS)
+    for _ in range(count):
+        kind = rng.choice(kinds)
+        body = EMBEDDING_MUTATIONS[kind](rng, base_embedding(rng))
+        yield FuzzRequest(f"embeddings.{kind}", _encode(rng, body), path=EMBEDDING_PATH)
+
+
+def base_embedding(rng: random.Random) -> dict[str, Any]:
+    return {"model": rng.choice(EMBEDDING_MODELS), "input": rng.choice(PROMPTS)}
+
+
+def embedding_field_types(rng: random.Random, body: dict[str, Any]) -> Body:
+    body[rng.choice(EMBEDDING_FIELDS)] = rng.choice(ODD_VALUES)
+    return body
+
+
+def input_shapes(rng: random.Random, body: dict[str, Any]) -> Body:
+    body["input"] = rng.choice(INPUT_SHAPES)
+    return body
+
+
+def embedding_options(rng: random.Random, body: dict[str, Any]) -> Body:
+    """Valid-looking options in odd combinations, on a long input now and then."""
+    for name in rng.sample(sorted(EMBEDDING_OPTIONS), rng.randint(1, len(EMBEDDING_OPTIONS))):
+        body[name] = rng.choice(EMBEDDING_OPTIONS[name])
+    if rng.random() < 0.3:  # over the e2e embedding model's window of 1024
+        body["input"] = "word " * rng.choice((1000, 1100, 3000))
+    return body
+
+
+def input_text(rng: random.Random, body: dict[str, Any]) -> Body:
+    body["input"] = rng.sample(TEXTS, rng.randint(1, 3))
+    return body
+
+
+def input_bytes(rng: random.Random, body: dict[str, Any]) -> Body:
+    body["input"] = PLACEHOLDER
+    raw = json.dumps(body).encode()
+    return raw.replace(PLACEHOLDER.encode(), b'"say ' + rng.choice(BAD_UTF8) + b' hi"')
+
+
+def input_nesting(rng: random.Random, body: dict[str, Any]) -> Body:
+    depth = rng.choice(DEPTHS)
+    body["input"] = PLACEHOLDER
+    return _with_raw(body, "[" * depth + "1" + "]" * depth)
+
+
+def embedding_numbers(rng: random.Random, body: dict[str, Any]) -> Body:
+    body[rng.choice(("dimensions", "truncate_prompt_tokens"))] = PLACEHOLDER
+    return _with_raw(body, rng.choice(NUMBER_TOKENS))
+
+
+def other_endpoints_body(rng: random.Random, body: dict[str, Any]) -> Body:
+    """A chat's or a completion's body sent here."""
+    other = rng.choice(({"messages": [{"role": "user", "content": "hi"}]}, {"prompt": "hi"}))
+    return {**(body if rng.random() < 0.5 else {"model": body["model"]}), **other}
+
+
+EMBEDDING_MUTATIONS: dict[str, Callable[[random.Random, dict[str, Any]], Body]] = {
+    mutate.__name__: mutate
+    for mutate in (
+        embedding_field_types, input_shapes, embedding_options, input_text, input_bytes,
+        input_nesting, embedding_numbers, other_endpoints_body, duplicate_keys, truncated,
+        not_object,
     )
 }  # fmt: skip

@@ -26,6 +26,7 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 SEED = int(os.environ.get("GPS_FUZZ_SEED", "13"))  # a failure replays from its seed and index
 COUNT = 1200
 COMPLETION_COUNT = 400
+EMBEDDING_COUNT = 300
 CONCURRENCY = 8
 # Most requests are refused in milliseconds; the valid ones cost an engine at most 4 tokens
 # (about a second each on 2 cores, two engines at a time). Generous, and still bounded.
@@ -144,6 +145,7 @@ def test_fuzzed_requests_get_no_5xx_and_cost_no_backend(gateway: str, http: http
     requests = [
         *fuzz_requests.fuzz(SEED, COUNT),
         *fuzz_requests.fuzz_completions(SEED, COMPLETION_COUNT),
+        *fuzz_requests.fuzz_embeddings(SEED, EMBEDDING_COUNT),
     ]
     failures, outcomes = asyncio.run(asyncio.wait_for(send_all(gateway, requests), DEADLINE_S))
     by_status: dict[int, int] = {}

@@ -17,7 +17,11 @@ from unittest.mock import Mock
 
 import pytest
 from pydantic import ValidationError
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingCompletionRequest,
+)
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.testclient import TestClient
@@ -31,7 +35,8 @@ from deployments.fallback.openai_format import DONE, ChatShaper
 from deployments.ingress import Ingress, _parse_json, _validate
 from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
 from policy.context.tokens import CharEstimateCounter, message_text
-from policy.request import nesting_exceeds
+from policy.request import embedding_inputs, nesting_exceeds
+from policy.request.completion import single_prompt
 
 TESTS = Path(__file__).parents[1]
 GATEWAY = GatewayConfig()
@@ -68,10 +73,17 @@ class CheckingRouter:
         return self
 
     def _check(self, job: ChatJob) -> tuple[Routed, ChatShaper]:
-        assert isinstance(job.request, ChatCompletionRequest)
         pickle.loads(pickle.dumps(job))
-        prompt = CharEstimateCounter().count_prompt(job.request.messages)
-        assert all(isinstance(message_text(m), str) for m in job.request.messages)
+        prompt = 0
+        if isinstance(job.request, ChatCompletionRequest):
+            prompt = CharEstimateCounter().count_prompt(job.request.messages)
+            assert all(isinstance(message_text(m), str) for m in job.request.messages)
+        else:  # a completion or an embedding: vLLM's schema, with its inputs in shapes we read
+            assert isinstance(job.request, CompletionRequest | EmbeddingCompletionRequest)
+            if isinstance(job.request, EmbeddingCompletionRequest):
+                assert embedding_inputs(job.request.input)
+            else:
+                assert single_prompt(job.request.prompt) is not None
         self.jobs += 1
         routed = Routed("orchestrator@local", 4, prompt, False, 0, False, False)
         return routed, ChatShaper(job.request.model or "auto", include_usage=True)
@@ -103,11 +115,18 @@ def http_request(body: bytes, headers: dict[str, str]) -> Request:
     return Request(scope, receive)
 
 
-async def answer(ingress: Ingress, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+async def answer(
+    ingress: Ingress, body: bytes, headers: dict[str, str], path: str = "/v1/chat/completions"
+) -> tuple[int, Any]:
     """(status, the error's body or the answer) as a client would get them."""
     request = http_request(body, {**headers, "Authorization": f"Bearer {API_KEY}"})
+    handler = {
+        "/v1/chat/completions": ingress._chat,
+        "/v1/completions": ingress._complete,
+        "/v1/embeddings": ingress._embed,
+    }[path]
     try:
-        response: Response = await ingress._chat(request, time.perf_counter())
+        response: Response = await handler(request, time.perf_counter())
     except ApiError as error:
         return error.status, error.body()
     if isinstance(response, StreamingResponse):
@@ -165,6 +184,29 @@ def test_every_fuzzed_request_is_answered_or_refused_with_openai_error(
     refused = {kind for (kind, status) in outcomes if status != 200}
     assert refused == kinds, "a class that never fails"
     assert not last_resort.call_args_list
+
+
+@pytest.mark.parametrize("draw", ["fuzz_completions", "fuzz_embeddings"])
+def test_every_fuzzed_completion_and_embedding_is_served_or_refused_by_our_rules(
+    ingress: Ingress, router: CheckingRouter, draw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcomes: Counter[tuple[str, int]] = Counter()
+    last_resort = Mock()
+    monkeypatch.setattr(ingress_module.logger, "warning", last_resort)
+
+    async def sweep() -> None:
+        for request in getattr(fuzz_requests, draw)(7, 600):
+            status, body = await answer(ingress, request.body, request.headers, request.path)
+            outcomes[request.kind, status] += 1
+            if status != 200:
+                assert status in (400, 404, 413), (request, body)
+                assert_openai_error(body)
+
+    jobs = router.jobs
+    asyncio.run(sweep())
+    assert sum(n for (_, status), n in outcomes.items() if status == 200) == router.jobs - jobs
+    assert {status for _, status in outcomes} >= {200, 400}
+    assert not last_resort.call_args_list, "vLLM's schema refused what our rules let through"
 
 
 # -- one rule at a time -------------------------------------------------------------------------
