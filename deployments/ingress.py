@@ -31,7 +31,7 @@ from vllm.entrypoints.generate.base.protocol import StreamOptions
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode
 from core.types import PriorityClass, Role
-from core.wire import ChatJob, Refusal, Routed
+from core.wire import ChatJob, Refusal, Routed, is_embedding
 from deployments import metrics
 from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
 from deployments.error_response import error_response
@@ -247,20 +247,22 @@ class Ingress:
 
     async def _metered(self, job: ChatJob, depth: DepthDecision | None, started: float) -> Response:
         """The job answered under its key's limits, its usage counted however it ends."""
-        admission = await self._metering.admit(job.caller)
         usage = None
-        if getattr(job.request, "stream", False):  # embeddings are never streamed
+        streamed = not is_embedding(job.request) and bool(job.request.stream)
+        if streamed:
             usage = StreamUsage(_wants_usage(job.request))
-            if admission is not UNMETERED:  # the engine's count, not an estimate
-                options = StreamOptions(include_usage=True)
-                job = replace(
-                    job, request=job.request.model_copy(update={"stream_options": options})
-                )
+        admission = await self._metering.admit(job.caller)
+        if streamed and admission is not UNMETERED:  # the engine's count, not an estimate
+            options = StreamOptions(include_usage=True)
+            job = replace(job, request=job.request.model_copy(update={"stream_options": options}))
         try:
             return await self._answer(job, admission, usage, depth, started)
         except ApiError as error:
             self._metering.settle(admission, 0, 0)
             error.headers = {**admission.headers, **error.headers}
+            raise
+        except BaseException:  # no answer: its lease must not hold a parallel slot for an hour
+            self._metering.settle(admission, 0, 0)
             raise
 
     async def _answer(

@@ -85,10 +85,11 @@ class KeyMetering:
         lease = uuid.uuid4().hex
         if not limits.any:  # nothing to decide: no round trip, the usage is booked at the end
             return Admission(key, lease, limits.budget_period, admitted=False)
-        held, self._held = self._held, []
         try:
+            client = self._client()
+            held, self._held = self._held, []  # sent with the call from here on: never twice
             verdict = await asyncio.wait_for(
-                self._client().admit(key, limits, lease, LEASE_S, held), ADMIT_TIMEOUT_S
+                client.admit(key, limits, lease, LEASE_S, held), ADMIT_TIMEOUT_S
             )
         except Exception as error:  # noqa: BLE001 - any ledger failure: serve unmetered
             logger.warning("key ledger unreachable, %r admitted unmetered: %r", key, error)
@@ -115,7 +116,10 @@ class KeyMetering:
                 admission.admitted,
             )
         )
-        if self._flusher is None or self._flusher.done():
+        limits = self._limits.get(admission.key)
+        if limits is not None and limits.max_parallel is not None:
+            self._flush()  # its lease holds a parallel slot on every replica until booked
+        elif self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def usage(self) -> dict[str, Any]:
@@ -133,11 +137,16 @@ class KeyMetering:
         self._flush()
 
     def _flush(self) -> None:
-        held, self._held = self._held, []
-        if not held:
+        if not self._held:
             return
         try:
-            self._client().settle(held)
+            client = self._client()
+        except Exception as error:  # noqa: BLE001 - kept for the next try
+            logger.warning("key ledger not reachable, usage held: %r", error)
+            return
+        held, self._held = self._held, []
+        try:
+            client.settle(held)
         except Exception as error:  # noqa: BLE001 - usage lost is better than an error shown
             logger.warning("key ledger: usage of %d requests not booked: %r", len(held), error)
 

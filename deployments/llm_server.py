@@ -28,7 +28,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, Er
 from ray.serve.llm import LLMServer
 
 from core.errors import ErrorCode
-from core.wire import PromptCount, take_prompt_count
+from core.wire import PromptCount, is_embedding, take_prompt_count
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
 from policy.kv_room import KvRoom, admits
@@ -200,11 +200,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         room = KvRoom(self._capacity, self._stats.usage, self._stats.running)
         if room.running == 0:
             return None  # an idle engine holds a whole window (vLLM checked at start)
-        max_tokens = (
-            getattr(request, "max_completion_tokens", None)
-            or getattr(request, "max_tokens", 0)
-            or 0
-        )
+        max_tokens = _output_bound(request)
         if admits(room, count.tokens + max_tokens):
             return None  # exact, or a bound that fits: either way it fits
         prompt = count.tokens if count.exact else await self._count_exactly(request)
@@ -231,3 +227,12 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         if self._failure is not None:
             raise RuntimeError(f"replica must be replaced: {self._failure}")
         await super().check_health()
+
+
+def _output_bound(request: Any) -> int:
+    """The most tokens a request may generate: none for an embedding (whatever its body
+    carried), else its max_completion_tokens or max_tokens."""
+    if is_embedding(request):
+        return 0
+    bound = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    return int(bound or 0)

@@ -65,6 +65,13 @@ def _model_pools(config: ClusterConfig) -> list[str]:
             )
         if len(set(model.pools)) != len(model.pools):
             problems.append(f"models[{i}].pools: a pool is listed twice; list each once")
+        if "runner" in model.engine_kwargs:
+            problems.append(
+                f"models[{i}].engine_kwargs.runner: the role decides it (pooling for "
+                "embedding, generate for the others); remove it"
+            )
+        if not model.role.generates and model.tools is not None:
+            problems.append(f"models[{i}].tools: an embedding model calls no tools; remove it")
     problems += _missing_template(config, config.fallback.tools, "fallback")
     if config.fallback.pool is not None and config.fallback.pool not in known:
         problems.append(

@@ -107,12 +107,12 @@ class Flow:
 
     def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
         """The role's chain, less the links that cannot take this job."""
-        chain = self._placement.chain(job.role)
+        links = self._links  # a chain's name with no link is not deployed here: never chosen
+        chain = tuple(name for name in self._placement.chain(job.role) if name in links)
         embeds = is_embedding(job.request)  # vectors come from embedding backends only
-        targets = self._config.targets
-        chain = tuple(name for name in chain if targets[name].embeds == embeds)
-        if calls_tools(job.request):  # a link whose engine cannot take them is no failover
-            chain = tuple(name for name in chain if targets[name].tools)
+        chain = tuple(name for name in chain if links[name].target.embeds == embeds)
+        if not embeds and calls_tools(job.request):  # a link that cannot take them: no failover
+            chain = tuple(name for name in chain if links[name].target.tools)
         return chain
 
     def _choose(self, chain: tuple[str, ...], tried: list[str]) -> str | None:
@@ -142,8 +142,12 @@ class Flow:
             message = f"No backend of this model's chain can fill in the middle: {no_fim}."
             return Refusal(400, ErrorCode.FIM_NOT_SUPPORTED, message)
         except Exception as error:  # noqa: BLE001 - a chat template may raise anything on messages it rejects
-            message = f"The messages cannot be rendered: {error}"
-            return Refusal(400, ErrorCode.INVALID_REQUEST, message)
+            what = (
+                "inputs cannot be read"
+                if is_embedding(job.request)
+                else "messages cannot be rendered"
+            )
+            return Refusal(400, ErrorCode.INVALID_REQUEST, f"The {what}: {error}")
 
     async def _slot(self, link: Link, job: ChatJob) -> Refusal | None:
         """Wait for a slot on `link`; a refusal when admission sheds the job."""

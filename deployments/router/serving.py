@@ -208,7 +208,10 @@ def engine_request(link: Link, request: Any, fit: AnyFit) -> Any:
     count = PromptCount(fit.prompt_tokens, exact=fit.counted)
     if isinstance(fit, EmbedFit):  # the inputs as sent: the engine truncates where asked
         return with_prompt_count(
-            request, count, model=link.target.model_id, truncate_prompt_tokens=fit.truncate_to
+            request,
+            PromptCount(fit.largest, exact=fit.counted),  # each input is its own sequence
+            model=link.target.model_id,
+            truncate_prompt_tokens=fit.truncate_to,
         )
     if isinstance(fit, PromptFit):  # a completion: the prompt fitted, a suffix written into it
         return with_prompt_count(

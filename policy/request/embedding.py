@@ -12,11 +12,37 @@ from typing import Any
 
 from policy.request.fields import check_optional, fail, is_int, json_kind
 
-__all__ = ["ENCODING_FORMATS", "MAX_INPUTS", "check_embedding_request", "embedding_inputs"]
+__all__ = [
+    "EMBEDDING_FIELDS",
+    "ENCODING_FORMATS",
+    "MAX_INPUTS",
+    "check_embedding_request",
+    "embedding_inputs",
+]
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 ENCODING_FORMATS = ("float", "base64")
 MAX_TOKEN_ID = 2**31 - 1
+
+
+# OpenAI's fields, and vLLM's that change only how inputs are read and vectors written. Any
+# other is refused: a generation field (`stream`, `max_tokens`, `tools`, ...) would otherwise
+# ride along as an attribute of vLLM's request and be read as if this were a chat.
+EMBEDDING_FIELDS = frozenset(
+    {
+        "model",
+        "input",
+        "dimensions",
+        "encoding_format",
+        "user",
+        "truncate_prompt_tokens",
+        "truncation_side",
+        "add_special_tokens",
+        "use_activation",
+        "embed_dtype",
+        "endianness",
+    }
+)
 
 
 def check_embedding_request(payload: Mapping[str, Any]) -> None:
@@ -24,6 +50,10 @@ def check_embedding_request(payload: Mapping[str, Any]) -> None:
     for other, endpoint in (("messages", "/v1/chat/completions"), ("prompt", "/v1/completions")):
         if other in payload:  # a body meant for another endpoint: never half-read as one
             fail(other, f"belongs to {endpoint}; embeddings take an input")
+    for name in payload:
+        if name not in EMBEDDING_FIELDS:
+            fields = ", ".join(sorted(EMBEDDING_FIELDS))
+            fail(name, f"is not a field of an embeddings request (they take {fields})")
     embedding_inputs(payload.get("input"))
     dimensions = payload.get("dimensions")
     if dimensions is not None and (not is_int(dimensions) or dimensions < 1):
@@ -32,8 +62,8 @@ def check_embedding_request(payload: Mapping[str, Any]) -> None:
     if encoding is not None and encoding not in ENCODING_FORMATS:
         fail("encoding_format", f"must be one of {', '.join(ENCODING_FORMATS)}")
     truncate = payload.get("truncate_prompt_tokens")
-    if truncate is not None and (not is_int(truncate) or truncate < -1):
-        fail("truncate_prompt_tokens", "must be an integer of at least -1 (-1: the window)")
+    if truncate is not None and (not is_int(truncate) or truncate == 0 or truncate < -1):
+        fail("truncate_prompt_tokens", "must be a positive integer, or -1 for the window")
     check_optional(payload, "user", str, "a string")
 
 

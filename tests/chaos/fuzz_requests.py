@@ -458,6 +458,7 @@ EMBEDDING_MODELS = ("embedding", "smollm2-embed", "smollm2", "auto")  # two that
 EMBEDDING_FIELDS = (
     "model", "input", "dimensions", "encoding_format", "truncate_prompt_tokens", "user",
     "truncation_side", "add_special_tokens", "use_activation", "embed_dtype", "priority",
+    "stream", "stream_options", "max_tokens", "tools", "n",
 )  # fmt: skip
 INPUT_SHAPES: tuple[Any, ...] = (
     "", [], [""], [[]], [1, "a"], ["a", 1], [[1], "a"], [-1], [2**31], [[2**40]], [1.5], [True],

@@ -106,9 +106,12 @@ def problem(status: int, content_type: str, text: str) -> str | None:
             return "an SSE error event in a 200 stream"
         return None if text.rstrip().endswith("data: [DONE]") else "a stream without [DONE]"
     try:
-        return None if json.loads(text)["choices"] else "an answer without choices"
-    except (ValueError, KeyError, TypeError):
-        return "a 200 that is not a completion"
+        answer = json.loads(text)
+        if answer.get("object") == "list":  # embeddings: one vector per input
+            return None if answer["data"] else "embeddings without vectors"
+        return None if answer["choices"] else "an answer without choices"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "a 200 that is not a completion or embeddings"
 
 
 async def send_all(gateway: str, requests: Any) -> tuple[list[str], dict[tuple[str, int], int]]:

@@ -130,6 +130,9 @@ def test_an_input_over_the_window_is_refused_naming_it_unless_truncation_is_aske
         ({"model": MODEL, "input": []}, "input"),
         ({"model": MODEL, "input": "hi", "encoding_format": "int8"}, "encoding_format"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, "messages"),
+        ({"model": MODEL, "input": "hi", "stream": True}, "not a field of an embeddings"),
+        ({"model": MODEL, "input": "hi", "max_tokens": 10**9}, "max_tokens"),
+        ({"model": MODEL, "input": "hi", "tools": []}, "tools"),
     ],
 )
 def test_a_client_mistake_is_a_400_and_the_backend_stays_healthy(

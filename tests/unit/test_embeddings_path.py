@@ -13,7 +13,7 @@ import yaml
 from core.config import ConfigError, load_config
 from core.errors import ApiError
 from core.types import Role
-from policy.context.embed_fit import InputTooLong, fit_inputs
+from policy.context.embed_fit import MAX_REQUEST_TOKENS, InputTooLong, TooManyTokens, fit_inputs
 from policy.context.tokens import CharEstimateCounter
 from policy.request import check_embedding_request, embedding_inputs
 
@@ -50,6 +50,10 @@ def test_openais_four_input_shapes_are_one_input_each(raw: Any, count: int) -> N
         ({"input": "a", "dimensions": 0}, "dimensions"),
         ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ({"input": "a", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"input": "a", "stream": True}, "stream"),
+        ({"input": "a", "max_tokens": 10**9}, "max_tokens"),
+        ({"input": "a", "tools": []}, "tools"),
         ({"input": "a", "messages": []}, "messages"),
         ({"input": "a", "prompt": "b"}, "prompt"),
     ],
@@ -61,8 +65,14 @@ def test_each_mistake_is_a_400_naming_its_field(body: dict[str, Any], param: str
     assert refused.value.param == param
 
 
+class ExactChars(CharEstimateCounter):
+    """Four characters a token, taken as exact (as a tokenizer's count is)."""
+
+    exact = True
+
+
 def test_an_input_over_the_window_is_refused_by_name_unless_truncation_is_asked() -> None:
-    counter = CharEstimateCounter()  # four characters a token
+    counter = ExactChars()
     inputs: list[str | list[int]] = ["short", "x" * 4000, list(range(100))]
     with pytest.raises(InputTooLong) as refused:
         fit_inputs(inputs, window=512, truncate_prompt_tokens=None, counter=counter)
@@ -72,6 +82,27 @@ def test_an_input_over_the_window_is_refused_by_name_unless_truncation_is_asked(
     assert fit.truncated == 1
     assert fit.fitted
     assert fit.prompt_tokens == counter.count_raw("short") + 512 + 100
+    assert fit.largest == 512  # what must fit the KV cache: one input, not the batch
+
+
+def test_an_estimate_over_the_window_is_left_for_the_engine_to_judge() -> None:
+    fit = fit_inputs(
+        ["x" * 4000], window=512, truncate_prompt_tokens=None, counter=CharEstimateCounter()
+    )
+    assert (fit.truncated, fit.counted) == (0, False)
+    with pytest.raises(InputTooLong):  # token ids are counted exactly, estimate or not
+        fit_inputs(
+            [list(range(600))],
+            window=512,
+            truncate_prompt_tokens=None,
+            counter=CharEstimateCounter(),
+        )
+
+
+def test_a_request_past_openais_token_limit_is_refused_whole() -> None:
+    inputs: list[str | list[int]] = [list(range(500))] * (MAX_REQUEST_TOKENS // 500 + 1)
+    with pytest.raises(TooManyTokens, match="smaller batches"):
+        fit_inputs(inputs, window=512, truncate_prompt_tokens=None, counter=ExactChars())
 
 
 def test_an_embedding_chain_holds_embedding_backends_only(tmp_path: Path) -> None:
@@ -81,7 +112,7 @@ def test_an_embedding_chain_holds_embedding_backends_only(tmp_path: Path) -> Non
 
 
 def test_a_truncation_beyond_the_window_is_sent_as_the_window() -> None:
-    counter = CharEstimateCounter()
+    counter = ExactChars()
     inputs: list[str | list[int]] = [list(range(600)), "short"]
     fit = fit_inputs(inputs, window=512, truncate_prompt_tokens=4096, counter=counter)
     assert (fit.truncate_to, fit.truncated) == (512, 1)
@@ -110,3 +141,21 @@ def test_the_default_embedding_chain_is_its_pools_without_the_fallback(tmp_path:
     config = load_config(_write(tmp_path, {}), environ={})
     assert config.chain(Role.EMBEDDING) == ("embedding@local",)
     assert config.chain(Role.ORCHESTRATOR)[-1] == "cpu-fallback"
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"engine_kwargs": {"runner": "generate"}}, "engine_kwargs.runner: the role decides"),
+        ({"tools": {"parser": "hermes"}}, "an embedding model calls no tools"),
+    ],
+)
+def test_an_embedding_model_keeps_its_runner_and_takes_no_tools(
+    tmp_path: Path, change: dict[str, Any], words: str
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["models"][1].update(change)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=words):
+        load_config(path, environ={})

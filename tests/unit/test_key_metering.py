@@ -308,20 +308,29 @@ def test_the_ledger_carries_on_from_its_snapshot() -> None:
     assert b'gps_key_tokens_total{key="five",kind="completion"} 20.0' in metrics
 
 
+class CountingLedger(LocalLedger):
+    def __init__(self, ledger: KeyLedger) -> None:
+        super().__init__(ledger)
+        self.calls: list[tuple[str, int]] = []
+
+    async def admit(self, *args: Any) -> Any:
+        self.calls.append(("admit", len(args[-1])))
+        return await super().admit(*args)
+
+    def settle(self, settled: Any) -> None:
+        self.calls.append(("settle", len(settled)))
+        super().settle(settled)
+
+
+def test_a_parallel_limited_key_frees_its_slot_at_once(config: ClusterConfig) -> None:
+    ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
+    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    run(_many(ingress, "pair-key", 2))
+    # Another replica's next request must not find this one's lease still held.
+    assert ledger.calls == [("admit", 0), ("settle", 1), ("admit", 0), ("settle", 1)]
+
+
 def test_usage_rides_on_the_next_admission_or_goes_in_one_batch(config: ClusterConfig) -> None:
-    class CountingLedger(LocalLedger):
-        def __init__(self, ledger: KeyLedger) -> None:
-            super().__init__(ledger)
-            self.calls: list[tuple[str, int]] = []
-
-        async def admit(self, *args: Any) -> Any:
-            self.calls.append(("admit", len(args[-1])))
-            return await super().admit(*args)
-
-        def settle(self, settled: Any) -> None:
-            self.calls.append(("settle", len(settled)))
-            super().settle(settled)
-
     ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
     ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
 
