@@ -56,6 +56,7 @@ class Admission:
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
     admitted: bool = True  # False: a key with no limits, counted only when settled
+    release_at_once: bool = False  # its key is near its max_parallel (Verdict.release_at_once)
 
 
 UNMETERED = Admission(None, "", "month")
@@ -98,7 +99,13 @@ class KeyMetering:
             headers = {**verdict.headers, "Retry-After": str(verdict.retry_after_s)}
             code = verdict.code or ErrorCode.RATE_LIMITED
             raise ApiError(429, code, verdict.message or "Over this key's limits.", headers=headers)
-        return Admission(key, lease, limits.budget_period, verdict.headers)
+        return Admission(
+            key,
+            lease,
+            limits.budget_period,
+            verdict.headers,
+            release_at_once=verdict.release_at_once,
+        )
 
     def settle(self, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
         """Hold the usage for the ledger (once; never awaited: the answer is already the
@@ -116,8 +123,7 @@ class KeyMetering:
                 admission.admitted,
             )
         )
-        limits = self._limits.get(admission.key)
-        if limits is not None and limits.max_parallel is not None:
+        if admission.release_at_once:
             self._flush()  # its lease holds a parallel slot on every replica until booked
         elif self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())

@@ -91,6 +91,19 @@ class Verdict:
     code: str | None = None
     message: str | None = None
     retry_after_s: int | None = None
+    # Parallel slots the key had left once this request took one, of its max_parallel
+    # (None: no such limit).
+    parallel_left: int | None = None
+    limit_parallel: int | None = None
+
+    @property
+    def release_at_once(self) -> bool:
+        """Whether this request's slot must be freed as soon as it ends: the key is within a
+        quarter of its `max_parallel` (or one slot of it), where a release held back by an
+        ingress replica that batches its bookings could refuse a request the limit allows."""
+        if self.parallel_left is None or self.limit_parallel is None:
+            return False
+        return self.parallel_left <= max(1, self.limit_parallel // 4)
 
 
 @dataclass(frozen=True)
@@ -130,7 +143,13 @@ class KeyMeter:
         self.requests.append(now)
         self.leases[lease] = now + lease_s
         self.total_requests += 1
-        return Verdict(True, self.headers(limits, now))
+        left = None if limits.max_parallel is None else limits.max_parallel - len(self.leases)
+        return Verdict(
+            True,
+            self.headers(limits, now),
+            parallel_left=left,
+            limit_parallel=limits.max_parallel,
+        )
 
     def settle(
         self,

@@ -154,3 +154,13 @@ def test_a_request_never_admitted_is_counted_when_settled() -> None:
     usage = meter.usage(limits, T0 + 1)
     assert (usage["requests"], usage["total_tokens"], usage["in_flight"]) == (1, 11, 0)
     assert usage["last_minute"] == {"requests": 1, "tokens": 11}
+
+
+def test_a_slot_is_released_at_once_only_near_the_parallel_limit() -> None:
+    meter = KeyMeter()
+    limits = KeyLimits(max_parallel=8)
+    verdicts = [meter.admit(limits, T0, f"l{i}", 600) for i in range(8)]
+    assert [v.parallel_left for v in verdicts] == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert [v.release_at_once for v in verdicts] == [False] * 5 + [True] * 3
+    assert KeyMeter().admit(KeyLimits(max_parallel=2), T0, "q", 600).release_at_once is True
+    assert KeyMeter().admit(KeyLimits(rpm=5), T0, "r", 600).release_at_once is False
