@@ -39,7 +39,16 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
 
 def test_lists_roles_aliases_and_auto(client: openai.OpenAI, config: ClusterConfig) -> None:
     ids = {model.id for model in client.models.list()}
-    assert ids == {"orchestrator", "coding", "vision", "smollm2", "smollm2-coder", "auto"}
+    assert ids == {
+        "orchestrator",
+        "coding",
+        "vision",
+        "embedding",
+        "smollm2",
+        "smollm2-coder",
+        "smollm2-embed",
+        "auto",
+    }
     assert ids == set(config.served_names)
 
 
@@ -203,6 +212,7 @@ def test_healthz_reports_every_backend_up(gateway: str) -> None:
         "orchestrator@local",
         "coding@local",
         "vision@local",
+        "embedding@local",
         "cpu-fallback",
     }
     assert health["backends"]["cpu-fallback"]["role"] is None  # it serves any role
@@ -216,6 +226,7 @@ def test_cluster_status_needs_a_key_and_shows_placements(gateway: str, http: htt
         "orchestrator@local": "local",
         "coding@local": "local",
         "vision@local": "local",
+        "embedding@local": "local",
     }
     assert list(status["pools"]) == ["local"]
     # The cluster manager sees this machine's node in the pool, alive and sound (its first
