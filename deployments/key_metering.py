@@ -34,6 +34,8 @@ LEASE_S = 3600.0
 ADMIT_TIMEOUT_S = 2.0
 # Held usage waits at most this long for an admission to carry it.
 FLUSH_S = 0.25
+# Usage held while the ledger cannot be reached at all; past this the oldest is dropped.
+MAX_HELD = 10_000
 
 
 def key_limits(key: ApiKeyConfig) -> KeyLimits:
@@ -147,8 +149,10 @@ class KeyMetering:
             return
         try:
             client = self._client()
-        except Exception as error:  # noqa: BLE001 - kept for the next try
-            logger.warning("key ledger not reachable, usage held: %r", error)
+        except Exception as error:  # noqa: BLE001 - kept for the next try, within a bound
+            dropped = max(0, len(self._held) - MAX_HELD)
+            del self._held[:dropped]
+            logger.warning("key ledger not reachable, usage held (%d dropped): %r", dropped, error)
             return
         held, self._held = self._held, []
         try:

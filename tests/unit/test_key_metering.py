@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config
 from core.errors import ApiError
 from core.wire import ChatJob, Routed
+from deployments import key_metering
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import ChatShaper
 from deployments.ingress import Ingress
@@ -349,3 +350,21 @@ def test_usage_rides_on_the_next_admission_or_goes_in_one_batch(config: ClusterC
     assert usage["keys"]["five"]["prompt_tokens"] == 3 * PROMPT
     assert usage["keys"]["free"]["requests"] == 3
     assert usage["keys"]["five"]["in_flight"] == 0
+
+
+def test_usage_held_for_an_unreachable_ledger_is_bounded(
+    config: ClusterConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def gone() -> Any:
+        raise ConnectionError("ledger actor is restarting")
+
+    monkeypatch.setattr(key_metering, "MAX_HELD", 3)
+    ingress = Ingress(config, EngineLikeRouter(), gone)
+
+    async def scenario() -> list[Any]:
+        answers = await _many(ingress, "free-key", 5)
+        await asyncio.sleep(FLUSH_S * 2)  # the batch is tried, and fails
+        return answers
+
+    assert [a.status_code for a in run(scenario())] == [200] * 5  # served all the same
+    assert len(ingress._metering._held) == 3  # the newest kept for when the ledger is back
