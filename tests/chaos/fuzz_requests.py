@@ -374,12 +374,25 @@ PROMPT_SHAPES: tuple[Any, ...] = (
 
 
 def fuzz_completions(seed: int, count: int) -> Iterator[FuzzRequest]:
+    return _drawn(seed, count, COMPLETION_MUTATIONS, base_completion, COMPLETION_PATH)
+
+
+def _drawn(
+    seed: int,
+    count: int,
+    mutations: dict[str, Callable[[random.Random, dict[str, Any]], Body]],
+    base: Callable[[random.Random], dict[str, Any]],
+    path: str,
+) -> Iterator[FuzzRequest]:
+    """`count` bodies for `path`, each a base one under a mutation class drawn from `seed`;
+    labelled `<endpoint>.<class>`."""
     rng = random.Random(seed)
-    kinds = sorted(COMPLETION_MUTATIONS)
+    kinds = sorted(mutations)
+    endpoint = path.rsplit("/", 1)[-1]
     for _ in range(count):
         kind = rng.choice(kinds)
-        body = COMPLETION_MUTATIONS[kind](rng, base_completion(rng))
-        yield FuzzRequest(f"completions.{kind}", _encode(rng, body), path=COMPLETION_PATH)
+        body = mutations[kind](rng, base(rng))
+        yield FuzzRequest(f"{endpoint}.{kind}", _encode(rng, body), path=path)
 
 
 def base_completion(rng: random.Random) -> dict[str, Any]:
@@ -474,12 +487,7 @@ EMBEDDING_OPTIONS: dict[str, tuple[Any, ...]] = {
 
 
 def fuzz_embeddings(seed: int, count: int) -> Iterator[FuzzRequest]:
-    rng = random.Random(seed)
-    kinds = sorted(EMBEDDING_MUTATIONS)
-    for _ in range(count):
-        kind = rng.choice(kinds)
-        body = EMBEDDING_MUTATIONS[kind](rng, base_embedding(rng))
-        yield FuzzRequest(f"embeddings.{kind}", _encode(rng, body), path=EMBEDDING_PATH)
+    return _drawn(seed, count, EMBEDDING_MUTATIONS, base_embedding, EMBEDDING_PATH)
 
 
 def base_embedding(rng: random.Random) -> dict[str, Any]:
