@@ -6,10 +6,12 @@ so limits hold however many replicas there are, and an ingress or router restart
 The meters are snapshotted to Ray's internal key-value store (the GCS) at most every
 `SNAPSHOT_S`, so a restarted ledger carries on from them (losing at most that much usage).
 
-Cost: one actor call per request of a key with limits, at admission (awaited). Usage is not sent
-when a request ends: each ingress replica holds it and sends it with its next admission, or
-after `FLUSH_S` in one batch (keys without limits never ask for admission). A replica that dies
-loses at most that much usage. bench/overhead.py measures it with limits on.
+Cost: one actor call per admission decision, awaited. A replica busy with a key asks for spares
+with its decision (policy/key_limits.py), so far from the limits one call admits many requests;
+near them, one each. Usage is not sent when a request ends: each ingress replica holds it and
+sends it with its next admission, or after `FLUSH_S` in one batch (keys without limits never ask
+for admission). A replica that dies loses at most that much usage. bench/overhead.py measures it
+with limits on.
 """
 
 from __future__ import annotations
@@ -75,11 +77,12 @@ class KeyLedger:
         lease: str,
         lease_s: float,
         settled: Sequence[Settlement] = (),
+        want: int = 1,
     ) -> Verdict:
-        """Book the usage the caller held (its earlier requests: before this decision), then
-        decide this request."""
+        """Book what the caller held (its earlier requests, its spares: before this decision),
+        then decide this request, with up to `want - 1` spares."""
         self.book(settled)
-        verdict = self._meter(key).admit(limits, self._clock(), lease, lease_s)
+        verdict = self._meter(key).admit(limits, self._clock(), lease, lease_s, want)
         self._changed()
         return verdict
 
@@ -91,14 +94,20 @@ class KeyLedger:
             return
         now = self._clock()
         for done in settled:
-            self._meter(done.key).settle(
-                done.lease,
-                now,
-                done.prompt_tokens,
-                done.completion_tokens,
-                done.period,
-                done.admitted,
-            )
+            meter = self._meter(done.key)
+            if done.kind == "taken":
+                meter.take(done.lease, now, done.hold_s)
+            elif done.kind == "unused":
+                meter.give_back(done.lease, done.at)
+            else:
+                meter.settle(
+                    done.lease,
+                    now,
+                    done.prompt_tokens,
+                    done.completion_tokens,
+                    done.period,
+                    done.admitted,
+                )
         self._changed()
 
     async def usage(self, limits: Mapping[str, KeyLimits]) -> dict[str, Any]:
@@ -174,6 +183,7 @@ def _meter_from(saved: Mapping[str, Any]) -> KeyMeter:
             "requests": deque(saved.get("requests", ())),
             "tokens": deque((at, used) for at, used in saved.get("tokens", ())),
             "leases": dict(saved.get("leases", {})),
+            "spares": dict(saved.get("spares", {})),
         }
     )
 
@@ -215,6 +225,7 @@ class LedgerClient(Protocol):
         lease: str,
         lease_s: float,
         settled: Sequence[Settlement],
+        want: int,
     ) -> Verdict: ...
 
     def settle(self, settled: Sequence[Settlement]) -> None:
@@ -238,8 +249,11 @@ class RayLedger:
         lease: str,
         lease_s: float,
         settled: Sequence[Settlement],
+        want: int,
     ) -> Verdict:
-        verdict: Verdict = await self._actor.admit.remote(key, limits, lease, lease_s, settled)
+        verdict: Verdict = await self._actor.admit.remote(
+            key, limits, lease, lease_s, settled, want
+        )
         return verdict
 
     def settle(self, settled: Sequence[Settlement]) -> None:
@@ -267,8 +281,9 @@ class LocalLedger:
         lease: str,
         lease_s: float,
         settled: Sequence[Settlement],
+        want: int,
     ) -> Verdict:
-        return await self.ledger.admit(key, limits, lease, lease_s, settled)
+        return await self.ledger.admit(key, limits, lease, lease_s, settled, want)
 
     def settle(self, settled: Sequence[Settlement]) -> None:
         self.ledger.book(settled)

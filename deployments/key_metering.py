@@ -8,6 +8,15 @@ always asked for that chunk (`stream_options.include_usage`); a client that did 
 does not get it. Settlements are held and ride on this replica's next admission (booked before
 its decision), or go in one batch after `FLUSH_S`: one actor call per request, not two.
 
+A replica busy with a key asks for spares with its decision (policy/key_limits.py): as many as
+twice the key's requests here in the last `SPARE_TTL_S`. It hands them out itself for
+`SPARE_TTL_S`, with the decision's headers brought up to date, then gives back those left; the
+ledger hears of each one taken with the next batch. Far from the limits a busy key thus costs
+one call per `SPARE_TTL_S`, not one per request; near them (a quarter of a count limit left)
+every decision is one request, exact. Spares stop early once this replica's own answers used the
+tokens the decision had left (`tpm`, budget); another replica's usage is seen at the next
+decision, at most `SPARE_TTL_S` + `FLUSH_S` later.
+
 If the ledger cannot be reached within `ADMIT_TIMEOUT_S` the request is admitted unmetered and
 logged: the limits exist to share the service, never to take it down.
 """
@@ -17,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +36,15 @@ from typing import Any
 from core.config import ApiKeyConfig
 from core.errors import ApiError, ErrorCode
 from deployments.key_ledger import LedgerClient
-from policy.key_limits import BudgetPeriod, KeyLimits, Settlement
+from policy.key_limits import (
+    MAX_GRANT,
+    BudgetPeriod,
+    KeyLimits,
+    Settlement,
+    Verdict,
+    spare_headers,
+    spare_lease,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -36,6 +55,8 @@ ADMIT_TIMEOUT_S = 2.0
 FLUSH_S = 0.25
 # Usage held while the ledger cannot be reached at all; past this the oldest is dropped.
 MAX_HELD = 10_000
+# Spares are handed out this long after their decision, then the rest are given back.
+SPARE_TTL_S = FLUSH_S
 
 
 def key_limits(key: ApiKeyConfig) -> KeyLimits:
@@ -64,6 +85,28 @@ class Admission:
 UNMETERED = Admission(None, "", "month")
 
 
+@dataclass
+class Spares:
+    """The spare leases of one decision, handed out by this replica until `expires`."""
+
+    leases: list[str]
+    expires: float  # monotonic
+    granted_at: float  # the ledger's clock (Verdict.at): a spare given back names it
+    headers: dict[str, str]
+    release_at_once: bool
+    tokens_used: int = 0  # booked by this replica's answers since the decision
+
+    def usable(self, now: float) -> bool:
+        if now >= self.expires or not self.leases:
+            return False
+        shown = spare_headers(self.headers, 0, self.tokens_used)
+        return all(
+            int(shown[name]) > 0
+            for name in ("x-ratelimit-remaining-tokens", "x-budget-remaining-tokens")
+            if name in shown
+        )
+
+
 class KeyMetering:
     def __init__(self, keys: Sequence[ApiKeyConfig], ledger: Callable[[], LedgerClient]) -> None:
         self._limits = {key.name: key_limits(key) for key in keys}
@@ -71,6 +114,9 @@ class KeyMetering:
         self._ledger: LedgerClient | None = None
         self._held: list[Settlement] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._spares: dict[str, Spares] = {}
+        self._recent: dict[str, deque[float]] = {}  # when this replica admitted each key's
+        self._asking: dict[str, asyncio.Future[None]] = {}  # a decision with spares under way
         if self.enabled:  # start the actor now: its first start must not be a request's wait
             try:
                 self._client()
@@ -88,26 +134,104 @@ class KeyMetering:
         lease = uuid.uuid4().hex
         if not limits.any:  # nothing to decide: no round trip, the usage is booked at the end
             return Admission(key, lease, limits.budget_period, admitted=False)
+        while True:
+            spare = self._take_spare(key, limits.budget_period)
+            if spare is not None:
+                return spare
+            asking = self._asking.get(key)
+            if asking is None:
+                break
+            await asyncio.shield(asking)  # its spares may serve this request too
+        return await self._decide(key, limits, lease)
+
+    async def _decide(self, key: str, limits: KeyLimits, lease: str) -> Admission:
+        """The ledger's decision on this request, with spares when the key is busy here."""
+        want = self._want(key)
+        asking = None
+        if want > 1 and key not in self._asking:
+            asking = self._asking[key] = asyncio.get_running_loop().create_future()
         try:
             client = self._client()
             held, self._held = self._held, []  # sent with the call from here on: never twice
             verdict = await asyncio.wait_for(
-                client.admit(key, limits, lease, LEASE_S, held), ADMIT_TIMEOUT_S
+                client.admit(key, limits, lease, LEASE_S, held, want), ADMIT_TIMEOUT_S
             )
         except Exception as error:  # noqa: BLE001 - any ledger failure: serve unmetered
             logger.warning("key ledger unreachable, %r admitted unmetered: %r", key, error)
             return UNMETERED
+        finally:
+            if asking is not None:
+                del self._asking[key]
+                asking.set_result(None)
         if not verdict.admitted:
             headers = {**verdict.headers, "Retry-After": str(verdict.retry_after_s)}
             code = verdict.code or ErrorCode.RATE_LIMITED
             raise ApiError(429, code, verdict.message or "Over this key's limits.", headers=headers)
+        self._note_admitted(key)
+        if verdict.granted > 1:
+            self._keep_spares(key, lease, verdict, limits.budget_period)
         return Admission(
             key,
             lease,
             limits.budget_period,
-            verdict.headers,
+            spare_headers(verdict.headers, verdict.granted - 1, 0),  # spares are not requests
             release_at_once=verdict.release_at_once,
         )
+
+    def _want(self, key: str) -> int:
+        """Leases to ask for: twice this replica's recent requests of the key, and this one."""
+        recent = self._recent.get(key)
+        if not recent:
+            return 1
+        cutoff = time.monotonic() - SPARE_TTL_S
+        while recent and recent[0] < cutoff:
+            recent.popleft()
+        return min(MAX_GRANT, 1 + 2 * len(recent))
+
+    def _note_admitted(self, key: str) -> None:
+        recent = self._recent.setdefault(key, deque(maxlen=MAX_GRANT))
+        recent.append(time.monotonic())
+
+    def _keep_spares(self, key: str, lease: str, verdict: Verdict, period: BudgetPeriod) -> None:
+        self._give_back(key, period)  # an earlier decision's, if any are left
+        spares = Spares(
+            [spare_lease(lease, index) for index in range(1, verdict.granted)],
+            time.monotonic() + SPARE_TTL_S,
+            verdict.at,
+            verdict.headers,
+            verdict.release_at_once,
+        )
+        self._spares[key] = spares
+        asyncio.get_running_loop().call_later(SPARE_TTL_S, self._expire, key, spares, period)
+
+    def _take_spare(self, key: str, period: BudgetPeriod) -> Admission | None:
+        spares = self._spares.get(key)
+        if spares is None:
+            return None
+        if not spares.usable(time.monotonic()):
+            self._give_back(key, period)
+            return None
+        lease = spares.leases.pop()
+        self._note_admitted(key)
+        # Its lease must outlive a spare's short hold at the ledger: the ledger hears it is taken.
+        self._hold(Settlement(key, lease, 0, 0, period, kind="taken", hold_s=LEASE_S))
+        headers = spare_headers(spares.headers, len(spares.leases), spares.tokens_used)
+        return Admission(key, lease, period, headers, release_at_once=spares.release_at_once)
+
+    def _expire(self, key: str, spares: Spares, period: BudgetPeriod) -> None:
+        if self._spares.get(key) is spares:
+            self._give_back(key, period)
+            self._flush()  # their slots are other replicas' again
+
+    def _give_back(self, key: str, period: BudgetPeriod) -> None:
+        spares = self._spares.pop(key, None)
+        if spares is None or not spares.leases:
+            return
+        for lease in spares.leases:
+            self._held.append(
+                Settlement(key, lease, 0, 0, period, kind="unused", at=spares.granted_at)
+            )
+        self._flush_later()
 
     def settle(self, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
         """Hold the usage for the ledger (once; never awaited: the answer is already the
@@ -115,19 +239,30 @@ class KeyMetering:
         if admission.key is None or admission.settled:
             return
         admission.settled = True
-        self._held.append(
-            Settlement(
-                admission.key,
-                admission.lease,
-                prompt_tokens,
-                completion_tokens,
-                admission.period,
-                admission.admitted,
-            )
+        spares = self._spares.get(admission.key)
+        if spares is not None:  # the tokens the decision had left are being used
+            spares.tokens_used += max(0, prompt_tokens) + max(0, completion_tokens)
+        settlement = Settlement(
+            admission.key,
+            admission.lease,
+            prompt_tokens,
+            completion_tokens,
+            admission.period,
+            admission.admitted,
         )
         if admission.release_at_once:
+            self._held.append(settlement)
             self._flush()  # its lease holds a parallel slot on every replica until booked
-        elif self._flusher is None or self._flusher.done():
+        else:
+            self._hold(settlement)
+
+    def _hold(self, settlement: Settlement) -> None:
+        """Keep it for the next admission or the batch after `FLUSH_S`."""
+        self._held.append(settlement)
+        self._flush_later()
+
+    def _flush_later(self) -> None:
+        if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def usage(self) -> dict[str, Any]:
@@ -213,6 +348,7 @@ def _usage_of(part: str) -> tuple[dict[str, Any] | None, bool]:
 __all__ = [
     "FLUSH_S",
     "LEASE_S",
+    "SPARE_TTL_S",
     "UNMETERED",
     "Admission",
     "KeyMetering",

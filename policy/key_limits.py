@@ -9,6 +9,14 @@ its TPM or budget: the next request is the one refused (LiteLLM and OpenAI behav
 Admitted requests hold a lease until settled; a lease not settled by its deadline (the ingress
 holding it died) is dropped, so `max_parallel` never leaks.
 
+Spares: an ingress replica busy with a key may ask for more than its own request (`want`). Far
+from every count limit (`rpm`, `max_parallel`) the meter admits up to a quarter of what is left in
+one decision; the extra leases are spares the replica hands out itself, each counted at once as a
+request of the minute and a parallel slot, so no other replica can be admitted past a limit on
+their account. A spare the replica uses is `taken` (its lease then lasts as long as a request's);
+one it did not use is given back and uncounted; one never heard of again (its replica died)
+expires after `SPARE_HOLD_S`. Near a limit every decision is one request, exact.
+
 Pure: facts and a clock in, decisions out. The shared store that keeps the meters is
 deployments/key_ledger.py.
 """
@@ -24,18 +32,30 @@ from typing import Any, Literal
 from core.errors import ErrorCode
 
 __all__ = [
+    "GRANT_SHARE",
+    "MAX_GRANT",
+    "SPARE_HOLD_S",
     "WINDOW_S",
     "BudgetPeriod",
     "KeyLimits",
     "KeyMeter",
     "Settlement",
+    "SettlementKind",
     "Verdict",
     "period_bounds",
     "reset_text",
+    "spare_headers",
+    "spare_lease",
 ]
 
 WINDOW_S = 60.0
+# An unused spare lease whose replica never gives it back (it died) is dropped after this.
+SPARE_HOLD_S = 30.0
+# At most this many leases in one decision; and at most this share of what a count limit has left.
+MAX_GRANT = 64
+GRANT_SHARE = 4
 BudgetPeriod = Literal["day", "week", "month"]
+SettlementKind = Literal["done", "taken", "unused"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +115,9 @@ class Verdict:
     # (None: no such limit).
     parallel_left: int | None = None
     limit_parallel: int | None = None
+    # Leases admitted: this request's, then `granted - 1` spares named `spare_lease(lease, i)`.
+    granted: int = 1
+    at: float = 0.0  # the ledger's clock at the decision (a spare given back names it)
 
     @property
     def release_at_once(self) -> bool:
@@ -106,9 +129,16 @@ class Verdict:
         return self.parallel_left <= max(1, self.limit_parallel // 4)
 
 
+def spare_lease(lease: str, index: int) -> str:
+    """The name of a decision's `index`-th spare lease (1 and up)."""
+    return f"{lease}.{index}"
+
+
 @dataclass(frozen=True)
 class Settlement:
-    """An ended request's real usage, to book on its key's meter (`KeyMeter.settle`)."""
+    """What a replica tells a key's meter about one lease: `done`, an ended request's real
+    usage (`KeyMeter.settle`); `taken`, a spare now serving a request (`KeyMeter.take`);
+    `unused`, a spare given back (`KeyMeter.give_back`)."""
 
     key: str
     lease: str
@@ -116,6 +146,22 @@ class Settlement:
     completion_tokens: int
     period: BudgetPeriod
     admitted: bool = True  # False: a key without limits, never admitted, counted here
+    kind: SettlementKind = "done"
+    at: float = 0.0  # unused: the decision that granted it (Verdict.at)
+    hold_s: float = 0.0  # taken: how long its lease may now last
+
+
+def spare_headers(headers: dict[str, str], unused_spares: int, tokens_used: int) -> dict[str, str]:
+    """The rate-limit headers of a decision as they stand for one of its spares: spares not
+    used yet are not requests of the key's minute, and tokens this replica booked since count."""
+    shown = dict(headers)
+    if "x-ratelimit-remaining-requests" in shown:
+        left = int(shown["x-ratelimit-remaining-requests"]) + unused_spares
+        shown["x-ratelimit-remaining-requests"] = str(left)
+    for name in ("x-ratelimit-remaining-tokens", "x-budget-remaining-tokens"):
+        if name in shown:
+            shown[name] = str(max(0, int(shown[name]) - tokens_used))
+    return shown
 
 
 @dataclass
@@ -126,6 +172,7 @@ class KeyMeter:
     tokens: deque[tuple[float, int]] = field(default_factory=deque)
     window_tokens: int = 0
     leases: dict[str, float] = field(default_factory=dict)  # lease id -> deadline
+    spares: dict[str, float] = field(default_factory=dict)  # granted, not taken yet -> deadline
     period_start: float = 0.0
     period_tokens: int = 0
     # Lifetime totals, for `GET /v1/keys/usage`.
@@ -134,22 +181,54 @@ class KeyMeter:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def admit(self, limits: KeyLimits, now: float, lease: str, lease_s: float) -> Verdict:
+    def admit(
+        self, limits: KeyLimits, now: float, lease: str, lease_s: float, want: int = 1
+    ) -> Verdict:
+        """Admit one request (its lease `lease`) or refuse it; with `want` > 1, far from the
+        count limits, also grant spares (module docstring)."""
         self._expire(now, limits.budget_period)
         refusal = self._refusal(limits, now)
         if refusal is not None:
             self.refused += 1
             return refusal
-        self.requests.append(now)
+        granted = max(1, min(want, MAX_GRANT, self._room(limits) // GRANT_SHARE))
+        self.requests.extend([now] * granted)
         self.leases[lease] = now + lease_s
+        for index in range(1, granted):
+            self.spares[spare_lease(lease, index)] = now + SPARE_HOLD_S
         self.total_requests += 1
-        left = None if limits.max_parallel is None else limits.max_parallel - len(self.leases)
+        left = None if limits.max_parallel is None else limits.max_parallel - self.in_parallel
         return Verdict(
             True,
             self.headers(limits, now),
             parallel_left=left,
             limit_parallel=limits.max_parallel,
+            granted=granted,
+            at=now,
         )
+
+    @property
+    def in_parallel(self) -> int:
+        """Parallel slots held: requests in progress and spares not given back."""
+        return len(self.leases) + len(self.spares)
+
+    def take(self, lease: str, now: float, hold_s: float) -> None:
+        """A spare now serves a request: a request of the key's, its lease as long as one's."""
+        if self.spares.pop(lease, None) is not None:
+            self.leases[lease] = now + hold_s
+            self.total_requests += 1
+
+    def give_back(self, lease: str, granted_at: float) -> None:
+        """A spare its replica did not use: its parallel slot and its request of the minute
+        (booked at `granted_at`) are free again."""
+        if self.spares.pop(lease, None) is None:
+            return
+        for index in range(len(self.requests) - 1, -1, -1):  # it is among the newest
+            if self.requests[index] == granted_at:
+                del self.requests[index]
+                return
+            if self.requests[index] < granted_at:
+                return
 
     def settle(
         self,
@@ -165,6 +244,8 @@ class KeyMeter:
         limits skips admission, so its request is counted here."""
         self._expire(now, period)
         self.leases.pop(lease, None)
+        if self.spares.pop(lease, None) is not None:  # its `taken` never came: it still ran
+            self.total_requests += 1
         if not admitted:
             self.requests.append(now)
             self.total_requests += 1
@@ -207,6 +288,7 @@ class KeyMeter:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "in_flight": len(self.leases),
+            "spare": len(self.spares),
             "last_minute": {"requests": len(self.requests), "tokens": self.window_tokens},
             "period": {
                 "kind": limits.budget_period,
@@ -243,16 +325,25 @@ class KeyMeter:
                 f"This key's limit of {limits.tpm} tokens per minute is reached.",
                 self._tokens_free_at(limits.tpm) - now,
             )
-        if limits.max_parallel is not None and len(self.leases) >= limits.max_parallel:
+        if limits.max_parallel is not None and self.in_parallel >= limits.max_parallel:
             return self._refuse(
                 limits,
                 now,
                 ErrorCode.RATE_LIMITED,
-                f"This key already has {len(self.leases)} requests in progress, its limit "
+                f"This key already has {self.in_parallel} requests in progress, its limit "
                 f"(max_parallel {limits.max_parallel}).",
                 1.0,
             )
         return None
+
+    def _room(self, limits: KeyLimits) -> int:
+        """What the tightest count limit has left (MAX_GRANT * GRANT_SHARE if none binds)."""
+        room = MAX_GRANT * GRANT_SHARE
+        if limits.rpm is not None:
+            room = min(room, limits.rpm - len(self.requests))
+        if limits.max_parallel is not None:
+            room = min(room, limits.max_parallel - self.in_parallel)
+        return room
 
     def _refuse(
         self, limits: KeyLimits, now: float, code: str, message: str, wait_s: float
@@ -274,8 +365,9 @@ class KeyMeter:
             self.requests.popleft()
         while self.tokens and self.tokens[0][0] <= cutoff:
             self.window_tokens -= self.tokens.popleft()[1]
-        for lease in [lease for lease, deadline in self.leases.items() if deadline <= now]:
-            del self.leases[lease]
+        for held in (self.leases, self.spares):
+            for lease in [lease for lease, deadline in held.items() if deadline <= now]:
+                del held[lease]
         start, _ = period_bounds(now, period)
         if start != self.period_start:
             self.period_start, self.period_tokens = start, 0

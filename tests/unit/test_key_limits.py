@@ -6,7 +6,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from policy.key_limits import KeyLimits, KeyMeter, period_bounds, reset_text
+from policy.key_limits import (
+    SPARE_HOLD_S,
+    KeyLimits,
+    KeyMeter,
+    period_bounds,
+    reset_text,
+    spare_headers,
+    spare_lease,
+)
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC).timestamp()  # a Tuesday
 
@@ -164,3 +172,72 @@ def test_a_slot_is_released_at_once_only_near_the_parallel_limit() -> None:
     assert [v.release_at_once for v in verdicts] == [False] * 5 + [True] * 3
     assert KeyMeter().admit(KeyLimits(max_parallel=2), T0, "q", 600).release_at_once is True
     assert KeyMeter().admit(KeyLimits(rpm=5), T0, "r", 600).release_at_once is False
+
+
+def test_far_from_its_limits_a_decision_grants_spares_counted_at_once() -> None:
+    meter, limits = KeyMeter(), KeyLimits(rpm=1000, max_parallel=100)
+    verdict = meter.admit(limits, T0, "a", 600, want=10)
+    assert (verdict.admitted, verdict.granted, verdict.at) == (True, 10, T0)
+    # Every spare is a request of the minute and a parallel slot until given back or taken.
+    assert verdict.headers["x-ratelimit-remaining-requests"] == "990"
+    assert verdict.parallel_left == 90
+    usage = meter.usage(limits, T0)
+    assert (usage["in_flight"], usage["spare"], usage["requests"]) == (1, 9, 1)
+
+
+def test_spares_shrink_to_one_request_per_decision_near_a_limit() -> None:
+    meter, limits = KeyMeter(), KeyLimits(rpm=20)
+    granted = []
+    for i in range(8):
+        verdict = meter.admit(limits, T0, f"l{i}", 600, want=64)
+        granted.append(verdict.granted if verdict.admitted else 0)
+    # A quarter of what is left (20, 15, 12, 9, 7, ...), and exact below 8.
+    assert granted == [5, 3, 3, 2, 1, 1, 1, 1]
+    assert meter.usage(limits, T0)["last_minute"]["requests"] == 17
+    last = [meter.admit(limits, T0, f"m{i}", 600, want=64) for i in range(4)]
+    assert [v.granted if v.admitted else 0 for v in last] == [1, 1, 1, 0]  # never past 20
+
+
+def test_a_spare_given_back_frees_its_request_and_its_slot() -> None:
+    meter, limits = KeyMeter(), KeyLimits(rpm=100, max_parallel=40)
+    verdict = meter.admit(limits, T0, "a", 600, want=4)
+    assert verdict.granted == 4
+    meter.give_back(spare_lease("a", 1), verdict.at)
+    meter.give_back(spare_lease("a", 1), verdict.at)  # twice: nothing more is freed
+    meter.take(spare_lease("a", 2), T0 + 1, 600)
+    usage = meter.usage(limits, T0 + 1)
+    assert (usage["in_flight"], usage["spare"], usage["requests"]) == (2, 1, 2)
+    assert usage["last_minute"]["requests"] == 3
+    meter.settle(spare_lease("a", 2), T0 + 2, 3, 4, "month")
+    meter.settle(spare_lease("a", 3), T0 + 2, 1, 1, "month")  # its `taken` was lost
+    usage = meter.usage(limits, T0 + 2)
+    assert (usage["in_flight"], usage["spare"], usage["requests"]) == (1, 0, 3)
+    assert usage["total_tokens"] == 9
+
+
+def test_a_spare_whose_replica_died_expires_and_its_slot_is_free() -> None:
+    meter, limits = KeyMeter(), KeyLimits(max_parallel=8)
+    assert meter.admit(limits, T0, "a", 600, want=2).granted == 2
+    meter.settle("a", T0 + 1, 1, 1, "month")
+    assert meter.usage(limits, T0 + 1)["spare"] == 1
+    assert meter.usage(limits, T0 + SPARE_HOLD_S + 1)["spare"] == 0
+    taken = meter.admit(limits, T0, "b", 600, want=2)
+    meter.take(spare_lease("b", 1), T0, 600)  # taken: it lasts as long as a request
+    assert taken.granted == 2
+    assert meter.usage(limits, T0 + SPARE_HOLD_S + 1)["in_flight"] == 2
+
+
+def test_spare_headers_count_unused_spares_and_this_replicas_tokens() -> None:
+    headers = {
+        "x-ratelimit-remaining-requests": "90",
+        "x-ratelimit-remaining-tokens": "500",
+        "x-budget-remaining-tokens": "40",
+        "x-ratelimit-limit-requests": "100",
+    }
+    shown = spare_headers(headers, unused_spares=5, tokens_used=60)
+    assert shown == {
+        "x-ratelimit-remaining-requests": "95",
+        "x-ratelimit-remaining-tokens": "440",
+        "x-budget-remaining-tokens": "0",
+        "x-ratelimit-limit-requests": "100",
+    }

@@ -24,7 +24,7 @@ from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import ChatShaper
 from deployments.ingress import Ingress
 from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
-from deployments.key_metering import FLUSH_S, key_limits
+from deployments.key_metering import FLUSH_S, SPARE_TTL_S, key_limits
 from deployments.overhead_header import OVERHEAD_HEADER
 from policy.key_limits import Settlement
 
@@ -80,6 +80,10 @@ KEYS = {
     ),
     "pair-key": ApiKeyConfig(name="pair", sha256=hash_key("pair-key"), max_parallel=2),
     "free-key": ApiKeyConfig(name="free", sha256=hash_key("free-key")),
+    "busy-key": ApiKeyConfig(
+        name="busy", sha256=hash_key("busy-key"), rpm=100_000, max_parallel=1000, tpm=10**9
+    ),
+    "forty-key": ApiKeyConfig(name="forty", sha256=hash_key("forty-key"), rpm=40),
 }
 
 
@@ -313,9 +317,12 @@ class CountingLedger(LocalLedger):
     def __init__(self, ledger: KeyLedger) -> None:
         super().__init__(ledger)
         self.calls: list[tuple[str, int]] = []
+        self.wants: list[int] = []
 
     async def admit(self, *args: Any) -> Any:
-        self.calls.append(("admit", len(args[-1])))
+        *_, settled, want = args
+        self.calls.append(("admit", len(settled)))
+        self.wants.append(want)
         return await super().admit(*args)
 
     def settle(self, settled: Any) -> None:
@@ -368,3 +375,60 @@ def test_usage_held_for_an_unreachable_ledger_is_bounded(
 
     assert [a.status_code for a in run(scenario())] == [200] * 5  # served all the same
     assert len(ingress._metering._held) == 3  # the newest kept for when the ledger is back
+
+
+async def _waves(ingress: Ingress, key: str, waves: int, width: int) -> list[Any]:
+    answers: list[Any] = []
+    for _ in range(waves):
+        answers += await asyncio.gather(*(call(ingress, key) for _ in range(width)))
+    return answers
+
+
+def test_a_busy_key_far_from_its_limits_is_admitted_in_few_decisions(
+    config: ClusterConfig,
+) -> None:
+    ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
+    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    limits = {"busy": key_limits(KEYS["busy-key"])}
+
+    async def scenario() -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+        answers = await _waves(ingress, "busy-key", waves=6, width=10)
+        during = await ledger.ledger.usage(limits)
+        await asyncio.sleep(SPARE_TTL_S + 2 * FLUSH_S)  # the unused spares are given back
+        return answers, during, await ledger.ledger.usage(limits)
+
+    answers, during, after = run(scenario())
+    assert [a.status_code for a in answers] == [200] * 60
+    decisions = [c for c in ledger.calls if c[0] == "admit"]
+    assert len(decisions) <= 15, ledger.calls  # spares served the rest
+    assert max(ledger.wants) > 1
+    remaining = [int(a.headers["x-ratelimit-remaining-requests"]) for a in answers]
+    assert min(remaining) >= 100_000 - 60 - 64  # never below what was used and held
+    busy = after["keys"]["busy"]
+    assert (busy["requests"], busy["in_flight"], busy["spare"]) == (60, 0, 0)
+    assert busy["last_minute"]["requests"] == 60  # spares given back are not requests
+    assert busy["prompt_tokens"] == 60 * PROMPT
+    assert during["keys"]["busy"]["requests"] <= 60
+
+
+def test_two_replicas_with_spares_never_admit_past_the_limit(config: ClusterConfig) -> None:
+    ledger = LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
+    one, two = (Ingress(config, EngineLikeRouter(), lambda: ledger) for _ in range(2))
+    limits = {"forty": key_limits(KEYS["forty-key"])}
+
+    async def scenario() -> tuple[list[Any], list[Any], dict[str, Any]]:
+        burst: list[Any] = []
+        for _ in range(4):
+            burst += await asyncio.gather(
+                *(call(replica, "forty-key") for replica in (one, two) for _ in range(8))
+            )
+        await asyncio.sleep(SPARE_TTL_S + 2 * FLUSH_S)
+        late = [await call(replica, "forty-key") for replica in (one, two) for _ in range(5)]
+        return burst, late, await ledger.ledger.usage(limits)
+
+    burst, late, usage = run(scenario())
+    served = [a for a in burst + late if isinstance(a, Response)]
+    refused = [a for a in burst + late if isinstance(a, ApiError)]
+    assert len(served) == 40  # exactly the limit: spares given back were used by the later ones
+    assert {(e.status, e.code) for e in refused} == {(429, "rate_limited")}
+    assert usage["keys"]["forty"]["last_minute"]["requests"] == 40
