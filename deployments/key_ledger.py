@@ -22,7 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -38,8 +38,14 @@ KV_NAMESPACE = "gps_keys"
 SNAPSHOT_S = 2.0
 
 
-def ledger_actor_name(app: str) -> str:
-    return f"gps-key-ledger-{app}"
+# The actor outlives deploys (detached): its name carries the call protocol, so new ingress
+# replicas never call an older ledger with arguments it does not take (limits would be off).
+PROTOCOL = 2
+
+
+def ledger_actor_name(app: str, protocol: int = PROTOCOL) -> str:
+    suffix = "" if protocol == 1 else f"-v{protocol}"
+    return f"gps-key-ledger-{app}{suffix}"
 
 
 class SnapshotStore(Protocol):
@@ -169,21 +175,25 @@ class _TokenTotals(Collector):
 
 
 def _saved(meter: KeyMeter) -> dict[str, Any]:
+    """A meter as JSON, without its spares: they live a quarter of a second, and a snapshot
+    without them is one every version of the ledger reads."""
+    saved = asdict(meter)
+    del saved["spares"]
     return {
-        **asdict(meter),
+        **saved,
         "requests": list(meter.requests),
         "tokens": [list(entry) for entry in meter.tokens],
     }
 
 
 def _meter_from(saved: Mapping[str, Any]) -> KeyMeter:
+    known = {f.name for f in fields(KeyMeter)}  # a newer version's extra fields are skipped
     return KeyMeter(
         **{
-            **saved,
+            **{name: value for name, value in saved.items() if name in known},
             "requests": deque(saved.get("requests", ())),
             "tokens": deque((at, used) for at, used in saved.get("tokens", ())),
             "leases": dict(saved.get("leases", {})),
-            "spares": dict(saved.get("spares", {})),
         }
     )
 
@@ -309,9 +319,16 @@ class MemorySnapshots:
 
 
 def ensure_key_ledger(app: str, namespace: str, resources: Mapping[str, float]) -> RayLedger:
-    """The app's ledger, started if absent, on the gateway's nodes."""
+    """The app's ledger, started if absent, on the gateway's nodes; one of an older protocol
+    is stopped (its meters carry on from the shared snapshot)."""
     import ray
 
+    for older in range(1, PROTOCOL):
+        try:
+            ray.kill(ray.get_actor(ledger_actor_name(app, older), namespace), no_restart=True)
+            logger.warning("key ledger: stopped the one of protocol %d", older)
+        except ValueError:  # none of that protocol
+            pass
     return RayLedger(
         ray.remote(num_cpus=0)(KeyLedger)
         .options(
@@ -328,6 +345,7 @@ def ensure_key_ledger(app: str, namespace: str, resources: Mapping[str, float]) 
 
 
 __all__ = [
+    "PROTOCOL",
     "KeyLedger",
     "KvSnapshots",
     "LedgerClient",

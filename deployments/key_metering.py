@@ -9,21 +9,23 @@ does not get it. Settlements are held and ride on this replica's next admission 
 its decision), or go in one batch after `FLUSH_S`: one actor call per request, not two.
 
 A replica busy with a key asks for spares with its decision (policy/key_limits.py): as many as
-twice the key's requests here in the last `SPARE_TTL_S`. It hands them out itself for
-`SPARE_TTL_S`, with the decision's headers brought up to date, then gives back those left; the
-ledger hears of each one taken with the next batch. Far from the limits a busy key thus costs
-one call per `SPARE_TTL_S`, not one per request; near them (a quarter of a count limit left)
-every decision is one request, exact. Spares stop early once this replica's own answers used the
-tokens the decision had left (`tpm`, budget); another replica's usage is seen at the next
-decision, at most `SPARE_TTL_S` + `FLUSH_S` later.
-
-If the ledger cannot be reached within `ADMIT_TIMEOUT_S` the request is admitted unmetered and
-logged: the limits exist to share the service, never to take it down.
+twice the key's requests here in the last `SPARE_TTL_S`. The ledger grants at most a quarter of
+what the tightest count limit has left, so none once fewer than 8 are left. The replica hands
+them out itself for `SPARE_TTL_S`, with the decision's headers brought up to date, then gives
+back those left; the ledger hears of each one taken with the next batch. Far from the limits a
+busy key thus costs one call per `SPARE_TTL_S`, not one per request; near them every decision is
+one request, and such decisions are never made to wait for one another. Spares stop early once
+this replica's own answers used the tokens the decision had left (`tpm`, budget); another
+replica's usage is seen at the next decision, at most `SPARE_TTL_S` + `FLUSH_S` later.
+A decision that ends after its request stopped waiting (a timeout, a client gone) gives back
+what it admitted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import time
@@ -117,6 +119,8 @@ class KeyMetering:
         self._spares: dict[str, Spares] = {}
         self._recent: dict[str, deque[float]] = {}  # when this replica admitted each key's
         self._asking: dict[str, asyncio.Future[None]] = {}  # a decision with spares under way
+        self._spared: dict[str, bool] = {}  # whether the key's last decision granted spares
+        self._tokens_settled: dict[str, int] = {}  # tokens of each key's answers ended here
         if self.enabled:  # start the actor now: its first start must not be a request's wait
             try:
                 self._client()
@@ -134,28 +138,28 @@ class KeyMetering:
         lease = uuid.uuid4().hex
         if not limits.any:  # nothing to decide: no round trip, the usage is booked at the end
             return Admission(key, lease, limits.budget_period, admitted=False)
-        while True:
+        spare = self._take_spare(key, limits.budget_period)
+        if spare is not None:
+            return spare
+        asking = self._asking.get(key)
+        if asking is not None:  # a decision with spares is under way: they may serve this one
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(asking), ADMIT_TIMEOUT_S)
             spare = self._take_spare(key, limits.budget_period)
             if spare is not None:
                 return spare
-            asking = self._asking.get(key)
-            if asking is None:
-                break
-            await asyncio.shield(asking)  # its spares may serve this request too
         return await self._decide(key, limits, lease)
 
     async def _decide(self, key: str, limits: KeyLimits, lease: str) -> Admission:
-        """The ledger's decision on this request, with spares when the key is busy here."""
+        """The ledger's decision on this request, with spares when the key is busy here.
+        Requests that find no spare wait for a decision only while the key's decisions grant
+        spares; near a limit (one lease a decision) each asks for itself, at once."""
         want = self._want(key)
         asking = None
-        if want > 1 and key not in self._asking:
+        if want > 1 and self._spared.get(key, True) and key not in self._asking:
             asking = self._asking[key] = asyncio.get_running_loop().create_future()
         try:
-            client = self._client()
-            held, self._held = self._held, []  # sent with the call from here on: never twice
-            verdict = await asyncio.wait_for(
-                client.admit(key, limits, lease, LEASE_S, held, want), ADMIT_TIMEOUT_S
-            )
+            verdict = await self._ask(key, limits, lease, want)
         except Exception as error:  # noqa: BLE001 - any ledger failure: serve unmetered
             logger.warning("key ledger unreachable, %r admitted unmetered: %r", key, error)
             return UNMETERED
@@ -168,8 +172,8 @@ class KeyMetering:
             code = verdict.code or ErrorCode.RATE_LIMITED
             raise ApiError(429, code, verdict.message or "Over this key's limits.", headers=headers)
         self._note_admitted(key)
-        if verdict.granted > 1:
-            self._keep_spares(key, lease, verdict, limits.budget_period)
+        if want > 1:  # asked for spares: did the ledger find room for them?
+            self._spared[key] = verdict.granted > 1
         return Admission(
             key,
             lease,
@@ -177,6 +181,50 @@ class KeyMetering:
             spare_headers(verdict.headers, verdict.granted - 1, 0),  # spares are not requests
             release_at_once=verdict.release_at_once,
         )
+
+    async def _ask(self, key: str, limits: KeyLimits, lease: str, want: int) -> Verdict:
+        """One call to the ledger, carrying the usage held. If this request stops waiting for
+        it (timeout, client gone) the call still ends: what it admitted is given back then,
+        and a batch it failed to deliver is held again."""
+        client = self._client()
+        held, self._held = self._held, []  # sent with the call from here on: never twice
+        tokens_before = self._tokens_settled.get(key, 0)
+        call = asyncio.ensure_future(client.admit(key, limits, lease, LEASE_S, held, want))
+        try:
+            verdict = await asyncio.wait_for(asyncio.shield(call), ADMIT_TIMEOUT_S)
+        except BaseException:
+            call.add_done_callback(
+                functools.partial(self._unwaited, key, lease, held, limits.budget_period)
+            )
+            raise
+        if verdict.admitted and verdict.granted > 1:
+            # Answers that ended during the call: their tokens are not in the decision's count.
+            since = self._tokens_settled.get(key, 0) - tokens_before
+            self._keep_spares(key, lease, verdict, limits.budget_period, since)
+        return verdict
+
+    def _unwaited(
+        self,
+        key: str,
+        lease: str,
+        held: list[Settlement],
+        period: BudgetPeriod,
+        call: asyncio.Future[Verdict],
+    ) -> None:
+        if call.cancelled():
+            return
+        if call.exception() is not None:  # not booked: it goes with the next call
+            self._held[:0] = held
+            return
+        verdict = call.result()
+        if not verdict.admitted:
+            return
+        self._held.append(Settlement(key, lease, 0, 0, period))  # served unmetered, or not at all
+        self._held.extend(
+            Settlement(key, spare_lease(lease, index), 0, 0, period, kind="unused", at=verdict.at)
+            for index in range(1, verdict.granted)
+        )
+        self._flush_later()
 
     def _want(self, key: str) -> int:
         """Leases to ask for: twice this replica's recent requests of the key, and this one."""
@@ -192,7 +240,9 @@ class KeyMetering:
         recent = self._recent.setdefault(key, deque(maxlen=MAX_GRANT))
         recent.append(time.monotonic())
 
-    def _keep_spares(self, key: str, lease: str, verdict: Verdict, period: BudgetPeriod) -> None:
+    def _keep_spares(
+        self, key: str, lease: str, verdict: Verdict, period: BudgetPeriod, tokens_used: int
+    ) -> None:
         self._give_back(key, period)  # an earlier decision's, if any are left
         spares = Spares(
             [spare_lease(lease, index) for index in range(1, verdict.granted)],
@@ -200,6 +250,7 @@ class KeyMetering:
             verdict.at,
             verdict.headers,
             verdict.release_at_once,
+            tokens_used,
         )
         self._spares[key] = spares
         asyncio.get_running_loop().call_later(SPARE_TTL_S, self._expire, key, spares, period)
@@ -239,9 +290,11 @@ class KeyMetering:
         if admission.key is None or admission.settled:
             return
         admission.settled = True
+        used = max(0, prompt_tokens) + max(0, completion_tokens)
+        self._tokens_settled[admission.key] = self._tokens_settled.get(admission.key, 0) + used
         spares = self._spares.get(admission.key)
         if spares is not None:  # the tokens the decision had left are being used
-            spares.tokens_used += max(0, prompt_tokens) + max(0, completion_tokens)
+            spares.tokens_used += used
         settlement = Settlement(
             admission.key,
             admission.lease,

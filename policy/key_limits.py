@@ -315,7 +315,8 @@ class KeyMeter:
                 now,
                 ErrorCode.RATE_LIMITED,
                 f"This key's limit of {limits.rpm} requests per minute is reached.",
-                self.requests[0] + WINDOW_S - now,
+                # Spares a replica holds unused come back within a second (SPARE_TTL_S).
+                1.0 if self.spares else self.requests[0] + WINDOW_S - now,
             )
         if limits.tpm is not None and self.window_tokens >= limits.tpm:
             return self._refuse(

@@ -241,3 +241,15 @@ def test_spare_headers_count_unused_spares_and_this_replicas_tokens() -> None:
         "x-budget-remaining-tokens": "0",
         "x-ratelimit-limit-requests": "100",
     }
+
+
+def test_a_refusal_while_spares_are_out_says_come_back_in_a_second() -> None:
+    meter, limits = KeyMeter(), KeyLimits(rpm=8)
+    assert meter.admit(limits, T0, "a", 600, want=8).granted == 2  # one spare, out there
+    for i in range(6):
+        assert admit(meter, limits, T0 + 1, f"b{i}")
+    refused = meter.admit(limits, T0 + 2, "c", 600)
+    assert not refused.admitted
+    assert refused.retry_after_s == 1  # not the window's 58 s: the spare may come back
+    meter.give_back(spare_lease("a", 1), T0)
+    assert admit(meter, limits, T0 + 2, "d")

@@ -432,3 +432,74 @@ def test_two_replicas_with_spares_never_admit_past_the_limit(config: ClusterConf
     assert len(served) == 40  # exactly the limit: spares given back were used by the later ones
     assert {(e.status, e.code) for e in refused} == {(429, "rate_limited")}
     assert usage["keys"]["forty"]["last_minute"]["requests"] == 40
+
+
+class SlowLedger(LocalLedger):
+    """Takes `delay_s` over each decision that asks for more than `slow_from` leases, and
+    records how many decisions were under way at once."""
+
+    def __init__(self, delay_s: float, slow_from: int = 1) -> None:
+        super().__init__(KeyLedger("unit", store=MemorySnapshots()))
+        self.delay_s, self.slow_from = delay_s, slow_from
+        self.under_way = self.most_at_once = 0
+
+    async def admit(self, *args: Any) -> Any:
+        self.under_way += 1
+        self.most_at_once = max(self.most_at_once, self.under_way)
+        try:
+            if args[-1] >= self.slow_from:
+                await asyncio.sleep(self.delay_s)
+            return await super().admit(*args)
+        finally:
+            self.under_way -= 1
+
+
+def test_near_a_limit_decisions_are_not_made_one_at_a_time(config: ClusterConfig) -> None:
+    ledger = SlowLedger(delay_s=0.05)
+    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+
+    async def scenario() -> list[Any]:
+        for _ in range(2):  # busy here: the next ones ask for spares, and get none
+            await call(ingress, "five-key")
+        return await asyncio.gather(*(call(ingress, "five-key") for _ in range(4)))
+
+    answers = run(scenario())
+    # rpm 5 leaves no room for spares: each decision is one request, and all run at once.
+    assert sorted(getattr(a, "status_code", 429) for a in answers) == [200] * 3 + [429]
+    assert ledger.most_at_once == 4
+
+
+def test_a_decision_nobody_waited_for_gives_back_what_it_admitted(
+    config: ClusterConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(key_metering, "ADMIT_TIMEOUT_S", 0.05)
+    ledger = SlowLedger(delay_s=0.2, slow_from=2)  # the decision that asks for spares is late
+    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    limits = {"busy": key_limits(KEYS["busy-key"])}
+
+    async def scenario() -> tuple[list[Any], dict[str, Any]]:
+        answers = [await call(ingress, "busy-key") for _ in range(2)]
+        await asyncio.sleep(0.2 + 2 * FLUSH_S)  # the late decision ends; its leases go back
+        return answers, await ledger.ledger.usage(limits)
+
+    (metered, unmetered), usage = run(scenario())
+    assert metered.status_code == unmetered.status_code == 200
+    assert "x-ratelimit-remaining-requests" not in unmetered.headers  # served unmetered
+    busy = usage["keys"]["busy"]
+    assert (busy["in_flight"], busy["spare"]) == (0, 0)
+    assert busy["last_minute"]["requests"] == 2  # its spares were never requests
+
+
+def test_a_snapshot_is_one_every_ledger_version_reads() -> None:
+    store = MemorySnapshots()
+    ledger = KeyLedger("unit", store=store)
+    limits = key_limits(KEYS["busy-key"])
+    verdict = run(ledger.admit("busy", limits, "a", 600, (), 8))
+    assert verdict.granted == 8
+    ledger.snapshot()
+    assert store.saved is not None
+    assert "spares" not in store.saved["busy"]  # short-lived; older versions do not know them
+    store.saved["busy"]["from_a_newer_version"] = 1
+    restored = KeyLedger("unit", store=store)
+    usage = run(restored.usage({"busy": limits}))["keys"]["busy"]
+    assert (usage["in_flight"], usage["last_minute"]["requests"]) == (1, 8)
