@@ -29,6 +29,7 @@ from ray.serve.llm import LLMServer
 
 from core.errors import ErrorCode
 from core.wire import PromptCount, is_embedding, take_prompt_count
+from deployments.quiet_polls import quiet_polls
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
 from policy.kv_room import KvRoom, admits
@@ -106,6 +107,7 @@ def _kv_capacity_tokens(engine_client: Any) -> int | None:
 class ObservedLLMServer(LLMServer):  # type: ignore[misc]
     async def __init__(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[misc]
         await super().__init__(*args, **kwargs)
+        quiet_polls()
         self._stats: _EngineStats | None = None
         self._failure: str | None = None  # why Serve must replace this replica, once it must
         self._capacity: int | None = None

@@ -38,6 +38,7 @@ from deployments.fallback.openai_format import (
     completion_params,
     error_response,
 )
+from deployments.quiet_polls import quiet_polls
 from policy.context.prompt_fit import COMPLETION_DEFAULT_MAX_TOKENS
 from policy.request.tools import calls_tools
 
@@ -149,6 +150,7 @@ class CpuFallback:
         settings: FallbackSettings,
         engine_factory: Callable[[FallbackSettings], FallbackEngine] = make_engine,
     ) -> None:
+        quiet_polls()
         self._settings = settings
         self._engine = engine_factory(settings)
         await self._engine.start()
