@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,7 +37,7 @@ from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
 from deployments.error_response import error_response
 from deployments.front_options import front_actor_options
 from deployments.key_ledger import LedgerClient, RayLedger, ensure_key_ledger
-from deployments.key_metering import UNMETERED, Admission, KeyMetering, StreamUsage
+from deployments.key_metering import Admission, KeyMetering, StreamUsage
 from deployments.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from policy.context.tokens import message_text
 from policy.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
@@ -252,14 +252,17 @@ class Ingress:
         if streamed:
             usage = StreamUsage(_wants_usage(job.request))
         admission = await self._metering.admit(job.caller)
-        if streamed and admission is not UNMETERED:  # the engine's count, not an estimate
+        if streamed:  # the engine's count for the key and the metrics, not an estimate
             options = StreamOptions(include_usage=True)
             job = replace(job, request=job.request.model_copy(update={"stream_options": options}))
+        served = _Served()
         try:
-            return await self._answer(job, admission, usage, depth, started)
+            return await self._answer(job, admission, usage, depth, started, served)
         except ApiError as error:
             self._metering.settle(admission, 0, 0)
             error.headers = {**admission.headers, **error.headers}
+            seconds = time.perf_counter() - started
+            metrics.observe_answer(served.backend, job.priority.value, error.status, seconds)
             raise
         except BaseException:  # no answer: its lease must not hold a parallel slot for an hour
             self._metering.settle(admission, 0, 0)
@@ -272,6 +275,7 @@ class Ingress:
         usage: StreamUsage | None,
         depth: DepthDecision | None,
         started: float,
+        served: _Served,
     ) -> Response:
         first: Any = None
         if usage is not None:
@@ -288,6 +292,7 @@ class Ingress:
         if isinstance(routed, Refusal):
             raise _refusal_error(routed)
         assert isinstance(routed, Routed)
+        served.backend = routed.backend
         metrics.observe_routing(routed, depth.depth.value if depth else None)
         if isinstance(first, Refusal):
             raise _refusal_error(first)
@@ -302,28 +307,39 @@ class Ingress:
         }
         if stream is None or usage is None or not isinstance(first, list):  # a whole response
             counted = getattr(first, "usage", None)
-            self._metering.settle(
-                admission,
-                getattr(counted, "prompt_tokens", 0) or 0,
-                getattr(counted, "completion_tokens", 0) or 0,
-            )
-            return Response(first.model_dump_json(), media_type="application/json", headers=headers)
-        relay = _relay_sse(first, stream, usage)
+            prompt = getattr(counted, "prompt_tokens", 0) or 0
+            completion = getattr(counted, "completion_tokens", 0) or 0
+            self._metering.settle(admission, prompt, completion)
+            metrics.observe_tokens(routed.backend, prompt, completion)
+            body = first.model_dump_json()
+            seconds = time.perf_counter() - started
+            metrics.observe_answer(routed.backend, job.priority.value, 200, seconds)
+            return Response(body, media_type="application/json", headers=headers)
+        timing = metrics.StreamTiming(routed.backend, job.priority.value, started)
+        relay = _relay_sse(first, stream, usage, timing)
         return StreamingResponse(
-            self._settled(relay, admission, usage, routed.prompt_tokens),
+            self._settled(relay, admission, usage, routed, timing),
             media_type="text/event-stream",
             headers=headers,
         )
 
     async def _settled(
-        self, relay: AsyncIterator[str], admission: Admission, usage: StreamUsage, prompt: int
+        self,
+        relay: AsyncIterator[str],
+        admission: Admission,
+        usage: StreamUsage,
+        routed: Routed,
+        timing: metrics.StreamTiming,
     ) -> AsyncIterator[str]:
         """The relayed stream; its usage booked when it ends, the client's leaving included."""
         try:
             async for text in relay:
                 yield text
         finally:
-            self._metering.settle(admission, *usage.totals(prompt))
+            totals = usage.totals(routed.prompt_tokens)
+            self._metering.settle(admission, *totals)
+            metrics.observe_tokens(routed.backend, *totals)
+            timing.ended(200)
 
     def _role_for(self, payload: dict[str, Any], vectors: bool = False) -> Role | None:
         """The role a request names; None for `auto`, which the depth router resolves.
@@ -455,6 +471,13 @@ def _validate_completion(payload: dict[str, Any]) -> Any:
         raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
 
 
+@dataclass
+class _Served:
+    """Which backend a job reached, for the metrics of an answer that failed after it."""
+
+    backend: str = metrics.NO_BACKEND
+
+
 def _has_image_parts(payload: dict[str, Any]) -> bool:
     messages = payload.get("messages")
     if not isinstance(messages, list):
@@ -514,7 +537,10 @@ def _sse_text(part: Any, usage: StreamUsage) -> str:
 
 
 async def _relay_sse(
-    first: list[str], stream: DeploymentResponseGenerator[Any], usage: StreamUsage
+    first: list[str],
+    stream: DeploymentResponseGenerator[Any],
+    usage: StreamUsage,
+    timing: metrics.StreamTiming,
 ) -> AsyncIterator[str]:
     """Relay the engine's SSE lines; cancel the whole chain if the client goes away."""
     done = False
@@ -523,6 +549,7 @@ async def _relay_sse(
         while True:
             text = "".join(_sse_text(part, usage) for part in item)
             done = done or text.rstrip().endswith("data: [DONE]")
+            timing.relayed(len(item))
             yield text
             item = await anext(stream, None)
             if item is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 
@@ -24,6 +26,73 @@ RESPONSE_START_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
+
+# Per backend and priority class: what users feel, and the tokens the engines counted.
+NO_BACKEND = "none"  # refused before a backend was chosen (auth, schema, limits, admission)
+REQUEST_SECONDS = Histogram(
+    "gps_request_seconds",
+    "Seconds from request arrival to the answer's last byte, by backend, priority class and "
+    "HTTP status (backend `none`: refused before one was chosen).",
+    ["backend", "priority", "status"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
+TTFT_SECONDS = Histogram(
+    "gps_ttft_seconds",
+    "Streams: seconds from request arrival to the first chunk relayed, by backend and "
+    "priority class.",
+    ["backend", "priority"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+INTER_TOKEN_SECONDS = Histogram(
+    "gps_inter_token_seconds",
+    "Streams: seconds between successive chunks relayed (a batch of chunks shares its gap).",
+    ["backend"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "gps_tokens",
+    "Tokens by backend and kind (prompt, completion), from the engines' own usage.",
+    ["backend", "kind"],
+    registry=REGISTRY,
+)
+
+
+class StreamTiming:
+    """Times one relayed stream: its first chunk (TTFT), the gaps after it, its end."""
+
+    def __init__(self, backend: str, priority: str, started: float) -> None:
+        self._backend, self._priority = backend, priority
+        self._started = started
+        self._last: float | None = None
+
+    def relayed(self, chunks: int, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        if self._last is None:
+            TTFT_SECONDS.labels(self._backend, self._priority).observe(now - self._started)
+        elif chunks:
+            gap = (now - self._last) / chunks
+            histogram = INTER_TOKEN_SECONDS.labels(self._backend)
+            for _ in range(chunks):
+                histogram.observe(gap)
+        self._last = now
+
+    def ended(self, status: int, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        observe_answer(self._backend, self._priority, status, now - self._started)
+
+
+def observe_answer(backend: str, priority: str, status: int, seconds: float) -> None:
+    REQUEST_SECONDS.labels(backend, priority, str(status)).observe(seconds)
+
+
+def observe_tokens(backend: str, prompt: int, completion: int) -> None:
+    if prompt > 0:
+        TOKENS.labels(backend, "prompt").inc(prompt)
+    if completion > 0:
+        TOKENS.labels(backend, "completion").inc(completion)
 
 
 # Context safety, counted per backend from the router's report on each job.

@@ -6,6 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from core.wire import ChatJob, Routed
+from deployments.fallback.engine import Finish
+from deployments.fallback.openai_format import ChatShaper
+
 
 class ItemStream:
     """A DeploymentResponseGenerator over fixed items."""
@@ -34,3 +38,36 @@ class HandleMethod:
 
     def remote(self, job: Any) -> Any:
         return self._answer(job)
+
+
+PROMPT, COMPLETION = 30, 25  # what EngineLikeRouter's engine reports for every answer
+
+
+class EngineLikeRouter:
+    """Answers like an engine: `usage` in a whole answer; in a stream only when asked."""
+
+    def __init__(self) -> None:
+        self.jobs: list[ChatJob] = []
+        self.chat = HandleMethod(self._stream)
+        self.chat_once = HandleMethod(self._once)
+
+    def options(self, **_: Any) -> EngineLikeRouter:
+        return self
+
+    def _shaper(self, job: ChatJob) -> ChatShaper:
+        self.jobs.append(job)
+        options = job.request.stream_options
+        return ChatShaper("orchestrator", bool(options and options.include_usage))
+
+    async def _once(self, job: ChatJob) -> list[Any]:
+        shaper = self._shaper(job)
+        return [_routed(), shaper.whole("Hi.", Finish("stop", PROMPT, COMPLETION))]
+
+    def _stream(self, job: ChatJob) -> Any:
+        shaper = self._shaper(job)
+        closing = shaper.closing(Finish("stop", PROMPT, COMPLETION))
+        return ItemStream([_routed(), [*shaper.opening("Hi."), *closing, "data: [DONE]\n\n"]])
+
+
+def _routed() -> Routed:
+    return Routed("orchestrator@local", 32, PROMPT, False, 0, False, False, engine_wait_s=0.004)

@@ -18,10 +18,8 @@ from starlette.responses import Response, StreamingResponse
 
 from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config
 from core.errors import ApiError
-from core.wire import ChatJob, Routed
+from core.wire import ChatJob
 from deployments import key_metering
-from deployments.fallback.engine import Finish
-from deployments.fallback.openai_format import ChatShaper
 from deployments.ingress import Ingress
 from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.key_metering import FLUSH_S, SPARE_TTL_S, key_limits
@@ -29,7 +27,6 @@ from deployments.overhead_header import OVERHEAD_HEADER
 from policy.key_limits import Settlement
 
 TESTS = Path(__file__).parents[1]
-PROMPT, COMPLETION = 30, 25  # what the fake engine reports for every answer
 _spec = importlib.util.spec_from_file_location(
     "gps_serve_handle", TESTS / "fakes" / "serve_handle.py"
 )
@@ -37,38 +34,7 @@ assert _spec is not None
 assert _spec.loader is not None
 serve_handle = importlib.util.module_from_spec(_spec)  # tests are not a package
 _spec.loader.exec_module(serve_handle)
-
-
-class EngineLikeRouter:
-    """Answers like an engine: `usage` in a whole answer; in a stream only when asked."""
-
-    def __init__(self) -> None:
-        self.jobs: list[ChatJob] = []
-        self.chat = serve_handle.HandleMethod(self._stream)
-        self.chat_once = serve_handle.HandleMethod(self._once)
-
-    def options(self, **_: Any) -> EngineLikeRouter:
-        return self
-
-    def _shaper(self, job: ChatJob) -> ChatShaper:
-        self.jobs.append(job)
-        options = job.request.stream_options
-        return ChatShaper("orchestrator", bool(options and options.include_usage))
-
-    async def _once(self, job: ChatJob) -> list[Any]:
-        shaper = self._shaper(job)
-        return [_routed(), shaper.whole("Hi.", Finish("stop", PROMPT, COMPLETION))]
-
-    def _stream(self, job: ChatJob) -> Any:
-        shaper = self._shaper(job)
-        closing = shaper.closing(Finish("stop", PROMPT, COMPLETION))
-        return serve_handle.ItemStream(
-            [_routed(), [*shaper.opening("Hi."), *closing, "data: [DONE]\n\n"]]
-        )
-
-
-def _routed() -> Routed:
-    return Routed("orchestrator@local", 32, PROMPT, False, 0, False, False, engine_wait_s=0.004)
+PROMPT, COMPLETION = serve_handle.PROMPT, serve_handle.COMPLETION
 
 
 KEYS = {
@@ -100,7 +66,7 @@ def ledger() -> LocalLedger:
 
 @pytest.fixture
 def ingress(config: ClusterConfig, ledger: LocalLedger) -> Ingress:
-    return Ingress(config, EngineLikeRouter(), lambda: ledger)
+    return Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger)
 
 
 def request(key: str, path: str = "/v1/chat/completions", **body: Any) -> Request:
@@ -184,10 +150,11 @@ def test_max_parallel_holds_while_requests_are_in_progress(
 ) -> None:
     release = asyncio.Event()
 
-    class SlowRouter(EngineLikeRouter):
+    class SlowRouter(serve_handle.EngineLikeRouter):  # type: ignore[misc,name-defined]
         async def _once(self, job: ChatJob) -> list[Any]:
             await release.wait()
-            return await super()._once(job)
+            answered: list[Any] = await super()._once(job)
+            return answered
 
     ingress = Ingress(config, SlowRouter(), lambda: ledger)
 
@@ -235,7 +202,7 @@ def test_a_key_without_limits_is_counted_without_an_admission_round_trip(
             return await super().admit(*args)
 
     ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
-    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger)
 
     async def scenario() -> dict[str, Any]:
         await call(ingress, "free-key")
@@ -270,7 +237,7 @@ def test_an_unreachable_ledger_admits_unmetered(config: ClusterConfig) -> None:
     def gone() -> Any:
         raise ConnectionError("ledger actor is restarting")
 
-    ingress = Ingress(config, EngineLikeRouter(), gone)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), gone)
     answers = run(_many(ingress, "five-key", 7))
     assert [a.status_code for a in answers] == [200] * 7
     assert "x-ratelimit-remaining-requests" not in answers[0].headers
@@ -332,7 +299,7 @@ class CountingLedger(LocalLedger):
 
 def test_a_parallel_limited_key_frees_its_slot_at_once(config: ClusterConfig) -> None:
     ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
-    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger)
     run(_many(ingress, "pair-key", 2))
     # Another replica's next request must not find this one's lease still held.
     assert ledger.calls == [("admit", 0), ("settle", 1), ("admit", 0), ("settle", 1)]
@@ -340,7 +307,7 @@ def test_a_parallel_limited_key_frees_its_slot_at_once(config: ClusterConfig) ->
 
 def test_usage_rides_on_the_next_admission_or_goes_in_one_batch(config: ClusterConfig) -> None:
     ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
-    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger)
 
     async def scenario() -> dict[str, Any]:
         for _ in range(3):
@@ -366,7 +333,7 @@ def test_usage_held_for_an_unreachable_ledger_is_bounded(
         raise ConnectionError("ledger actor is restarting")
 
     monkeypatch.setattr(key_metering, "MAX_HELD", 3)
-    ingress = Ingress(config, EngineLikeRouter(), gone)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), gone)
 
     async def scenario() -> list[Any]:
         answers = await _many(ingress, "free-key", 5)
@@ -388,7 +355,7 @@ def test_a_busy_key_far_from_its_limits_is_admitted_in_few_decisions(
     config: ClusterConfig,
 ) -> None:
     ledger = CountingLedger(KeyLedger("unit", store=MemorySnapshots()))
-    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger)
     limits = {"busy": key_limits(KEYS["busy-key"])}
 
     async def scenario() -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
@@ -413,7 +380,7 @@ def test_a_busy_key_far_from_its_limits_is_admitted_in_few_decisions(
 
 def test_two_replicas_with_spares_never_admit_past_the_limit(config: ClusterConfig) -> None:
     ledger = LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
-    one, two = (Ingress(config, EngineLikeRouter(), lambda: ledger) for _ in range(2))
+    one, two = (Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger) for _ in range(2))
     limits = {"forty": key_limits(KEYS["forty-key"])}
 
     async def scenario() -> tuple[list[Any], list[Any], dict[str, Any]]:
@@ -456,7 +423,7 @@ class SlowLedger(LocalLedger):
 
 def test_near_a_limit_decisions_are_not_made_one_at_a_time(config: ClusterConfig) -> None:
     ledger = SlowLedger(delay_s=0.05)
-    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger)
 
     async def scenario() -> list[Any]:
         for _ in range(2):  # busy here: the next ones ask for spares, and get none
@@ -474,7 +441,7 @@ def test_a_decision_nobody_waited_for_gives_back_what_it_admitted(
 ) -> None:
     monkeypatch.setattr(key_metering, "ADMIT_TIMEOUT_S", 0.05)
     ledger = SlowLedger(delay_s=0.2, slow_from=2)  # the decision that asks for spares is late
-    ingress = Ingress(config, EngineLikeRouter(), lambda: ledger)
+    ingress = Ingress(config, serve_handle.EngineLikeRouter(), lambda: ledger)
     limits = {"busy": key_limits(KEYS["busy-key"])}
 
     async def scenario() -> tuple[list[Any], dict[str, Any]]:

@@ -1,0 +1,127 @@
+"""Per-backend answer metrics from the ingress: request seconds by backend, priority and
+status, TTFT and inter-token gaps of streams, and the engines' token counts. Driven through an
+`Ingress` whose router answers like an engine (tests/fakes/serve_handle.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from core.config import load_config
+from core.errors import ApiError
+from deployments import metrics
+from deployments.ingress import Ingress
+
+TESTS = Path(__file__).parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "gps_serve_handle", TESTS / "fakes" / "serve_handle.py"
+)
+assert _spec is not None
+assert _spec.loader is not None
+serve_handle = importlib.util.module_from_spec(_spec)  # tests are not a package
+_spec.loader.exec_module(serve_handle)
+BACKEND = "orchestrator@local"  # the fake router's
+
+
+def request(**body: Any) -> Request:
+    payload = json.dumps(
+        {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}], **body}
+    ).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "query_string": b"",
+        "headers": [],
+    }
+    chunks = [{"type": "http.request", "body": payload, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop() if chunks else {"type": "http.disconnect"}
+
+    return Request(scope, receive)
+
+
+def sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def keyless(router: Any) -> Ingress:
+    """An ingress with auth and limits off over `router`."""
+    config = load_config(TESTS / "e2e" / "gateway.yaml", environ={})
+    return Ingress(config.model_copy(update={"api_keys": ()}), router)
+
+
+@pytest.fixture
+def ingress() -> Ingress:
+    return keyless(serve_handle.EngineLikeRouter())
+
+
+async def answer(ingress: Ingress, **body: Any) -> Any:
+    response = await ingress.chat(request(**body))
+    if isinstance(response, StreamingResponse):
+        async for _ in response.body_iterator:
+            pass
+    return response
+
+
+def test_a_whole_answer_counts_its_seconds_and_tokens(ingress: Ingress) -> None:
+    seconds = {"backend": BACKEND, "priority": "user", "status": "200"}
+    before = sample("gps_request_seconds_count", **seconds)
+    prompt = sample("gps_tokens_total", backend=BACKEND, kind="prompt")
+    ttft = sample("gps_ttft_seconds_count", backend=BACKEND, priority="user")
+    asyncio.run(answer(ingress, max_tokens=4))
+    assert sample("gps_request_seconds_count", **seconds) == before + 1
+    assert sample("gps_tokens_total", backend=BACKEND, kind="prompt") == prompt + 30
+    assert sample("gps_ttft_seconds_count", backend=BACKEND, priority="user") == ttft  # no stream
+
+
+def test_a_stream_counts_its_first_chunk_and_the_gaps_after_it(ingress: Ingress) -> None:
+    ttft = sample("gps_ttft_seconds_count", backend=BACKEND, priority="user")
+    gaps = sample("gps_inter_token_seconds_count", backend=BACKEND)
+    completion = sample("gps_tokens_total", backend=BACKEND, kind="completion")
+    asyncio.run(answer(ingress, stream=True))
+    assert sample("gps_ttft_seconds_count", backend=BACKEND, priority="user") == ttft + 1
+    # The fake relays one batch: a first chunk and no gap after it.
+    assert sample("gps_inter_token_seconds_count", backend=BACKEND) == gaps
+    assert sample("gps_tokens_total", backend=BACKEND, kind="completion") == completion + 25
+
+
+def test_stream_timing_spreads_a_batch_gap_over_its_chunks() -> None:
+    timing = metrics.StreamTiming("timed@pool", "agent", started=10.0)
+    timing.relayed(2, now=10.5)  # the first chunk: TTFT 0.5 s
+    timing.relayed(4, now=10.7)  # 4 chunks in 0.2 s: 4 gaps of 0.05 s
+    timing.ended(200, now=11.0)
+    assert sample("gps_ttft_seconds_sum", backend="timed@pool", priority="agent") == 0.5
+    assert sample("gps_inter_token_seconds_count", backend="timed@pool") == 4
+    assert sample("gps_inter_token_seconds_sum", backend="timed@pool") == pytest.approx(0.2)
+    labels = {"backend": "timed@pool", "priority": "agent", "status": "200"}
+    assert sample("gps_request_seconds_sum", **labels) == 1.0
+
+
+def test_an_answer_refused_by_the_engine_counts_under_its_backend(ingress: Ingress) -> None:
+    class Refusing(serve_handle.EngineLikeRouter):  # type: ignore[misc,name-defined]
+        async def _once(self, job: Any) -> list[Any]:
+            from ray.llm._internal.serve.core.configs.openai_api_models import (
+                ErrorInfo,
+                ErrorResponse,
+            )
+
+            error = ErrorResponse(
+                error=ErrorInfo(message="bad", type="invalid_request_error", code=400)
+            )
+            return [serve_handle._routed(), error]
+
+    refusing = keyless(Refusing())
+    labels = {"backend": BACKEND, "priority": "user", "status": "400"}
+    before = sample("gps_request_seconds_count", **labels)
+    with pytest.raises(ApiError):
+        asyncio.run(answer(refusing))
+    assert sample("gps_request_seconds_count", **labels) == before + 1
