@@ -3,6 +3,7 @@ engines, the official openai SDK as the client, the ledger actor shared by every
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,8 +17,9 @@ from ray import serve
 
 from cluster.app import build_gateway
 from core.config import ApiKeyConfig, ClusterConfig, GatewayConfig, hash_key
-from deployments.key_ledger import SNAPSHOT_S, ledger_actor_name
+from deployments.key_ledger import SNAPSHOT_S, ensure_key_ledger, ledger_actor_name
 from deployments.key_metering import FLUSH_S
+from policy.key_limits import KeyLimits
 
 APP = "limits"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello."}]
@@ -184,3 +186,35 @@ def test_usage_is_for_admin_keys_only(limits_url: str) -> None:
     )
     assert answer.status_code == 403
     assert answer.json()["error"]["code"] == "admin_only"
+
+
+def test_a_ledger_of_an_older_protocol_is_stopped_and_its_meters_carry_on(
+    limits_url: str,
+) -> None:
+    @ray.remote(num_cpus=0)
+    class OldLedger:
+        def admit(self, key: str, limits: Any, lease: str, lease_s: float, settled: Any) -> None:
+            pass  # protocol 1: no `want`; new replicas must never call it
+
+    app = "upgraded"
+    old = OldLedger.options(  # type: ignore[attr-defined]
+        name=ledger_actor_name(app, protocol=1), namespace="serve", lifetime="detached"
+    ).remote()
+    ray.get(old.admit.remote("k", None, "l", 1.0, ()))
+    ledger = ensure_key_ledger(app, "serve", {})
+    verdict = asyncio.run(ledger.admit("k", KeyLimits(rpm=3), "lease", 60.0, (), 1))
+    assert verdict.admitted
+    assert not _named(ledger_actor_name(app, protocol=1))  # stopped, and not restarted
+    ray.kill(ray.get_actor(ledger_actor_name(app), namespace="serve"))
+
+
+def _named(name: str, wait_s: float = 30) -> bool:
+    """Whether an actor of that name is alive, once a kill had time to land."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace="serve")
+        except ValueError:
+            return False
+        time.sleep(0.5)
+    return True
