@@ -35,7 +35,10 @@ def build_app(config: ClusterConfig) -> Application:
 
 
 def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Application:
-    """Ingress and Router over `backends`: bound deployments, or handles to running ones."""
+    """Ingress and Router over `backends`: bound deployments, or handles to running ones.
+    With `gateway.router_in_ingress` the Router runs inside each ingress replica."""
+    if config.gateway.router_in_ingress:
+        return build_ingress(config, None, backends)
     router = serve.deployment(ServeRouter).options(
         name="router",
         num_replicas=config.gateway.router_replicas,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +39,7 @@ from deployments.front_options import front_actor_options
 from deployments.key_ledger import LedgerClient, RayLedger, ensure_key_ledger
 from deployments.key_metering import Admission, KeyMetering, StreamUsage
 from deployments.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
+from deployments.router.in_process import InProcessRouter
 from policy.context.tokens import message_text
 from policy.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
 from policy.engine_errors import EngineError, Fault, readable_message, response_fault
@@ -89,9 +90,17 @@ class Ingress:
     def __init__(
         self,
         config: ClusterConfig,
-        router: DeploymentHandle,
+        router: DeploymentHandle | None,
         ledger: Callable[[], LedgerClient] | None = None,
+        backends: Mapping[str, DeploymentHandle] | None = None,
     ) -> None:
+        """`router` None: this replica runs its own Router over `backends`
+        (`gateway.router_in_ingress`)."""
+        if router is None:
+            from deployments.router import ServeRouter  # only where the router runs here
+
+            router = InProcessRouter(ServeRouter(config, backends or {}))
+        assert router is not None
         self._config = config
         self._keys = KeyRing(config.api_keys, config.gateway.default_priority)
         self._served = config.served_names
@@ -574,7 +583,11 @@ def _ledger(config: ClusterConfig) -> RayLedger:
     return ensure_key_ledger(app_name, namespace, config.gateway_resources)
 
 
-def build_ingress(config: ClusterConfig, router: Any) -> Any:
+def build_ingress(
+    config: ClusterConfig, router: Any, backends: Mapping[str, Any] | None = None
+) -> Any:
+    """The ingress deployment over a bound router, or (`router` None) running its own over
+    `backends`."""
     deployment = serve.deployment(serve.ingress(app)(Ingress))
     return deployment.options(
         name="ingress",
@@ -582,4 +595,4 @@ def build_ingress(config: ClusterConfig, router: Any) -> Any:
         # Backpressure lives in the router; the ingress must never be the queue.
         max_ongoing_requests=10_000,
         ray_actor_options=front_actor_options(config.gateway_resources),
-    ).bind(config, router)
+    ).bind(config, router, None, None if backends is None else dict(backends))

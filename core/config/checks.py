@@ -100,11 +100,12 @@ def _caps(config: ClusterConfig) -> list[str]:
     ]
     if config.fallback.max_concurrency < 1:
         problems.append(f"fallback.max_concurrency {fix}")
-    replicas = config.gateway.router_replicas
+    replicas = config.gateway.router_shares
     if replicas > 1:
+        which = "ingress_replicas" if config.gateway.router_in_ingress else "router_replicas"
         share = (
-            f"must be at least gateway.router_replicas ({replicas}): each router replica "
-            "enforces cap // replicas; raise the cap or lower router_replicas"
+            f"must be at least gateway.{which} ({replicas}): each router enforces "
+            f"cap // replicas; raise the cap or lower {which}"
         )
         problems.extend(
             f"models[{i}].max_concurrency ({m.cap}) {share}"

@@ -289,10 +289,20 @@ class GatewayConfig(Frozen):
     # Each router replica enforces its share of every cap (cap // replicas), so the sum holds
     # without shared state; one replica keeps queues globally ordered (see README).
     router_replicas: int = Field(1, ge=1)
+    # The router in each ingress replica's process instead of a deployment of its own: one Serve
+    # hop fewer per request (bench/overhead.py), each ingress replica then enforcing
+    # cap // ingress_replicas; `router_replicas` is then unused.
+    router_in_ingress: bool = False
     # Where the ingress, router, placement actor and cluster manager run: nodes carrying this
     # Ray resource (start them with `--resources='{"gateway": 1}'`); none means the head node.
     # Never a pool's resource: a node that can die must not take the front door with it.
     resource: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @property
+    def router_shares(self) -> int:
+        """How many routers split every cap: router replicas, or ingress replicas when each
+        runs its own."""
+        return self.ingress_replicas if self.router_in_ingress else self.router_replicas
 
 
 # Every request in an engine's batch slows the others (on CPU engines almost linearly): half the

@@ -119,7 +119,7 @@ def build_links(
     placement: Mapping[Role, str],
     clock: Callable[[], float],
 ) -> dict[str, Link]:
-    """A link per backend, each holding `cap // router_replicas` slots (so the replicas' slots
+    """A link per backend, each holding `cap // router_shares` slots (so the replicas' slots
     never sum past the cap); those not where `placement` puts their role start parked."""
     settings = config.router
     breaker_policy = BreakerPolicy(
@@ -137,7 +137,7 @@ def build_links(
     for name, backend in backends.items():
         target = config.targets[name]
         queue = AdmissionQueue(
-            cap=max(1, target.cap // config.gateway.router_replicas),
+            cap=max(1, target.cap // config.gateway.router_shares),
             max_queue=settings.max_queue,
             aging_s=settings.aging_s,
             shares=settings.class_shares,

@@ -639,3 +639,14 @@ def test_example_configs_carry_no_guessable_key() -> None:
     for example in (Path(__file__).parents[2] / "ray_configs").glob("*.yaml"):
         text = example.read_text()
         assert hash_key("password") not in text, example
+
+
+def test_a_router_in_each_ingress_splits_caps_by_ingress_replicas(tmp_path: Path) -> None:
+    data = base()
+    data["gateway"] = {"router_in_ingress": True, "ingress_replicas": 4, "router_replicas": 1}
+    data["models"][1]["max_concurrency"] = 3
+    message = config_error(tmp_path, data)
+    assert "models[1].max_concurrency (3) must be at least gateway.ingress_replicas (4)" in message
+    data["models"][1]["max_concurrency"] = 8
+    data["gateway"]["router_in_ingress"] = False  # a router deployment of one: no split
+    assert load_dict(tmp_path, data).gateway.router_shares == 1

@@ -28,6 +28,7 @@ from core.config import ClusterConfig, parse_config
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Refusal, Routed
 from deployments.router import Router, RouterPorts
+from deployments.router.in_process import InProcessRouter
 from deployments.router.metrics import BACKEND_FAULTS, REGISTRY, STREAM_MIGRATIONS
 from deployments.router.ports import DeploymentFacts, DeploymentKey
 from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
@@ -894,3 +895,31 @@ def test_a_suffix_goes_past_links_without_fim_to_one_with_it_without_blame() -> 
     assert sent.suffix is None
     assert coding.calls == 0
     assert sample("gps_backend_faults_total", backend="coding@local") == faults
+
+
+def test_the_router_in_the_ingress_process_answers_the_ingress_calls() -> None:
+    many = [[f"data: {i}\n\n"] for i in range(6)]
+    coding = FakeBackend(lambda _: many, step_s=0.001)
+    router = make_router(make_config(cap=1), two(coding, FakeBackend(ok)))
+    in_process = InProcessRouter(router)
+    whole = job()
+    whole = replace(whole, request=whole.request.model_copy(update={"stream": False}))
+
+    async def scenario() -> tuple[list[Any], list[Any], list[Any]]:
+        once = await in_process.chat_once.remote(whole)
+        stream = in_process.options(stream=True).chat.remote(job())
+        opening = [await anext(stream), await anext(stream)]
+        stream.cancel()  # the client left: the slot is free, the engine's stream closed
+        await asyncio.sleep(0.01)
+        again = await in_process.chat_once.remote(whole)  # cap 1: only if the slot came back
+        return once, opening, again
+
+    once, opening, again = asyncio.run(scenario())
+    assert isinstance(once[0], Routed)
+    assert once[0].backend == "coding@local"
+    assert isinstance(opening[0], Routed)
+    assert opening[1] == ["data: 0\n\n"]
+    assert isinstance(again[0], Routed)
+    assert again[0].backend == "coding@local"
+    assert coding.running == 0  # every engine stream ended or was closed
+    assert router.held() == {"coding@local": 0, "orchestrator@local": 0}
