@@ -1,15 +1,16 @@
 """Gateway overhead against the anchor: bare `ray.serve.llm` on the same replicas.
 
 Two replicas of the demo model run once, under the anchor app: (a) `build_openai_app` at /anchor
-reaches them through OpenAiIngress; (b) our gateway at / (Ingress -> Router) reaches the very
-same replicas by deployment handle, with a key whose limits are all set (every request admitted
-and settled through the key ledger actor); (c) the same gateway at /open with no keys (auth and
-limits off). So the engines, their caches and their placement are shared, and only the path in
-front differs. Rounds rotate the paths at concurrency 1, 8 and 32, so drift on the machine hits
-all alike. Targets: throughput >= 90% of the anchor's
-and p50 at most 10% above it. Beside them, the CPU time the replicas in front of the engines
-spend per request (the anchor's OpenAiIngress; our ingress and router): on this 2-core machine
-the engines compete for the same cores, so that is where throughput goes.
+reaches them through OpenAiIngress; (b) our gateway at / (Ingress -> Router deployment) reaches
+the very same replicas by deployment handle, with a key whose limits are all set (every request
+admitted and settled through the key ledger actor); (c) the same gateway at /inside with the
+router in each ingress replica (`gateway.router_in_ingress`); (d) that one at /open with no keys
+(auth and limits off). So the engines, their caches and their placement are shared, and only the
+path in front differs. Rounds rotate the paths at concurrency 1, 8 and 32, so drift on the
+machine hits all alike. Targets: throughput >= 90% of the anchor's and p50 at most 10% above it.
+Beside them, the CPU time the replicas in front of the engines spend per request (the anchor's
+OpenAiIngress; our ingress, router and key ledger): on this 2-core machine the engines compete
+for the same cores, so that is where throughput goes.
 Run with `make bench` (or `python -m bench.overhead --rounds 3`).
 """
 
@@ -30,7 +31,8 @@ from bench.load import LoadResult, run_load
 CONFIG = Path(__file__).with_name("overhead.yaml")
 API_KEY = "bench-key"
 PORT = 18100
-OPEN_APP = "open"  # the same gateway with no keys: auth and limits off
+INSIDE_APP = "inside"  # the same gateway with the router in the ingress (router_in_ingress)
+OPEN_APP = "open"  # that one with no keys: auth and limits off
 CONCURRENCY_REQUESTS = {1: 40, 8: 160, 32: 320}
 # Same prompt, exactly 8 output tokens on both sides (ignore_eos), as in DESIGN.md's anchor.
 BODY = {
@@ -85,16 +87,26 @@ def deploy() -> list[Side]:
             "KeyLedger",
         ),
     )
-    open_config = target.config.model_copy(update={"api_keys": ()})
+    inside = target.config.gateway.model_copy(update={"router_in_ingress": True})
+    in_ingress = target.config.model_copy(update={"gateway": inside})
+    stack.deploy_gateway(in_ingress, target.anchor, name=INSIDE_APP)
+    limited_inside = Side(
+        "gateway, router in ingress, limits on",
+        f"{target.base_url}/{INSIDE_APP}/v1/chat/completions",
+        _auth(),
+        [],
+        front=(f"ServeReplica:{INSIDE_APP}:ingress", "KeyLedger"),
+    )
+    open_config = in_ingress.model_copy(update={"api_keys": ()})
     stack.deploy_gateway(open_config, target.anchor, name=OPEN_APP)
     keyless = Side(
-        "gateway, no keys",
+        "gateway, router in ingress, no keys",
         f"{target.base_url}/{OPEN_APP}/v1/chat/completions",
         {},
         [],
-        front=(f"ServeReplica:{OPEN_APP}:ingress", f"ServeReplica:{OPEN_APP}:router"),
+        front=(f"ServeReplica:{OPEN_APP}:ingress",),
     )
-    return [anchor, limited, keyless]
+    return [anchor, limited, limited_inside, keyless]
 
 
 def cpu_seconds(titles: tuple[str, ...]) -> float:
