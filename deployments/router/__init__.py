@@ -41,6 +41,7 @@ from deployments.router.ports import RouterPorts
 from deployments.router.report import backend_state, overall_status, status_report, with_pools
 from deployments.router.serve_ports import serve_ports
 from deployments.router.watch import Watch
+from policy.breaker import BreakerState
 
 __all__ = [
     "Router",
@@ -98,6 +99,9 @@ class Router:
         for name, link in self._links.items():
             for priority, depth in link.gate.queue.depth_by_class().items():
                 metrics.QUEUE_DEPTH.labels(name, priority.value).set(depth)
+            now = link.breaker.state
+            for state in BreakerState:
+                metrics.BREAKER_STATE.labels(name, state.value).set(1 if state is now else 0)
         return metrics.render()
 
     async def check_health_once(self) -> None:

@@ -32,6 +32,12 @@ IN_FLIGHT = Gauge(
     ["backend"],
     registry=REGISTRY,
 )
+BREAKER_STATE = Gauge(
+    "gps_breaker_state",
+    "1 for each backend's breaker state now (closed, open, half_open), 0 for the others.",
+    ["backend", "state"],
+    registry=REGISTRY,
+)
 BREAKER_TRANSITIONS = Counter(
     "gps_breaker_transitions",
     "Circuit breaker state changes, by backend and target state.",

@@ -274,6 +274,10 @@ def test_the_breaker_opens_after_exactly_three_faults_and_then_skips_the_backend
 
     assert asyncio.run(five()) == ["orchestrator@local"] * 5
     assert coding.calls == 3
+    asyncio.run(router.metrics_text())  # the states are read at scrape time
+    assert sample("gps_breaker_state", backend="coding@local", state="open") == 1
+    assert sample("gps_breaker_state", backend="coding@local", state="closed") == 0
+    assert sample("gps_breaker_state", backend="orchestrator@local", state="closed") == 1
 
 
 def test_client_errors_pass_through_and_never_trip_the_breaker() -> None:
