@@ -5,7 +5,6 @@ status, TTFT and inter-token gaps of streams, and the engines' token counts. Dri
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,9 @@ from core.config import load_config
 from core.errors import ApiError
 from deployments import metrics
 from deployments.ingress import Ingress
+from tests.fakes import serve_handle
 
 TESTS = Path(__file__).parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "gps_serve_handle", TESTS / "fakes" / "serve_handle.py"
-)
-assert _spec is not None
-assert _spec.loader is not None
-serve_handle = importlib.util.module_from_spec(_spec)  # tests are not a package
-_spec.loader.exec_module(serve_handle)
 BACKEND = "orchestrator@local"  # the fake router's
 
 
@@ -107,7 +100,7 @@ def test_stream_timing_spreads_a_batch_gap_over_its_chunks() -> None:
 
 
 def test_an_answer_refused_by_the_engine_counts_under_its_backend(ingress: Ingress) -> None:
-    class Refusing(serve_handle.EngineLikeRouter):  # type: ignore[misc,name-defined]
+    class Refusing(serve_handle.EngineLikeRouter):
         async def _once(self, job: Any) -> list[Any]:
             from ray.llm._internal.serve.core.configs.openai_api_models import (
                 ErrorInfo,

@@ -6,7 +6,6 @@ usage an engine would report."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -25,15 +24,9 @@ from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.key_metering import FLUSH_S, SPARE_TTL_S, key_limits
 from deployments.overhead_header import OVERHEAD_HEADER
 from policy.key_limits import Settlement
+from tests.fakes import serve_handle
 
 TESTS = Path(__file__).parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "gps_serve_handle", TESTS / "fakes" / "serve_handle.py"
-)
-assert _spec is not None
-assert _spec.loader is not None
-serve_handle = importlib.util.module_from_spec(_spec)  # tests are not a package
-_spec.loader.exec_module(serve_handle)
 PROMPT, COMPLETION = serve_handle.PROMPT, serve_handle.COMPLETION
 
 
@@ -150,7 +143,7 @@ def test_max_parallel_holds_while_requests_are_in_progress(
 ) -> None:
     release = asyncio.Event()
 
-    class SlowRouter(serve_handle.EngineLikeRouter):  # type: ignore[misc,name-defined]
+    class SlowRouter(serve_handle.EngineLikeRouter):
         async def _once(self, job: ChatJob) -> list[Any]:
             await release.wait()
             answered: list[Any] = await super()._once(job)
