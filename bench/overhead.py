@@ -1,10 +1,11 @@
 """Gateway overhead against the anchor: bare `ray.serve.llm` on the same replicas.
 
 Two replicas of the demo model run once, under the anchor app: (a) `build_openai_app` at /anchor
-reaches them through OpenAiIngress; (b) our gateway at / (Ingress -> Router deployment) reaches
-the very same replicas by deployment handle, with a key whose limits are all set (every request
-admitted and settled through the key ledger actor); (c) the same gateway at /inside with the
-router in each ingress replica (`gateway.router_in_ingress`); (d) that one at /open with no keys
+reaches them through OpenAiIngress; (b) our gateway at / with the router as its own deployment
+(Ingress -> Router, `gateway.router_in_ingress: false` in overhead.yaml) reaches the very same
+replicas by deployment handle, with a key whose limits are all set (every request admitted and
+settled through the key ledger actor); (c) the same gateway at /inside with the router in each
+ingress replica (`gateway.router_in_ingress`, the default); (d) that one at /open with no keys
 (auth and limits off). So the engines, their caches and their placement are shared, and only the
 path in front differs. Rounds rotate the paths at concurrency 1, 8 and 32, so drift on the
 machine hits all alike. Targets: throughput >= 90% of the anchor's and p50 at most 10% above it.
@@ -77,7 +78,7 @@ def deploy() -> list[Side]:
         front=(f"ServeReplica:{stack.ANCHOR_APP}:OpenAiIngress",),
     )
     limited = Side(
-        "gateway, limits on",
+        "gateway, router deployment, limits on",
         target.gateway_url,
         _auth(),
         [],

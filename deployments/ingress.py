@@ -6,6 +6,7 @@ before any work reaches the router or an engine. The router decides where a job 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -260,9 +261,16 @@ class Ingress:
         streamed = not is_embedding(job.request) and bool(job.request.stream)
         if streamed:
             usage = StreamUsage(_wants_usage(job.request))
-        admission = await self._metering.admit(job.caller)
+        try:
+            admission = await self._metering.admit(job.caller)
+        except ApiError as error:  # over the key's limits: counted, under no backend
+            seconds = time.perf_counter() - started
+            metrics.observe_answer(metrics.NO_BACKEND, job.priority.value, error.status, seconds)
+            raise
         if streamed:  # the engine's count for the key and the metrics, not an estimate
-            options = StreamOptions(include_usage=True)
+            asked = job.request.stream_options
+            kept = asked.model_dump(exclude_none=True) if asked is not None else {}
+            options = StreamOptions(**{**kept, "include_usage": True})
             job = replace(job, request=job.request.model_copy(update={"stream_options": options}))
         served = _Served()
         try:
@@ -273,8 +281,12 @@ class Ingress:
             seconds = time.perf_counter() - started
             metrics.observe_answer(served.backend, job.priority.value, error.status, seconds)
             raise
-        except BaseException:  # no answer: its lease must not hold a parallel slot for an hour
+        except BaseException as error:  # no answer: its lease must not hold a slot for an hour
             self._metering.settle(admission, 0, 0)
+            # A client that left (499, nginx's word for it), or the gateway's own failure.
+            status = 499 if isinstance(error, asyncio.CancelledError) else 500
+            seconds = time.perf_counter() - started
+            metrics.observe_answer(served.backend, job.priority.value, status, seconds)
             raise
 
     async def _answer(
@@ -348,7 +360,7 @@ class Ingress:
             totals = usage.totals(routed.prompt_tokens)
             self._metering.settle(admission, *totals)
             metrics.observe_tokens(routed.backend, *totals)
-            timing.ended(200)
+            timing.ended()
 
     def _role_for(self, payload: dict[str, Any], vectors: bool = False) -> Role | None:
         """The role a request names; None for `auto`, which the depth router resolves.
@@ -558,6 +570,8 @@ async def _relay_sse(
         while True:
             text = "".join(_sse_text(part, usage) for part in item)
             done = done or text.rstrip().endswith("data: [DONE]")
+            if any(isinstance(part, ErrorResponse) for part in item) or _ERROR_EVENT in text:
+                timing.failed()
             timing.relayed(len(item))
             yield text
             item = await anext(stream, None)
@@ -565,8 +579,13 @@ async def _relay_sse(
                 break
         if not done:
             yield "data: [DONE]\n\n"
+        timing.completed()
     finally:
         stream.cancel()
+
+
+# How the router's and our own SSE error events begin (deployments/router/faults.py).
+_ERROR_EVENT = 'data: {"error"'
 
 
 def _wants_usage(request: Any) -> bool:

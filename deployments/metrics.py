@@ -67,6 +67,16 @@ class StreamTiming:
         self._backend, self._priority = backend, priority
         self._started = started
         self._last: float | None = None
+        # HTTP said 200 when the stream began; what it ended as: 200, an error event sent
+        # (502), or the client gone before the end (499) until `completed`.
+        self._status = 499
+        self._failed = False
+
+    def failed(self) -> None:
+        self._failed = True
+
+    def completed(self) -> None:
+        self._status = 502 if self._failed else 200
 
     def relayed(self, chunks: int, now: float | None = None) -> None:
         now = time.perf_counter() if now is None else now
@@ -79,9 +89,9 @@ class StreamTiming:
                 histogram.observe(gap)
         self._last = now
 
-    def ended(self, status: int, now: float | None = None) -> None:
+    def ended(self, now: float | None = None) -> None:
         now = time.perf_counter() if now is None else now
-        observe_answer(self._backend, self._priority, status, now - self._started)
+        observe_answer(self._backend, self._priority, self._status, now - self._started)
 
 
 def observe_answer(backend: str, priority: str, status: int, seconds: float) -> None:

@@ -8,16 +8,18 @@ lines that buried the real warnings. Failed polls still log, and so does everyth
 from __future__ import annotations
 
 import logging
+import re
 
 POLLED_METHODS = ("kv_cache_usage", "check_health")
-_QUIET_PREFIXES = tuple(f"CALL {method} OK " for method in POLLED_METHODS)
+# `CALL kv_cache_usage OK 4.2ms`, after the client's address with RAY_SERVE_LOG_CLIENT_ADDRESS.
+_QUIET = re.compile(rf"^(?:\S+ )?CALL (?:{'|'.join(POLLED_METHODS)}) OK ")
 
 
 class QuietPolls(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, "serve_access_log", False):
             return True
-        return not record.getMessage().startswith(_QUIET_PREFIXES)
+        return _QUIET.match(record.getMessage()) is None
 
 
 def quiet_polls(logger: logging.Logger | None = None) -> None:

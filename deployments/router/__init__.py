@@ -23,6 +23,7 @@ in through `ports.RouterPorts`; `ServeRouter` is the Router with Serve's own (`s
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -99,9 +100,15 @@ class Router:
         for name, link in self._links.items():
             for priority, depth in link.gate.queue.depth_by_class().items():
                 metrics.QUEUE_DEPTH.labels(name, priority.value).set(depth)
-            now = link.breaker.state
+            status = link.status()
             for state in BreakerState:
-                metrics.BREAKER_STATE.labels(name, state.value).set(1 if state is now else 0)
+                if status.parked:  # at zero replicas on purpose: its breaker is not news
+                    metrics.forget(metrics.BREAKER_STATE, name, state.value)
+                else:
+                    on = 1 if state is status.breaker else 0
+                    metrics.BREAKER_STATE.labels(name, state.value).set(on)
+            if not status.reads_kv:  # a last reading of a backend gone is not its usage now
+                metrics.forget(metrics.KV_CACHE_USAGE, name)
         return metrics.render()
 
     async def check_health_once(self) -> None:
@@ -122,14 +129,14 @@ class Router:
 
     def _start_loops(self) -> None:
         if self._watch and not self._loops:
-            self._loops = [
-                asyncio.create_task(self._health.health_loop()),
-                asyncio.create_task(self._health.kv_loop()),
-            ]
+            loops = [self._health.health_loop(), self._health.kv_loop()]
             if self._placement.follows:
-                self._loops.append(asyncio.create_task(self._placement.loop()))
+                loops.append(self._placement.loop())
             if self._pools.follows:
-                self._loops.append(asyncio.create_task(self._pools.loop()))
+                loops.append(self._pools.loop())
+            # A fresh context each: a task copies the current one, and Serve ties handle calls
+            # made in it to the request that started the loops, cancelling them with it.
+            self._loops = [asyncio.create_task(c, context=contextvars.Context()) for c in loops]
 
 
 class ServeRouter(Router):

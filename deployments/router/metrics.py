@@ -118,5 +118,10 @@ RECOVERY_SECONDS = Histogram(
 )
 
 
+def forget(gauge: Gauge, *labels: str) -> None:
+    """Drop one series of `gauge` (nothing if it has none)."""
+    gauge.remove(*labels)
+
+
 def render() -> bytes:
     return generate_latest(REGISTRY)

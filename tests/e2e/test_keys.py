@@ -38,13 +38,16 @@ KEYS: dict[str, tuple[str, dict[str, Any]]] = {
 @pytest.fixture(scope="module")
 def limits_url(gateway: str, config: ClusterConfig) -> Iterator[str]:
     """A second gateway app (2 ingress + 2 router replicas) over the session's running
-    engines, with keys that carry limits."""
+    engines, with keys that carry limits. The router as its own deployment: with the router in
+    the ingress (the default) the ledger is the only state the replicas share, and this app
+    shows it holds for routers that are not in the ingress either."""
     keys = tuple(
         ApiKeyConfig(name=name, sha256=hash_key(secret), **limits)
         for name, (secret, limits) in KEYS.items()
     )
     gateway_config = GatewayConfig(**{
-        **config.gateway.model_dump(), "ingress_replicas": 2, "router_replicas": 2
+        **config.gateway.model_dump(), "ingress_replicas": 2, "router_replicas": 2,
+        "router_in_ingress": False,
     })  # fmt: skip
     limited = config.model_copy(update={"api_keys": keys, "gateway": gateway_config})
     handles = {

@@ -3,9 +3,9 @@
 Nodes carry `pool_local` and `pool_cloud` (`ray.cluster_utils.Cluster`); this machine has no GPU,
 so the test injects VRAM readings through the probes' own interface (`VramProbe.inject`). A
 drop on the local pool moves the reasoning model to the cloud pool while a steady request stream
-runs; recovery brings it back after the away time. No request may fail; each move is timed. Two
-router replicas must both follow each move, and a restart of the placement actor between the
-moves must change nothing.
+runs; recovery brings it back after the away time. No request may fail; each move is timed. The
+routers of both ingress replicas must follow each move, and a restart of the placement actor
+between the moves must change nothing.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def answers(actor: Any) -> bool:
 
 
 def every_router_places(backend: str, pool: str) -> bool:
-    """Each status call reaches one of the two router replicas, picked at random: 16 calls miss
+    """Each status call reaches one of the two ingress replicas (each with its own router), picked
+    at random: 16 calls miss
     one of them with odds of 1 in 32768."""
     return all(status()["placements"] == {backend: pool} for _ in range(16))
 

@@ -122,8 +122,8 @@ def test_ray_up_starts_the_head_and_only_the_pools_with_minimum_nodes(
 
 def test_the_gateway_runs_on_the_head(launched: dict[str, Any]) -> None:
     head = next(n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"])
-    # No placement actor: no model here may use a second pool.
-    gateway = ("ingress", "router", "ClusterManager", "cpu-fallback")
+    # No placement actor: no model here may use a second pool; the router is in the ingress.
+    gateway = ("ingress", "ClusterManager", "cpu-fallback")
     actors = list_actors(this_cluster(), filters=[("state", "=", "ALIVE")], limit=1000)
     placed = {part: {a.node_id for a in actors if part in a.class_name} for part in gateway}
     assert placed == {part: {head} for part in gateway}

@@ -91,7 +91,8 @@ def test_stream_timing_spreads_a_batch_gap_over_its_chunks() -> None:
     timing = metrics.StreamTiming("timed@pool", "agent", started=10.0)
     timing.relayed(2, now=10.5)  # the first chunk: TTFT 0.5 s
     timing.relayed(4, now=10.7)  # 4 chunks in 0.2 s: 4 gaps of 0.05 s
-    timing.ended(200, now=11.0)
+    timing.completed()
+    timing.ended(now=11.0)
     assert sample("gps_ttft_seconds_sum", backend="timed@pool", priority="agent") == 0.5
     assert sample("gps_inter_token_seconds_count", backend="timed@pool") == 4
     assert sample("gps_inter_token_seconds_sum", backend="timed@pool") == pytest.approx(0.2)
@@ -117,4 +118,33 @@ def test_an_answer_refused_by_the_engine_counts_under_its_backend(ingress: Ingre
     before = sample("gps_request_seconds_count", **labels)
     with pytest.raises(ApiError):
         asyncio.run(answer(refusing))
+    assert sample("gps_request_seconds_count", **labels) == before + 1
+
+
+def test_a_stream_that_ends_in_an_error_event_or_is_left_says_so() -> None:
+    labels = {"backend": "told@pool", "priority": "user"}
+    broken = metrics.StreamTiming("told@pool", "user", started=0.0)
+    broken.relayed(1, now=0.1)
+    broken.failed()  # an SSE error event went out
+    broken.completed()
+    broken.ended(now=0.2)
+    left = metrics.StreamTiming("told@pool", "user", started=0.0)
+    left.relayed(1, now=0.1)
+    left.ended(now=0.3)  # never completed: the client went away
+    assert sample("gps_request_seconds_count", **labels, status="502") == 1
+    assert sample("gps_request_seconds_count", **labels, status="499") == 1
+    assert sample("gps_request_seconds_count", **labels, status="200") == 0
+
+
+def test_a_streamed_error_event_from_the_router_counts_as_502(ingress: Ingress) -> None:
+    class Breaking(serve_handle.EngineLikeRouter):
+        def _stream(self, job: Any) -> Any:
+            error = 'data: {"error": {"message": "gone", "type": "server_error"}}\n\n'
+            return serve_handle.ItemStream(
+                [serve_handle._routed(), ['data: {"id": "x"}\n\n'], [error, "data: [DONE]\n\n"]]
+            )
+
+    labels = {"backend": BACKEND, "priority": "user", "status": "502"}
+    before = sample("gps_request_seconds_count", **labels)
+    asyncio.run(answer(keyless(Breaking()), stream=True))
     assert sample("gps_request_seconds_count", **labels) == before + 1

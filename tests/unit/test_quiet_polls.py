@@ -28,6 +28,7 @@ def test_polls_that_succeed_are_quiet_and_the_rest_log(
 ) -> None:
     access(serve_logger, "CALL kv_cache_usage OK 4.2ms")
     access(serve_logger, "CALL check_health OK 1.0ms")
+    access(serve_logger, "10.0.0.7:51234 CALL kv_cache_usage OK 3.0ms")  # client address on
     access(serve_logger, "CALL kv_cache_usage ERROR 2001.3ms")
     access(serve_logger, "CALL chat OK 395.7ms")
     serve_logger.info("CALL kv_cache_usage OK but not an access log")
