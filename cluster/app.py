@@ -15,6 +15,7 @@ from typing import Any
 from ray import serve
 from ray.serve.deployment import Application
 
+from cluster import config as config_check
 from cluster import exit_deadline
 from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import RayStartError, ensure_ray
@@ -51,10 +52,20 @@ def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Applica
     return build_ingress(config, router.bind(config, dict(backends)))
 
 
+def _guard(config: ClusterConfig) -> None:
+    """The config guard before anything starts: refusals stop the start, warnings are shown."""
+    findings = [f for f in config_check.check(config) if f.level != "note"]
+    for finding in findings:
+        print(f"gpu-pool-serve: {finding}", file=sys.stderr)
+    if any(f.level == "refuse" for f in findings):
+        raise ConfigError("the config guard refused this config (above); nothing was started")
+
+
 def build(args: dict[str, Any]) -> Application:
     """Serve's entry point. A broken config exits with its message, never a stack trace."""
     try:
         config = load_config(args.get("config"))
+        _guard(config)
         started_head = ensure_ray(config)
     except (ConfigError, RayStartError) as error:
         print(f"gpu-pool-serve: {error}", file=sys.stderr)

@@ -53,6 +53,9 @@ class PoolConfig(Frozen):
     name: Name
     kind: PoolKind
     priority: int = Field(0, ge=0, description="Lower is preferred; local pools usually 0.")
+    # Memory of one GPU on the pool's nodes: lets the config guard check GPU models' weights and
+    # KV cache before they start (`python -m cluster.config check`). None: not checked.
+    gpu_memory_gb: float | None = Field(None, gt=0)
     # What replaces the pool's nodes when they die (core/config/recovery.py).
     provisioner: ProvisionerConfig = NoProvisioner()
 
@@ -290,9 +293,10 @@ class GatewayConfig(Frozen):
     # without shared state; one replica keeps queues globally ordered (see README).
     router_replicas: int = Field(1, ge=1)
     # The router in each ingress replica's process instead of a deployment of its own: one Serve
-    # hop fewer per request (bench/overhead.py), each ingress replica then enforcing
-    # cap // ingress_replicas; `router_replicas` is then unused.
-    router_in_ingress: bool = False
+    # hop fewer per request, which is what keeps the gateway within 10% of bare ray.serve.llm at
+    # 32 clients (bench/overhead.py); each ingress replica then enforces cap // ingress_replicas
+    # and `router_replicas` is unused. False gives the router its own deployment.
+    router_in_ingress: bool = True
     # Where the ingress, router, placement actor and cluster manager run: nodes carrying this
     # Ray resource (start them with `--resources='{"gateway": 1}'`); none means the head node.
     # Never a pool's resource: a node that can die must not take the front door with it.

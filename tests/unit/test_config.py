@@ -97,8 +97,13 @@ def test_embedded_default_has_auth_off() -> None:
     assert load_config(environ={}).api_keys == ()
 
 
-def test_default_caps_per_role() -> None:
-    config = load_config(environ={})
+def test_default_caps_per_role(tmp_path: Path) -> None:
+    data = base()
+    data["models"] = [
+        {"role": role, "source": "org/m", "context_window": 4096, "pools": ["local"]}
+        for role in ("orchestrator", "reasoning", "vision", "coding", "embedding")
+    ]
+    config = load_dict(tmp_path, data)
     caps = {m.role: m.cap for m in config.models}
     assert caps == {
         Role.ORCHESTRATOR: 24,
