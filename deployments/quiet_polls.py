@@ -2,7 +2,9 @@
 
 Serve writes one access-log line per handle call. The router reads every engine's KV-cache usage
 each second and probes troubled links, so a 40-minute run wrote 7,700 `CALL kv_cache_usage OK`
-lines that buried the real warnings. Failed polls still log, and so does everything else.
+lines that buried the real warnings. Failed polls still log, and so does everything else. The
+same goes for httpx's INFO line per request (the CPU fallback's health checks of its engine
+server): its failures raise and are logged where they are caught.
 """
 
 from __future__ import annotations
@@ -27,3 +29,4 @@ def quiet_polls(logger: logging.Logger | None = None) -> None:
     target = logger or logging.getLogger("ray.serve")
     if not any(isinstance(f, QuietPolls) for f in target.filters):
         target.addFilter(QuietPolls())
+    logging.getLogger("httpx").setLevel(logging.WARNING)

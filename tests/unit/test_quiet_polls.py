@@ -39,3 +39,15 @@ def test_polls_that_succeed_are_quiet_and_the_rest_log(
         "CALL kv_cache_usage OK but not an access log",
         "engine stats are off",
     ]
+
+
+def test_httpx_request_lines_are_quiet_and_its_warnings_still_log(
+    serve_logger: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # everything else at INFO logs
+    client_log = logging.getLogger("httpx")
+    client_log.info('HTTP Request: GET http://127.0.0.1:52157/health "HTTP/1.1 200 OK"')
+    client_log.warning("connection pool is full")
+    assert [r.getMessage() for r in caplog.records if r.name == "httpx"] == [
+        "connection pool is full"
+    ]
