@@ -174,7 +174,8 @@ def _memory(at: str, model: ModelConfig, plan: EngineMemory) -> list[Finding]:
         return findings
     arithmetic = (
         f"KV cache {plan.kv_cache_bytes / GiB:.2f} GiB ({plan.kv_source}) / "
-        f"{plan.kv_bytes_per_token} bytes per token = {tokens} tokens"
+        f"{plan.kv_bytes_per_token} bytes per token = {tokens} tokens in whole blocks of "
+        f"{plan.block_size}, less the one vLLM holds back"
     )
     if tokens < model.context_window:
         findings.append(

@@ -122,11 +122,12 @@ class EngineMemory:
 
     @property
     def kv_tokens(self) -> int | None:
-        """Tokens the KV cache holds: whole blocks only."""
+        """Tokens the KV cache holds for requests: whole blocks, less the one null block vLLM's
+        block pool holds back for good."""
         if self.kv_cache_bytes is None:
             return None
         blocks = max(self.kv_cache_bytes, 0) // (self.kv_bytes_per_token * self.block_size)
-        return blocks * self.block_size
+        return max(blocks - 1, 0) * self.block_size
 
 
 def serving_dtype_bytes(model: ModelConfig, geometry: ModelGeometry) -> int:
