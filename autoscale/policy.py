@@ -1,15 +1,33 @@
-"""The Serve autoscaling policy that carries out placement decisions.
+"""The Serve autoscaling policy that carries out placement and load decisions.
 
-Every `role@pool` deployment is built with this policy: it runs as many replicas as the
-placement actor last asked for, read from Ray's internal key-value store (GCS). Serve applies a
-policy's answer to that deployment alone, without touching `ray_actor_options`, so no other
-replica restarts. With no answer stored yet, a deployment keeps the count it started with.
+Every `role@pool` deployment that placement or load may resize is built with `ReplicaPolicy`:
+placement decides the pool (the count the placement actor last asked for there, read from
+Ray's internal key-value store, GCS: zero means not here), and where the model has
+`autoscaling`, load decides the count on it (policy/load_scaling.py) from what the router
+replicas report there once a second. Serve applies a policy's answer to that deployment alone,
+without touching `ray_actor_options`, so no other replica restarts. With nothing asked yet, a
+deployment keeps the count it has.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from core.config import ModelConfig
+from policy.load_scaling import (
+    LoadReport,
+    LoadScalingPolicy,
+    ScalingTimers,
+    decide_replicas,
+    sum_reports,
+)
+
+logger = logging.getLogger("ray.serve")
 
 KV_NAMESPACE = "gps_placement"
 REFRESH_S = 1.0  # Serve asks every control-loop tick (~0.1 s); the store is read once a second
@@ -51,14 +69,124 @@ class KvReplicaScaler:
         return asked_replicas(self.app, deployment)
 
 
-def placement_policy(ctx: Any) -> tuple[int, dict[str, Any]]:
-    """Serve's custom autoscaling policy hook (`AutoscalingConfig.policy`)."""
-    state = dict(ctx.policy_state or {})
-    now = ctx.current_time
-    if now is None or now - state.get("gps_read_at", float("-inf")) >= REFRESH_S:
-        asked = asked_replicas(ctx.app_name or "", ctx.deployment_name)
-        state["gps_replicas"] = (
-            asked if asked is not None else state.get("gps_replicas", ctx.target_num_replicas)
-        )
-        state["gps_read_at"] = now if now is not None else 0.0
-    return int(state["gps_replicas"]), state
+def load_key(app: str, router: str) -> bytes:
+    return f"load/{app}/{router}".encode()
+
+
+def publish_load(app: str, router: str, backends: Mapping[str, LoadReport]) -> None:
+    """A router replica's view of each backend deployment's load (see `ReplicaPolicy`)."""
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    body = {name: [r.at, r.waiting, r.running, r.kv_usage] for name, r in backends.items()}
+    _internal_kv_put(
+        load_key(app, router), json.dumps(body).encode(), overwrite=True, namespace=KV_NAMESPACE
+    )
+
+
+def read_load(app: str, deployment: str) -> list[LoadReport]:
+    """Every router replica's last report on one deployment (stale ones included)."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+    reports = []
+    for key in _internal_kv_list(f"load/{app}/".encode(), namespace=KV_NAMESPACE):
+        raw = _internal_kv_get(key, namespace=KV_NAMESPACE)
+        entry = json.loads(raw).get(deployment) if raw else None
+        if entry is not None:
+            at, waiting, running, kv = entry
+            reports.append(LoadReport(at=at, waiting=waiting, running=running, kv_usage=kv))
+    return reports
+
+
+def scaled_key(app: str, deployment: str) -> bytes:
+    return f"scaled/{app}/{deployment}".encode()
+
+
+@dataclass(frozen=True)
+class ScalingNews:
+    """The load's last decision on a deployment, for the routers' metrics and reports."""
+
+    seq: int
+    replicas: int
+    direction: str
+    reason: str
+
+
+def publish_scaled(app: str, deployment: str, news: ScalingNews) -> None:
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(
+        scaled_key(app, deployment),
+        json.dumps(asdict(news)).encode(),
+        overwrite=True,
+        namespace=KV_NAMESPACE,
+    )
+
+
+def read_scaled(app: str, deployment: str) -> ScalingNews | None:
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(scaled_key(app, deployment), namespace=KV_NAMESPACE)
+    return None if raw is None else ScalingNews(**json.loads(raw))
+
+
+class ReplicaPolicy:
+    """Serve's custom autoscaling policy (`AutoscalingConfig.policy`, a class: Serve makes one
+    per deployment with `policy_kwargs` and calls it every control-loop tick).
+
+    `load`: the model's LoadScalingPolicy fields, or None for placement alone."""
+
+    def __init__(self, load: Mapping[str, Any] | None = None) -> None:
+        self._load = LoadScalingPolicy(**load) if load else None
+        self._timers = ScalingTimers()
+        self._asked: int | None = None
+        self._reports: list[LoadReport] = []
+        self._read_at = float("-inf")
+        self._decisions = 0
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        now = ctx.current_time if ctx.current_time is not None else time.time()
+        app, deployment = ctx.app_name or "", ctx.deployment_name
+        if now - self._read_at >= REFRESH_S:
+            self._read_at = now
+            self._asked = asked_replicas(app, deployment)
+            if self._load is not None:
+                self._reports = read_load(app, deployment)
+        current = int(ctx.target_num_replicas)
+        asked = self._asked
+        if asked == 0 or self._load is None:  # placed elsewhere, or no load to follow
+            self._timers = ScalingTimers()
+            return (asked if asked is not None else current), {}
+        if current == 0 and asked is not None:  # placement just brought the role here
+            return asked, {}
+        load = sum_reports(self._reports, now, self._load.stale_after_s)
+        decision = decide_replicas(self._load, current, load, self._timers, now)
+        self._timers = decision.timers
+        if decision.replicas != current:
+            self._decisions += 1
+            logger.info("autoscaling %s: %d -> %d (%s)", deployment, current,
+                        decision.replicas, decision.reason)  # fmt: skip
+            publish_scaled(
+                app,
+                deployment,
+                ScalingNews(
+                    self._decisions, decision.replicas, decision.direction, decision.reason
+                ),
+            )
+        return decision.replicas, {}
+
+
+def policy_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """`ReplicaPolicy`'s kwargs for a model's backends (JSON, as Serve requires)."""
+    scaling = model.autoscaling
+    if scaling is None:
+        return {}
+    load = LoadScalingPolicy(
+        min_replicas=scaling.min_replicas,
+        max_replicas=scaling.max_replicas,
+        per_replica_cap=model.per_replica_cap,
+        target_queue_per_replica=scaling.target_queue_per_replica,
+        kv_high=scaling.kv_high,
+        upscale_delay_s=scaling.upscale_delay_s,
+        downscale_delay_s=scaling.downscale_delay_s,
+    )
+    return {"load": asdict(load)}

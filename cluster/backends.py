@@ -10,7 +10,7 @@ from ray.serve.deployment import Application
 from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
 from autoscale.placer import placement_matters
-from autoscale.policy import placement_policy
+from autoscale.policy import ReplicaPolicy, policy_kwargs
 from core.config import ClusterConfig, ModelConfig
 from core.topology import RESOURCE_SLIVER, Backend
 from core.types import DEPLOYMENT_PREFIX
@@ -34,16 +34,19 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         # The replica actor itself needs no CPU of its own: the engine's bundle carries it.
         "ray_actor_options": {"num_cpus": 0, "resources": pool_resource},
     }
-    if placed and placement_matters(config):
-        home = backend.pool == model.home_pool
+    placement = placed and placement_matters(config)
+    if placement or model.autoscaling is not None:
+        home = backend.pool == model.home_pool or not placement
+        scaling = model.autoscaling
         options["autoscaling_config"] = {
-            "min_replicas": 0,
-            "max_replicas": model.replicas,
+            # Zero: placement parks a role's backends on the pools it left.
+            "min_replicas": 0 if placement or scaling is None else scaling.min_replicas,
+            "max_replicas": model.max_replicas,
             "initial_replicas": model.replicas if home else 0,
-            # Serve's delays would hold a placement decision back; the actor already waited.
+            # Serve's delays would hold a decision back; placement and load keep their own.
             "upscale_delay_s": 0,
             "downscale_delay_s": 0,
-            "policy": {"policy_function": placement_policy},
+            "policy": {"policy_function": ReplicaPolicy, "policy_kwargs": policy_kwargs(model)},
         }
     else:
         options["num_replicas"] = model.replicas

@@ -60,6 +60,10 @@ class Target(Frozen):
     context_window: int
     cap: int
     replicas: int
+    # Autoscaled (models[].autoscaling): the router's cap follows the running replicas at
+    # `per_replica_cap` each instead of staying at `cap`.
+    autoscaled: bool = False
+    per_replica_cap: int = 0
     tokenizer: str = Field(description="Where its token counter loads from.")
     role: Role | None = Field(None, description="None for the fallback, which serves any role.")
     pool: str | None = None
@@ -142,6 +146,8 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         context_window=model.context_window,
         cap=model.cap,
         replicas=model.replicas,
+        autoscaled=model.autoscaling is not None,
+        per_replica_cap=model.per_replica_cap,
         tokenizer=resolve_path(config.base_dir, model.source),
         role=backend.role,
         pool=backend.pool,

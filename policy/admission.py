@@ -114,6 +114,13 @@ class AdmissionQueue:
                 return True
         return False
 
+    def resize(self, cap: int, now: float) -> list[int]:
+        """A new cap (the backend's replica count changed): class limits follow it, and waiters
+        that now fit are admitted. A smaller cap lets running work finish; it only admits less."""
+        self.cap = cap
+        self._limits = class_limits(cap, self.shares)
+        return self._admit_waiters(now)
+
     def pause(self) -> None:
         self.paused = True
 

@@ -77,6 +77,11 @@ class BackendGate:
         for ticket in self._queue.release(self._clock()):
             self._grant(ticket)
 
+    def resize(self, cap: int) -> None:
+        if cap != self._queue.cap:
+            for ticket in self._queue.resize(cap, self._clock()):
+                self._grant(ticket)
+
     def pause(self) -> None:
         self._queue.pause()
 

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_CLASS_SHARES",
     "DEFAULT_DEPTH_ROUTES",
     "ApiKeyConfig",
+    "AutoscalingConfig",
     "DepthConfig",
     "DepthRoute",
     "FallbackConfig",
@@ -82,6 +83,30 @@ class ToolsConfig(Frozen):
     chat_template: str | None = None
 
 
+class AutoscalingConfig(Frozen):
+    """Replica counts from load (policy/load_scaling.py), on the pool placement chose: the
+    router's queue and the engines' KV cache, read once a second, in the same Serve autoscaling
+    policy that carries out placement."""
+
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(ge=1)
+    # Waiting requests per replica the router may hold before one more replica is worth it.
+    target_queue_per_replica: float = Field(2.0, gt=0)
+    # KV cache usage (0..1, the highest any replica reports) that adds a replica while
+    # requests wait, however short the queue.
+    kv_high: float = Field(0.85, gt=0, le=1)
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(120.0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
 class ModelConfig(Frozen):
     """One model serving one role, deployable on the listed pools (the first is its home)."""
 
@@ -100,10 +125,34 @@ class ModelConfig(Frozen):
     max_concurrency: int | None = None
     # None: a request with tools is refused with a 400 that names this key.
     tools: ToolsConfig | None = None
+    # None: `replicas` is the count (placement still moves them between pools).
+    autoscaling: AutoscalingConfig | None = None
 
     @property
     def cap(self) -> int:
+        """The router's cap on the backend at `replicas` replicas."""
         return self.max_concurrency if self.max_concurrency is not None else DEFAULT_CAPS[self.role]
+
+    @property
+    def per_replica_cap(self) -> int:
+        """What one replica takes at once: the cap over `replicas` (autoscaling keeps it per
+        replica as the count changes)."""
+        return max(1, -(-self.cap // self.replicas))
+
+    @property
+    def max_replicas(self) -> int:
+        return self.autoscaling.max_replicas if self.autoscaling else self.replicas
+
+    @model_validator(mode="after")
+    def _replicas_within_autoscaling(self) -> Self:
+        scaling = self.autoscaling
+        if scaling and not scaling.min_replicas <= self.replicas <= scaling.max_replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) is the count a backend starts with: it must be "
+                f"within autoscaling's min_replicas ({scaling.min_replicas}) and max_replicas "
+                f"({scaling.max_replicas})"
+            )
+        return self
 
     @property
     def home_pool(self) -> str:

@@ -36,9 +36,10 @@ from deployments.router import metrics
 from deployments.router.faults import stream_error_event
 from deployments.router.flow import Flow
 from deployments.router.link import build_links
+from deployments.router.load_sync import LoadSync
 from deployments.router.placement_sync import PlacementSync, home_placement
 from deployments.router.pool_sync import PoolSync
-from deployments.router.ports import RouterPorts
+from deployments.router.ports import BackendLoad, RouterPorts
 from deployments.router.report import backend_state, overall_status, status_report, with_pools
 from deployments.router.serve_ports import serve_ports
 from deployments.router.watch import Watch
@@ -66,6 +67,9 @@ class Router:
         self._placement = PlacementSync(config, self._links, source, clock)
         self._pools = PoolSync(self._links, ports.pools if watch else None, clock)
         self._health = Watch(config.router, self._links, ports.deployments, clock)
+        self._load = LoadSync(
+            self._links, ports.load if watch else None, ports.deployments, ports.scaled, clock
+        )
         self._flow = Flow(config, self._links, self._placement, ports.counters, clock)
         self._loops: list[asyncio.Task[None]] = []
 
@@ -111,6 +115,14 @@ class Router:
                 metrics.forget(metrics.KV_CACHE_USAGE, name)
         return metrics.render()
 
+    @property
+    def config(self) -> ClusterConfig:
+        return self._config
+
+    def load(self) -> dict[str, BackendLoad]:
+        """What this replica holds of each autoscaled backend (posted once a second)."""
+        return self._load.load()
+
     async def check_health_once(self) -> None:
         """Mark links without a running replica; probe troubled ones and close them if healthy."""
         await self._health.check_health_once()
@@ -134,6 +146,8 @@ class Router:
                 loops.append(self._placement.loop())
             if self._pools.follows:
                 loops.append(self._pools.loop())
+            if self._load.follows:
+                loops.append(self._load.loop())
             # A fresh context each: a task copies the current one, and Serve ties handle calls
             # made in it to the request that started the loops, cancelling them with it.
             self._loops = [asyncio.create_task(c, context=contextvars.Context()) for c in loops]

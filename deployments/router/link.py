@@ -37,6 +37,10 @@ class Link:
     clock: Callable[[], float]
     facts: LinkFacts
     in_flight: int = 0
+    # Routers splitting the backend's cap (gateway.router_shares), and the replicas Serve
+    # last said were running (None until the first health check).
+    shares: int = 1
+    running_replicas: int | None = None
     # Jobs that chose this link and have not finished: being fitted, queued for a slot or in
     # flight. A placement move drains the source until no router replica holds any.
     claims: int = 0
@@ -58,6 +62,13 @@ class Link:
 
     def read(self, health: Health) -> None:
         self.facts = self.facts.read(health)
+
+    def scaled(self, running: int) -> None:
+        """Serve's running replica count: an autoscaled backend's slots follow it."""
+        self.running_replicas = running
+        if self.target.autoscaled:
+            per_router = self.target.per_replica_cap * max(1, running) // self.shares
+            self.gate.resize(max(1, per_router))
 
     def park(self, parked: bool) -> None:
         self.facts = self.facts.placed(parked)
@@ -93,7 +104,8 @@ class Link:
     def note_fault(self, error: BaseException) -> None:
         """A backend whose only replica died takes no work until Serve has replaced it: without
         this, requests would wait on Serve's handle for a replica that is not there yet."""
-        if isinstance(error, REPLICA_GONE) and self.target.replicas == 1:
+        replicas = self.running_replicas or self.target.replicas
+        if isinstance(error, REPLICA_GONE) and replicas == 1:
             self.facts = self.facts.replica_died(self.clock())
             self.breaker.trip("its only replica died")
 
@@ -151,6 +163,7 @@ def build_links(
             kv=KvPressure(kv_policy),
             clock=clock,
             facts=LinkFacts(parked=role is not None and placement.get(role) != name),
+            shares=config.gateway.router_shares,
         )
     return links
 

@@ -81,6 +81,20 @@ PLACEMENT_MOVES = Counter(
     ["role", "kind", "outcome"],
     registry=REGISTRY,
 )
+# Load-driven autoscaling (models[].autoscaling): Serve's running count, and the policy's steps.
+BACKEND_REPLICAS = Gauge(
+    "gps_backend_replicas",
+    "Replicas Serve reports running for an autoscaled backend.",
+    ["backend"],
+    registry=REGISTRY,
+)
+AUTOSCALE_DECISIONS = Counter(
+    "gps_autoscale_decisions",
+    "Replica count changes the load decided for a backend, by direction (up, down, bounds); a "
+    "router replica counts those it saw.",
+    ["backend", "direction"],
+    registry=REGISTRY,
+)
 # A background loop never dies on an error (it logs, counts here, sleeps and goes on): this
 # counter is how a loop failing every round shows.
 LOOP_ERRORS = Counter(

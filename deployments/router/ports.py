@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 
 from autoscale.broadcast import PlacementView
+from autoscale.policy import ScalingNews
 from core.config import ClusterConfig
 from policy.context.tokens import TokenCounter
 
@@ -85,6 +86,24 @@ class PoolSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class BackendLoad:
+    """One backend as this router replica holds it now, for load-driven autoscaling."""
+
+    waiting: int
+    running: int
+    kv_usage: float | None
+
+
+class LoadBoard(Protocol):
+    """Where router replicas post their load for the autoscaling policy
+    (autoscale/policy.py)."""
+
+    async def publish(self, load: Mapping[str, BackendLoad]) -> None:
+        """This replica's load, by backend deployment name."""
+        ...
+
+
 class Clock(Protocol):
     def monotonic(self) -> float: ...
 
@@ -107,3 +126,6 @@ class RouterPorts:
     counters: Mapping[str, TokenCounter]  # by Target.counter_key
     clock: Clock
     pools: PoolSource | None = None  # None: no cluster manager, every pool counts as healthy
+    load: LoadBoard | None = None  # None: no model autoscales, so nobody reads the load
+    # The autoscaling policy's last decision on a deployment (blocking: called in a thread).
+    scaled: Callable[[str], ScalingNews | None] = lambda _deployment: None

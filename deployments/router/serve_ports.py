@@ -5,7 +5,9 @@ where those exist."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import ray
@@ -21,8 +23,10 @@ from ray.serve.handle import DeploymentHandle
 from autoscale.broadcast import PlacementView
 from autoscale.cluster_manager import ensure_cluster_manager
 from autoscale.placer import ensure_placer, placement_matters
+from autoscale.policy import publish_load, read_scaled
 from core.config import ClusterConfig
 from deployments.router.ports import (
+    BackendLoad,
     ChatStream,
     DeploymentFacts,
     DeploymentKey,
@@ -30,6 +34,7 @@ from deployments.router.ports import (
     SystemClock,
 )
 from policy.context.counters import counters_for
+from policy.load_scaling import LoadReport
 
 
 class ServeBackend:
@@ -124,6 +129,28 @@ class ManagerPools:
         return report
 
 
+class KvLoadBoard:
+    """Load posted to Ray's internal key-value store (GCS), one key per router replica,
+    stamped with wall time: the Serve controller reading it keeps its own clock."""
+
+    def __init__(self, app: str, replica: str) -> None:
+        self._app = app
+        self._replica = replica
+
+    @classmethod
+    def connect(cls) -> KvLoadBoard:
+        context = serve.get_replica_context()
+        return cls(context.app_name, context.replica_id.unique_id)
+
+    async def publish(self, load: Mapping[str, BackendLoad]) -> None:
+        now = time.time()
+        reports = {
+            name: LoadReport(now, entry.waiting, entry.running, entry.kv_usage)
+            for name, entry in load.items()
+        }
+        await asyncio.to_thread(publish_load, self._app, self._replica, reports)
+
+
 def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) -> RouterPorts:
     targets = config.targets
     return RouterPorts(
@@ -133,4 +160,6 @@ def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) 
         placement=ActorPlacement.connect(config) if placement_matters(config) else None,
         clock=SystemClock(),
         pools=ManagerPools.connect(config),
+        load=KvLoadBoard.connect() if any(m.autoscaling for m in config.models) else None,
+        scaled=partial(read_scaled, serve.get_replica_context().app_name),
     )

@@ -57,6 +57,7 @@ class Watch:
         )
 
     async def _check_link(self, link: Link, facts: DeploymentFacts | None) -> None:
+        link.scaled(facts.running_replicas if facts else 0)
         if facts is None or not facts.running_replicas:
             link.read(Health.NO_REPLICA)
             link.breaker.trip("no running replica")

@@ -1,0 +1,96 @@
+"""Load-driven autoscaling, the router's side: post the load, follow the replica counts.
+
+Once a second each router replica posts, for every autoscaled backend, the requests waiting in
+its queue, those in flight and the engine's last KV-cache usage (`LoadBoard`); the Serve
+autoscaling policy sums the replicas' posts and decides the count (autoscale/policy.py). Every
+few seconds the router reads Serve's running replica counts, so each autoscaled backend's
+slots follow its replicas (`per_replica_cap` each), and counts the policy's decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from autoscale.policy import ScalingNews
+from deployments.router import metrics
+from deployments.router.faults import describe
+from deployments.router.link import Link
+from deployments.router.ports import BackendLoad, Clock, DeploymentStatuses, LoadBoard
+
+logger = logging.getLogger("ray.serve")
+
+LOAD_POST_INTERVAL_S = 1.0
+REPLICA_READ_EVERY = 5  # posts between reads of Serve's replica counts and the decisions
+POST_TIMEOUT_S = 5.0
+
+
+class LoadSync:
+    def __init__(
+        self,
+        links: Mapping[str, Link],
+        board: LoadBoard | None,
+        deployments: DeploymentStatuses,
+        read_news: Callable[[str], ScalingNews | None],
+        clock: Clock,
+    ) -> None:
+        self._links = {name: link for name, link in links.items() if link.target.autoscaled}
+        self._board = board
+        self._deployments = deployments
+        self._read_news = read_news
+        self._clock = clock
+        self._seen: dict[str, int | None] = {}
+
+    @property
+    def follows(self) -> bool:
+        return self._board is not None and bool(self._links)
+
+    def load(self) -> dict[str, BackendLoad]:
+        """What this replica holds per autoscaled backend deployment, now."""
+        return {
+            link.target.deployment_name: BackendLoad(
+                waiting=link.gate.queue.depth,
+                running=link.gate.queue.in_flight,
+                kv_usage=link.kv.usage,
+            )
+            for link in self._links.values()
+        }
+
+    async def loop(self) -> None:
+        board = self._board
+        if board is None:
+            return
+        rounds = 0
+        while True:
+            try:
+                await asyncio.wait_for(board.publish(self.load()), POST_TIMEOUT_S)
+                if rounds % REPLICA_READ_EVERY == 0:
+                    await self.follow_replicas()
+            except Exception as error:  # noqa: BLE001 - GCS or the controller busy: next round
+                metrics.LOOP_ERRORS.labels("load_sync").inc()
+                logger.info("load sync failed: %s", describe(error))
+            rounds += 1
+            await self._clock.sleep(LOAD_POST_INTERVAL_S)
+
+    async def follow_replicas(self) -> None:
+        """Resize each autoscaled link's slots to its running replicas; count new decisions."""
+        deployments = await self._deployments.read()
+        for name, link in self._links.items():
+            facts = deployments.get(link.backend.deployment)
+            running = facts.running_replicas if facts else 0
+            link.scaled(running)
+            metrics.BACKEND_REPLICAS.labels(name).set(running)
+            news = await asyncio.to_thread(self._read_news, link.target.deployment_name)
+            self.count(name, news)
+
+    def count(self, backend: str, news: ScalingNews | None) -> None:
+        """Count a decision made since this replica's first look (one it finds at its first
+        look may be old news: a restarted router does not count it again)."""
+        seq = news.seq if news is not None else None
+        looked = backend in self._seen
+        if news is not None and looked and seq != self._seen[backend] and news.direction:
+            # A restarted controller counts from 1 again: still one decision seen.
+            metrics.AUTOSCALE_DECISIONS.labels(backend, news.direction).inc()
+            logger.info("autoscaling %s: %d replicas (%s)", backend, news.replicas, news.reason)
+        self._seen[backend] = seq

@@ -1,0 +1,143 @@
+"""How many replicas a backend's load asks for (pure: the Serve policy passes signals and time).
+
+The signal is what the router replicas last reported for the backend, summed: requests waiting
+in their queues for it, requests running on it, and the highest KV cache usage they read on its
+replicas. A backend's replicas each take `per_replica_cap` requests at once (the router's cap
+over the model's `replicas`), so
+
+- **up**, when more wait than `target_queue_per_replica` per replica, or the KV cache is past
+  `kv_high` while requests wait, without a break for `upscale_delay_s`: enough replicas at once
+  to take the excess (a burst of 40 needs one decision, not ten), at most `max_replicas`;
+- **down** by one, when nothing waits and the running requests fit on one replica fewer with
+  room to spare (`DOWN_FILL` of their slots), for `downscale_delay_s`; at least `min_replicas`.
+
+A step restarts both timers, so the next step waits its full delay again. With no fresh report
+(no router running, or all silent past `stale_after_s`) nothing changes: a count is never
+decided on a guess.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+__all__ = [
+    "DOWN_FILL",
+    "LoadReport",
+    "LoadScalingPolicy",
+    "ScalingDecision",
+    "ScalingTimers",
+    "decide_replicas",
+    "sum_reports",
+]
+
+# Down only when what runs would fill at most this share of one replica fewer: hysteresis
+# against stepping down into a queue.
+DOWN_FILL = 0.5
+
+
+@dataclass(frozen=True)
+class LoadScalingPolicy:
+    min_replicas: int
+    max_replicas: int
+    per_replica_cap: int
+    target_queue_per_replica: float
+    kv_high: float
+    upscale_delay_s: float
+    downscale_delay_s: float
+    stale_after_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """One router replica's view of one backend at `at` (wall-clock seconds)."""
+
+    at: float
+    waiting: int
+    running: int
+    kv_usage: float | None = None
+
+
+def sum_reports(
+    reports: Iterable[LoadReport], now: float, stale_after_s: float
+) -> LoadReport | None:
+    """The routers' fresh reports as one; None when none is fresh."""
+    fresh = [r for r in reports if now - r.at <= stale_after_s]
+    if not fresh:
+        return None
+    usages = [r.kv_usage for r in fresh if r.kv_usage is not None]
+    return LoadReport(
+        at=min(r.at for r in fresh),
+        waiting=sum(r.waiting for r in fresh),
+        running=sum(r.running for r in fresh),
+        kv_usage=max(usages) if usages else None,
+    )
+
+
+@dataclass(frozen=True)
+class ScalingTimers:
+    """Since when the load has asked, without a break, for more (up) or fewer (down)."""
+
+    up_since: float | None = None
+    down_since: float | None = None
+
+
+@dataclass(frozen=True)
+class ScalingDecision:
+    replicas: int
+    timers: ScalingTimers
+    # Why the count changed ("" when it did not): for the log and the metrics' direction.
+    reason: str = ""
+
+    @property
+    def direction(self) -> str:
+        return self.reason.split(":", 1)[0] if self.reason else ""
+
+
+def decide_replicas(
+    policy: LoadScalingPolicy,
+    current: int,
+    load: LoadReport | None,
+    timers: ScalingTimers,
+    now: float,
+) -> ScalingDecision:
+    """The count for the backend now running (or starting) `current` replicas."""
+    bounded = min(max(current, policy.min_replicas), policy.max_replicas)
+    if bounded != current:
+        return ScalingDecision(bounded, ScalingTimers(), f"bounds: {current} -> {bounded}")
+    if load is None:
+        return ScalingDecision(current, ScalingTimers())
+    wanted_up = _wanted_up(policy, current, load)
+    if wanted_up > current:
+        since = timers.up_since if timers.up_since is not None else now
+        if now - since >= policy.upscale_delay_s:
+            why = f"up: {load.waiting} waiting, {load.running} running on {current}"
+            if load.kv_usage is not None and load.kv_usage >= policy.kv_high:
+                why += f", KV cache {load.kv_usage:.0%}"
+            return ScalingDecision(wanted_up, ScalingTimers(), why)
+        return ScalingDecision(current, ScalingTimers(up_since=since))
+    if _fits_on_fewer(policy, current, load):
+        since = timers.down_since if timers.down_since is not None else now
+        if now - since >= policy.downscale_delay_s:
+            why = f"down: {load.running} running fit on {current - 1}"
+            return ScalingDecision(current - 1, ScalingTimers(), why)
+        return ScalingDecision(current, ScalingTimers(down_since=since))
+    return ScalingDecision(current, replace(timers, up_since=None, down_since=None))
+
+
+def _wanted_up(policy: LoadScalingPolicy, current: int, load: LoadReport) -> int:
+    if current >= policy.max_replicas or load.waiting == 0:
+        return current
+    excess = load.waiting - policy.target_queue_per_replica * current
+    kv_full = load.kv_usage is not None and load.kv_usage >= policy.kv_high
+    if excess <= 0 and not kv_full:
+        return current
+    more = max(1, math.ceil(max(excess, 0) / policy.per_replica_cap))
+    return min(policy.max_replicas, current + more)
+
+
+def _fits_on_fewer(policy: LoadScalingPolicy, current: int, load: LoadReport) -> bool:
+    if current <= policy.min_replicas or load.waiting > 0:
+        return False
+    return load.running <= DOWN_FILL * policy.per_replica_cap * (current - 1)

@@ -1,0 +1,102 @@
+"""Load-driven autoscaling on a real Serve app: a queue brings a second replica, idleness takes
+it away, and its engine process goes with it.
+
+One Ray node carrying `pool_local` with three logical CPUs (each CPU engine replica reserves
+one), the coding model capped at one request per replica. Five clients send requests without
+pause: the router's queue for the backend passes the target of one per replica, the policy in
+Serve's controller reads the routers' load from Ray's key-value store and asks for a second
+replica; when the clients stop, the count goes back to one after the downscale delay. No
+request may fail on the way, the router must count the decision, and once back at one replica
+exactly one engine process may remain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import ray
+from ray import serve
+
+from bench.multinode import Stream, wait_for
+from cluster.app import build_app
+from core.config import load_config
+
+CONFIG = Path(__file__).with_name("scaled.yaml")
+PORT = 18700
+APP = "scaled"
+BACKEND = "coding@local"
+CLIENTS = 5
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[None]:
+    ray.init(num_cpus=3, resources={"pool_local": 1}, namespace="serve")
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.run(build_app(load_config(CONFIG, environ={})), name=APP, route_prefix="/")
+    yield
+    serve.shutdown()
+    ray.shutdown()
+
+
+def running_replicas() -> int:
+    deployments = serve.status().applications[APP].deployments
+    [name] = [d for d in deployments if d.endswith(BACKEND)]
+    return int(deployments[name].replica_states.get("RUNNING", 0))
+
+
+def engine_processes() -> int:
+    count = 0
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or ())
+        count += "EngineCore" in line or line.startswith("VLLM::EngineCore")
+    return count
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample from the gateway's /metrics; 0 when it has none yet."""
+    text = httpx.get(f"http://127.0.0.1:{PORT}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_queue_brings_a_second_replica_and_idleness_takes_it_away(app: None) -> None:
+    assert running_replicas() == 1
+    streams = [Stream(PORT, "coding", pause_s=0) for _ in range(CLIENTS)]
+    for stream in streams:
+        stream.__enter__()
+    try:
+        up_s = wait_for(lambda: running_replicas() == 2, 300, "a second replica")
+        # The router's slots follow the replicas (it reads their count every 5 s), so both
+        # take work before the clients stop.
+        wait_for(
+            lambda: metric("gps_backend_replicas", backend=BACKEND) == 2,
+            30,
+            "the router to see both replicas",
+        )
+        time.sleep(10)
+    finally:
+        for stream in streams:
+            stream.__exit__()
+    down_s = wait_for(lambda: running_replicas() == 1, 180, "back to one replica")
+    wait_for(lambda: engine_processes() == 1, 60, "the removed replica's engine to exit")
+    wait_for(
+        lambda: metric("gps_autoscale_decisions_total", backend=BACKEND, direction="down") >= 1,
+        30,
+        "the router to count the way down",
+    )
+    results = [r for stream in streams for r in stream.results]
+    failed = [r for stream in streams for r in stream.failed()]
+    print(
+        f"\nautoscaling: {len(results)} requests from {CLIENTS} clients, {len(failed)} failed; "
+        f"second replica running {up_s:.1f} s after the load began, back to one {down_s:.1f} s "
+        "after it ended"
+    )
+    assert failed == []
+    assert metric("gps_autoscale_decisions_total", backend=BACKEND, direction="up") >= 1

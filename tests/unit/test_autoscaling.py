@@ -1,0 +1,233 @@
+"""Load-driven autoscaling around the pure decision: the config, the Serve policy that combines
+placement with load, the router's slots following the replicas, and the load it posts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from autoscale import policy as replica_policy
+from autoscale.policy import ReplicaPolicy, ScalingNews, policy_kwargs
+from cluster.backends import llm_config_for
+from core.config import ConfigError, parse_config
+from core.topology import Backend
+from core.types import Role
+from deployments.router import Router, RouterPorts
+from deployments.router.link import build_links
+from deployments.router.load_sync import LoadSync
+from deployments.router.metrics import REGISTRY
+from deployments.router.ports import BackendLoad
+from policy.context.tokens import CharEstimateCounter
+from policy.load_scaling import LoadReport
+from tests.unit.test_router_flow import (
+    APP,
+    FakeBackend,
+    FakeClock,
+    FakeDeployments,
+    collect,
+    job,
+    ok,
+)
+
+SCALING = {"min_replicas": 1, "max_replicas": 3, "upscale_delay_s": 0, "downscale_delay_s": 30}
+
+
+def config_with(scaling: dict[str, Any] | None, replicas: int = 1, cap: int = 2) -> Any:
+    raw: dict[str, Any] = {
+        "pools": [{"name": "local", "kind": "local"}],
+        "models": [
+            {
+                "role": role,
+                "source": f"example/{role}",
+                "context_window": 4096,
+                "pools": ["local"],
+                "max_concurrency": cap,
+                "replicas": replicas,
+                "autoscaling": scaling if role == "coding" else None,
+            }
+            for role in ("orchestrator", "coding")
+        ],
+        "fallback": {"source": "fallback.gguf"},
+        "router": {"max_queue": 32, "queue_timeout_s": 5.0},
+    }
+    return parse_config(raw, base_dir=Path("."), environ={})
+
+
+def test_autoscaling_bounds_and_the_starting_count_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"min_replicas \(3\) is above max_replicas \(2\)"):
+        config_with({"min_replicas": 3, "max_replicas": 2})
+    with pytest.raises(ConfigError, match=r"replicas \(4\) is the count a backend starts with"):
+        config_with({"max_replicas": 3}, replicas=4)
+
+
+def test_an_autoscaled_backend_is_built_with_the_policy_and_its_load_settings() -> None:
+    config = config_with(SCALING, replicas=1, cap=4)
+    options = llm_config_for(config, Backend(role=Role.CODING, pool="local")).deployment_config
+    scaling = options["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["initial_replicas"]) == (
+        1,
+        3,
+        1,
+    )
+    assert scaling["policy"]["policy_function"] is ReplicaPolicy
+    load = scaling["policy"]["policy_kwargs"]["load"]
+    assert load["per_replica_cap"] == 4
+    assert load["max_replicas"] == 3
+    # A model without autoscaling on one pool keeps a fixed count.
+    fixed = llm_config_for(config, Backend(role=Role.ORCHESTRATOR, pool="local")).deployment_config
+    assert fixed["num_replicas"] == 1
+    assert "autoscaling_config" not in fixed
+
+
+def ctx(target: int, now: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        app_name="gateway", deployment_name="LLMServer:coding@local",
+        target_num_replicas=target, current_time=now,
+    )  # fmt: skip
+
+
+class Store:
+    """Ray's internal KV as the policy reads and writes it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.asked: int | None = None
+        self.reports: list[LoadReport] = []
+        self.news: list[ScalingNews] = []
+        monkeypatch.setattr(replica_policy, "asked_replicas", lambda app, dep: self.asked)
+        monkeypatch.setattr(replica_policy, "read_load", lambda app, dep: list(self.reports))
+        monkeypatch.setattr(
+            replica_policy, "publish_scaled", lambda app, dep, news: self.news.append(news)
+        )
+
+
+def test_the_policy_follows_load_on_the_pool_placement_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SCALING).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=100, waiting=9, running=2)]
+    # 9 waiting on 1 replica of 2 slots: 7 past the target of 2, 4 replicas' worth; max 3.
+    assert policy(ctx(1, 100))[0] == 3
+    assert [n.direction for n in store.news] == ["up"]
+    # Placement moved the role away: zero, whatever the load.
+    store.asked = 0
+    assert policy(ctx(3, 102))[0] == 0
+    # Placement brought it back with 1: that count first, load from then on.
+    store.asked = 1
+    assert policy(ctx(0, 104))[0] == 1
+    store.reports = [LoadReport(at=105, waiting=0, running=0)]
+    assert policy(ctx(1, 105))[0] == 1  # already at min_replicas
+
+
+def test_the_policy_steps_down_after_the_delay_and_holds_without_fresh_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SCALING).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=100, waiting=0, running=0)]
+    assert policy(ctx(3, 100))[0] == 3
+    store.reports = [LoadReport(at=130, waiting=0, running=0)]
+    assert policy(ctx(3, 130))[0] == 2
+    store.reports = []  # every router silent: the count holds
+    assert policy(ctx(2, 500))[0] == 2
+
+
+def test_without_autoscaling_the_policy_carries_out_placement_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    policy = ReplicaPolicy()
+    assert policy(ctx(2, 100))[0] == 2  # nothing asked: the count it has
+    store.asked = 0
+    assert policy(ctx(2, 102))[0] == 0
+
+
+def autoscaled_router(deployments: FakeDeployments, coding: FakeBackend) -> Router:
+    config = config_with(SCALING, cap=2)
+    backends = {"coding@local": coding, "orchestrator@local": FakeBackend(ok)}
+    for name, backend in backends.items():
+        backend.deployment = (APP, name)
+        deployments.set(backend, running=1)
+    ports = RouterPorts(
+        backends=backends,
+        deployments=deployments,
+        placement=None,
+        counters={t.counter_key: CharEstimateCounter() for t in config.targets.values()},
+        clock=FakeClock(),
+    )
+    return Router(config, ports, watch=False)
+
+
+def test_an_autoscaled_backends_slots_follow_its_running_replicas() -> None:
+    deployments, coding = FakeDeployments(), FakeBackend(ok, step_s=0.01)
+    router = autoscaled_router(deployments, coding)
+
+    async def six() -> None:
+        await asyncio.gather(*(collect(router, job()) for _ in range(6)))
+
+    asyncio.run(six())
+    assert coding.max_running == 2  # one replica: its 2 slots
+    deployments.set(coding, running=3)
+    asyncio.run(router.check_health_once())
+    coding.max_running = 0
+    asyncio.run(six())
+    assert coding.max_running == 6  # three replicas of 2
+
+
+class Board:
+    def __init__(self) -> None:
+        self.posts: list[Mapping[str, BackendLoad]] = []
+
+    async def publish(self, load: Mapping[str, BackendLoad]) -> None:
+        self.posts.append(dict(load))
+
+
+def test_the_router_reports_the_load_of_autoscaled_backends() -> None:
+    deployments, coding = FakeDeployments(), FakeBackend(ok, step_s=0.05)
+    router = autoscaled_router(deployments, coding)
+    deployment = router.config.targets["coding@local"].deployment_name
+
+    async def busy() -> dict[str, BackendLoad]:
+        jobs = [asyncio.ensure_future(collect(router, job())) for _ in range(5)]
+        await asyncio.sleep(0.02)
+        load = router.load()
+        await asyncio.gather(*jobs)
+        return load
+
+    load = asyncio.run(busy())
+    assert list(load) == [deployment]  # only the autoscaled backend
+    assert (load[deployment].running, load[deployment].waiting) == (2, 3)
+
+
+def test_the_policys_decisions_are_counted_once_each() -> None:
+    config = config_with(SCALING)
+    deployments, coding = FakeDeployments(), FakeBackend(ok)
+    coding.deployment = (APP, "coding@local")
+    deployments.set(coding, running=1)
+    backends = {"coding@local": coding, "orchestrator@local": FakeBackend(ok)}
+    links = build_links(config, backends, {}, FakeClock().monotonic)
+    deployment = config.targets["coding@local"].deployment_name
+    news: dict[str, ScalingNews] = {}
+    sync = LoadSync(links, Board(), deployments, news.get, FakeClock())
+
+    def decisions(direction: str) -> float:
+        labels = {"backend": "coding@local", "direction": direction}
+        return REGISTRY.get_sample_value("gps_autoscale_decisions_total", labels) or 0.0
+
+    before = decisions("up")
+    asyncio.run(sync.follow_replicas())  # no decision yet
+    news[deployment] = ScalingNews(1, 2, "up", "up: 3 waiting")
+    asyncio.run(sync.follow_replicas())
+    asyncio.run(sync.follow_replicas())  # the same decision again is not counted twice
+    assert decisions("up") == before + 1
+    # A router that starts late finds an old decision: not news to count.
+    late = LoadSync(links, Board(), deployments, news.get, FakeClock())
+    asyncio.run(late.follow_replicas())
+    assert decisions("up") == before + 1
+    replicas = REGISTRY.get_sample_value("gps_backend_replicas", {"backend": "coding@local"})
+    assert replicas == 1

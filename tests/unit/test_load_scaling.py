@@ -1,0 +1,107 @@
+"""Load-driven replica counts: decisions on a clock the test holds."""
+
+from __future__ import annotations
+
+from policy.load_scaling import (
+    LoadReport,
+    LoadScalingPolicy,
+    ScalingTimers,
+    decide_replicas,
+    sum_reports,
+)
+
+POLICY = LoadScalingPolicy(
+    min_replicas=1,
+    max_replicas=4,
+    per_replica_cap=4,
+    target_queue_per_replica=2,
+    kv_high=0.85,
+    upscale_delay_s=10,
+    downscale_delay_s=60,
+)
+
+
+def load(waiting: int, running: int, kv: float | None = None, at: float = 0) -> LoadReport:
+    return LoadReport(at=at, waiting=waiting, running=running, kv_usage=kv)
+
+
+def test_a_queue_past_the_target_scales_up_only_after_the_delay_without_a_break() -> None:
+    first = decide_replicas(POLICY, 1, load(5, 4), ScalingTimers(), now=100)
+    assert first.replicas == 1
+    assert first.timers.up_since == 100
+    early = decide_replicas(POLICY, 1, load(5, 4), first.timers, now=109)
+    assert early.replicas == 1
+    due = decide_replicas(POLICY, 1, load(5, 4), early.timers, now=110)
+    assert due.replicas == 2
+    assert due.direction == "up"
+    assert "5 waiting" in due.reason
+    assert due.timers == ScalingTimers()  # the next step waits its own delay
+
+
+def test_a_break_in_the_queue_restarts_the_upscale_delay() -> None:
+    first = decide_replicas(POLICY, 1, load(5, 4), ScalingTimers(), now=100)
+    calm = decide_replicas(POLICY, 1, load(1, 4), first.timers, now=105)
+    assert calm.timers.up_since is None
+    again = decide_replicas(POLICY, 1, load(5, 4), calm.timers, now=111)
+    assert again.replicas == 1
+    assert again.timers.up_since == 111
+
+
+def test_a_burst_gets_the_replicas_for_its_excess_in_one_step_within_the_maximum() -> None:
+    # 2 replicas, 20 waiting: 16 past the target of 2 each, 4 more replicas' worth; max is 4.
+    policy = LoadScalingPolicy(**{**POLICY.__dict__, "upscale_delay_s": 0})
+    decision = decide_replicas(policy, 2, load(20, 8), ScalingTimers(), now=0)
+    assert decision.replicas == 4
+    at_max = decide_replicas(policy, 4, load(50, 16), ScalingTimers(), now=0)
+    assert at_max.replicas == 4
+    assert at_max.reason == ""
+
+
+def test_kv_pressure_with_requests_waiting_scales_up_even_under_the_queue_target() -> None:
+    policy = LoadScalingPolicy(**{**POLICY.__dict__, "upscale_delay_s": 0})
+    pressed = decide_replicas(policy, 1, load(1, 4, kv=0.9), ScalingTimers(), now=0)
+    assert pressed.replicas == 2
+    assert "KV cache 90%" in pressed.reason
+    # Full cache but nobody waiting: the replicas keep up; no new one.
+    idle_queue = decide_replicas(policy, 1, load(0, 4, kv=0.95), ScalingTimers(), now=0)
+    assert idle_queue.replicas == 1
+
+
+def test_down_by_one_when_the_load_fits_on_fewer_for_the_whole_delay() -> None:
+    first = decide_replicas(POLICY, 3, load(0, 3), ScalingTimers(), now=0)
+    assert first.replicas == 3
+    assert first.timers.down_since == 0
+    due = decide_replicas(POLICY, 3, load(0, 3), first.timers, now=60)
+    assert due.replicas == 2
+    assert due.direction == "down"
+    # 3 running do not fit half of one replica's 4 slots: 2 stays.
+    held = decide_replicas(POLICY, 2, load(0, 3), ScalingTimers(down_since=0), now=600)
+    assert held.replicas == 2
+    assert held.timers.down_since is None
+
+
+def test_never_below_the_minimum_and_a_waiting_request_blocks_the_way_down() -> None:
+    assert (
+        decide_replicas(POLICY, 1, load(0, 0), ScalingTimers(down_since=0), now=999).replicas == 1
+    )
+    waiting = decide_replicas(POLICY, 2, load(1, 0), ScalingTimers(down_since=0), now=999)
+    assert waiting.replicas == 2
+
+
+def test_counts_outside_the_bounds_are_brought_inside_at_once() -> None:
+    assert decide_replicas(POLICY, 6, load(0, 0), ScalingTimers(), now=0).replicas == 4
+    assert decide_replicas(POLICY, 0, None, ScalingTimers(), now=0).replicas == 1
+
+
+def test_no_fresh_report_holds_the_count_and_forgets_the_timers() -> None:
+    decision = decide_replicas(POLICY, 2, None, ScalingTimers(up_since=1), now=50)
+    assert decision.replicas == 2
+    assert decision.timers == ScalingTimers()
+
+
+def test_reports_sum_over_fresh_routers_and_take_the_highest_kv_usage() -> None:
+    reports = [load(3, 2, kv=0.5, at=95), load(1, 4, kv=0.7, at=99), load(9, 9, kv=1.0, at=80)]
+    total = sum_reports(reports, now=100, stale_after_s=10)
+    assert total is not None
+    assert (total.waiting, total.running, total.kv_usage) == (4, 6, 0.7)
+    assert sum_reports(reports, now=200, stale_after_s=10) is None
