@@ -22,6 +22,7 @@ from core.config import ModelConfig
 from policy.load_scaling import (
     LoadReport,
     LoadScalingPolicy,
+    ScalingDecision,
     ScalingTimers,
     decide_replicas,
     sum_reports,
@@ -31,6 +32,7 @@ logger = logging.getLogger("ray.serve")
 
 KV_NAMESPACE = "gps_placement"
 REFRESH_S = 1.0  # Serve asks every control-loop tick (~0.1 s); the store is read once a second
+PRUNE_AFTER_S = 600.0  # a router's post this old is from a replica that is gone
 
 
 def replicas_key(app: str, deployment: str) -> bytes:
@@ -73,24 +75,32 @@ def load_key(app: str, router: str) -> bytes:
     return f"load/{app}/{router}".encode()
 
 
-def publish_load(app: str, router: str, backends: Mapping[str, LoadReport]) -> None:
-    """A router replica's view of each backend deployment's load (see `ReplicaPolicy`)."""
+def publish_load(app: str, router: str, at: float, backends: Mapping[str, LoadReport]) -> None:
+    """A router replica's view of each backend deployment's load at `at` (wall clock)."""
     from ray.experimental.internal_kv import _internal_kv_put
 
-    body = {name: [r.at, r.waiting, r.running, r.kv_usage] for name, r in backends.items()}
+    body = {
+        "at": at,
+        "backends": {n: [r.at, r.waiting, r.running, r.kv_usage] for n, r in backends.items()},
+    }
     _internal_kv_put(
         load_key(app, router), json.dumps(body).encode(), overwrite=True, namespace=KV_NAMESPACE
     )
 
 
-def read_load(app: str, deployment: str) -> list[LoadReport]:
-    """Every router replica's last report on one deployment (stale ones included)."""
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+def read_load(app: str, deployment: str, now: float) -> list[LoadReport]:
+    """Every router replica's last report on one deployment (stale ones included); the posts
+    of routers gone for PRUNE_AFTER_S (restarted, scaled down) are deleted."""
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_list
 
     reports = []
     for key in _internal_kv_list(f"load/{app}/".encode(), namespace=KV_NAMESPACE):
         raw = _internal_kv_get(key, namespace=KV_NAMESPACE)
-        entry = json.loads(raw).get(deployment) if raw else None
+        body = json.loads(raw) if raw else {}
+        if now - float(body.get("at", 0)) > PRUNE_AFTER_S:
+            _internal_kv_del(key, namespace=KV_NAMESPACE)
+            continue
+        entry = body.get("backends", {}).get(deployment)
         if entry is not None:
             at, waiting, running, kv = entry
             reports.append(LoadReport(at=at, waiting=waiting, running=running, kv_usage=kv))
@@ -148,31 +158,43 @@ class ReplicaPolicy:
         app, deployment = ctx.app_name or "", ctx.deployment_name
         if now - self._read_at >= REFRESH_S:
             self._read_at = now
-            self._asked = asked_replicas(app, deployment)
-            if self._load is not None:
-                self._reports = read_load(app, deployment)
+            self._read(app, deployment, now)
         current = int(ctx.target_num_replicas)
         asked = self._asked
-        if asked == 0 or self._load is None:  # placed elsewhere, or no load to follow
+        # Placement alone; placed elsewhere; or parked since the start, before placement's
+        # first word: placement's count (or the one it has), whatever the load.
+        if self._load is None or asked == 0 or (asked is None and current == 0):
             self._timers = ScalingTimers()
             return (asked if asked is not None else current), {}
         if current == 0 and asked is not None:  # placement just brought the role here
             return asked, {}
         load = sum_reports(self._reports, now, self._load.stale_after_s)
-        decision = decide_replicas(self._load, current, load, self._timers, now)
+        starting = int(ctx.current_num_replicas) < current
+        decision = decide_replicas(self._load, current, load, self._timers, now, starting)
         self._timers = decision.timers
         if decision.replicas != current:
-            self._decisions += 1
-            logger.info("autoscaling %s: %d -> %d (%s)", deployment, current,
-                        decision.replicas, decision.reason)  # fmt: skip
-            publish_scaled(
-                app,
-                deployment,
-                ScalingNews(
-                    self._decisions, decision.replicas, decision.direction, decision.reason
-                ),
-            )
+            self._announce(app, deployment, current, decision)
         return decision.replicas, {}
+
+    def _read(self, app: str, deployment: str, now: float) -> None:
+        """Placement's count and the routers' load; on a failed read, the last ones (this runs
+        in Serve's controller: an exception here would stall every app's control loop)."""
+        try:
+            self._asked = asked_replicas(app, deployment)
+            if self._load is not None:
+                self._reports = read_load(app, deployment, now)
+        except Exception as error:  # noqa: BLE001 - GCS busy or a malformed post: next second
+            logger.warning("autoscaling %s: reading the store failed: %r", deployment, error)
+
+    def _announce(self, app: str, deployment: str, current: int, decision: ScalingDecision) -> None:
+        self._decisions += 1
+        logger.info("autoscaling %s: %d -> %d (%s)", deployment, current,
+                    decision.replicas, decision.reason)  # fmt: skip
+        news = ScalingNews(self._decisions, decision.replicas, decision.direction, decision.reason)
+        try:
+            publish_scaled(app, deployment, news)
+        except Exception as error:  # noqa: BLE001 - only the routers' count misses it
+            logger.warning("autoscaling %s: publishing the decision failed: %r", deployment, error)
 
 
 def policy_kwargs(model: ModelConfig) -> dict[str, Any]:

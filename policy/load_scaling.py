@@ -7,7 +7,8 @@ over the model's `replicas`), so
 
 - **up**, when more wait than `target_queue_per_replica` per replica, or the KV cache is past
   `kv_high` while requests wait, without a break for `upscale_delay_s`: enough replicas at once
-  to take the excess (a burst of 40 needs one decision, not ten), at most `max_replicas`;
+  to take the excess (a burst of 40 needs one decision, not ten), at most `max_replicas`; never
+  while replicas asked for are still starting (the queue waits for them, it is not excess);
 - **down** by one, when nothing waits and the running requests fit on one replica fewer with
   room to spare (`DOWN_FILL` of their slots), for `downscale_delay_s`; at least `min_replicas`.
 
@@ -101,14 +102,16 @@ def decide_replicas(
     load: LoadReport | None,
     timers: ScalingTimers,
     now: float,
+    starting: bool = False,
 ) -> ScalingDecision:
-    """The count for the backend now running (or starting) `current` replicas."""
+    """The count for the backend asked to run `current` replicas. `starting`: some of them are
+    not running yet; the queue they will take is not excess, so no step up until they run."""
     bounded = min(max(current, policy.min_replicas), policy.max_replicas)
     if bounded != current:
         return ScalingDecision(bounded, ScalingTimers(), f"bounds: {current} -> {bounded}")
     if load is None:
         return ScalingDecision(current, ScalingTimers())
-    wanted_up = _wanted_up(policy, current, load)
+    wanted_up = current if starting else _wanted_up(policy, current, load)
     if wanted_up > current:
         since = timers.up_since if timers.up_since is not None else now
         if now - since >= policy.upscale_delay_s:

@@ -135,9 +135,9 @@ class ModelConfig(Frozen):
 
     @property
     def per_replica_cap(self) -> int:
-        """What one replica takes at once: the cap over `replicas` (autoscaling keeps it per
-        replica as the count changes)."""
-        return max(1, -(-self.cap // self.replicas))
+        """What one replica takes at once: the cap over `replicas`, rounded down so the
+        starting count never takes more than the cap (autoscaling keeps it per replica)."""
+        return max(1, self.cap // self.replicas)
 
     @property
     def max_replicas(self) -> int:

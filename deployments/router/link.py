@@ -104,7 +104,9 @@ class Link:
     def note_fault(self, error: BaseException) -> None:
         """A backend whose only replica died takes no work until Serve has replaced it: without
         this, requests would wait on Serve's handle for a replica that is not there yet."""
-        replicas = self.running_replicas or self.target.replicas
+        replicas = self.target.replicas
+        if self.target.autoscaled and self.running_replicas:
+            replicas = self.running_replicas
         if isinstance(error, REPLICA_GONE) and replicas == 1:
             self.facts = self.facts.replica_died(self.clock())
             self.breaker.trip("its only replica died")

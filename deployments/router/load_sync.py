@@ -47,7 +47,9 @@ class LoadSync:
         return self._board is not None and bool(self._links)
 
     def load(self) -> dict[str, BackendLoad]:
-        """What this replica holds per autoscaled backend deployment, now."""
+        """What this replica holds per autoscaled backend deployment, now. Not parked ones:
+        placement decides their count (zero, or what a move asks while it brings them up), and
+        with no post from any router the policy holds it."""
         return {
             link.target.deployment_name: BackendLoad(
                 waiting=link.gate.queue.depth,
@@ -55,6 +57,7 @@ class LoadSync:
                 kv_usage=link.kv.usage,
             )
             for link in self._links.values()
+            if not link.status().parked
         }
 
     async def loop(self) -> None:

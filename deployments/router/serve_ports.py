@@ -148,7 +148,7 @@ class KvLoadBoard:
             name: LoadReport(now, entry.waiting, entry.running, entry.kv_usage)
             for name, entry in load.items()
         }
-        await asyncio.to_thread(publish_load, self._app, self._replica, reports)
+        await asyncio.to_thread(publish_load, self._app, self._replica, now, reports)
 
 
 def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) -> RouterPorts:

@@ -84,10 +84,10 @@ def test_an_autoscaled_backend_is_built_with_the_policy_and_its_load_settings() 
     assert "autoscaling_config" not in fixed
 
 
-def ctx(target: int, now: float) -> SimpleNamespace:
+def ctx(target: int, now: float, running: int | None = None) -> SimpleNamespace:
     return SimpleNamespace(
-        app_name="gateway", deployment_name="LLMServer:coding@local",
-        target_num_replicas=target, current_time=now,
+        app_name="gateway", deployment_name="model:coding@local", target_num_replicas=target,
+        current_num_replicas=target if running is None else running, current_time=now,
     )  # fmt: skip
 
 
@@ -99,7 +99,7 @@ class Store:
         self.reports: list[LoadReport] = []
         self.news: list[ScalingNews] = []
         monkeypatch.setattr(replica_policy, "asked_replicas", lambda app, dep: self.asked)
-        monkeypatch.setattr(replica_policy, "read_load", lambda app, dep: list(self.reports))
+        monkeypatch.setattr(replica_policy, "read_load", lambda app, dep, now: list(self.reports))
         monkeypatch.setattr(
             replica_policy, "publish_scaled", lambda app, dep, news: self.news.append(news)
         )
@@ -231,3 +231,59 @@ def test_the_policys_decisions_are_counted_once_each() -> None:
     assert decisions("up") == before + 1
     replicas = REGISTRY.get_sample_value("gps_backend_replicas", {"backend": "coding@local"})
     assert replicas == 1
+
+
+def test_no_step_up_while_asked_replicas_are_still_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    scaling = {**SCALING, "max_replicas": 10}
+    policy = ReplicaPolicy(**policy_kwargs(config_with(scaling, cap=8).model_for(Role.CODING)))
+    # 40 waiting on 1 replica of 8: 38 past the target of 2, five more replicas' worth.
+    store.reports = [LoadReport(at=10, waiting=40, running=8)]
+    assert policy(ctx(1, 10))[0] == 6
+    # The same queue while the five start: not excess, no second step.
+    store.reports = [LoadReport(at=12, waiting=40, running=8)]
+    assert policy(ctx(6, 12, running=1))[0] == 6
+    assert policy(ctx(6, 20, running=3))[0] == 6
+    assert len(store.news) == 1
+
+
+def test_a_backend_parked_from_the_start_stays_at_zero_before_placement_speaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SCALING).model_for(Role.CODING)))
+    assert policy(ctx(0, 10))[0] == 0  # min_replicas is 1, but this pool is not the role's
+    assert store.news == []
+
+
+def test_a_failing_store_keeps_the_last_answer_instead_of_raising_in_the_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SCALING).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=10, waiting=9, running=2)]
+    assert policy(ctx(1, 10))[0] == 3
+
+    def broken(*_: object) -> None:
+        raise ConnectionError("GCS unavailable")
+
+    monkeypatch.setattr(replica_policy, "read_load", broken)
+    monkeypatch.setattr(replica_policy, "asked_replicas", broken)
+    monkeypatch.setattr(replica_policy, "publish_scaled", broken)
+    store.reports = []
+    assert policy(ctx(3, 12))[0] == 3  # the last reports, still fresh: nothing to change
+
+
+def test_parked_backends_are_not_posted_so_placement_keeps_their_count() -> None:
+    config = config_with(SCALING)
+    backends = {"coding@local": FakeBackend(ok), "orchestrator@local": FakeBackend(ok)}
+    deployments = FakeDeployments()
+    no_news: dict[str, ScalingNews] = {}
+    parked = build_links(config, backends, {Role.CODING: "coding@elsewhere"}, lambda: 0.0)
+    assert LoadSync(parked, Board(), deployments, no_news.get, FakeClock()).load() == {}
+    placed = build_links(config, backends, {Role.CODING: "coding@local"}, lambda: 0.0)
+    assert list(LoadSync(placed, Board(), deployments, no_news.get, FakeClock()).load()) == [
+        config.targets["coding@local"].deployment_name
+    ]
