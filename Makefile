@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit integration e2e chaos placement recovery rayup stop lint format bench clean
+.PHONY: install model run test unit integration e2e chaos placement autoscale recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -29,7 +29,7 @@ LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
 model: $(MODEL)
 
 # Debian's prometheus package: promtool tests the shipped alert rules (tests/unit).
-PROMTOOL := /usr/bin/promtool
+PROMTOOL := $(shell command -v promtool || echo /usr/bin/promtool)
 $(PROMTOOL):
 	command -v apt-get >/dev/null || { echo "install Prometheus's promtool (Debian: prometheus)"; exit 1; }
 	$$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c \
@@ -64,6 +64,12 @@ $(MODEL): $(INSTALLED)
 run: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
 
+# What one role's engine really holds: `make capacity ROLE=orchestrator [CONFIG=path.yaml]`
+# (python -m cluster.capacity; run it on a node of the role's pool).
+ROLE ?= orchestrator
+capacity: $(INSTALLED) $(MODEL)
+	$(PY) -m cluster.capacity $(ROLE) $(if $(CONFIG),--config $(CONFIG))
+
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
@@ -88,6 +94,10 @@ e2e: $(INSTALLED) $(MODEL)
 placement: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/placement -q -s
 
+# Load-driven autoscaling on its own one-node cluster: a queue brings a replica, idleness takes it.
+autoscale: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/autoscale -q -s
+
 # A pool's node killed, drained, replaced by the command provisioner, and back: its own cluster.
 recovery: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/recovery -q -s
@@ -104,11 +114,13 @@ stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # Sessions of their own after the shared app's: placement and recovery run three-node clusters,
+# autoscale a one-node cluster of its own,
 # rayup a `ray up` cluster, stop starts and stops whole apps with `serve run`.
 test: lint $(MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests -q --durations=25 --ignore=tests/placement --ignore=tests/stop \
-		--ignore=tests/recovery --ignore=tests/rayup
+		--ignore=tests/recovery --ignore=tests/rayup --ignore=tests/autoscale
 	$(VENV)/bin/pytest tests/placement -q -s
+	$(VENV)/bin/pytest tests/autoscale -q -s
 	$(VENV)/bin/pytest tests/recovery -q -s
 	$(VENV)/bin/pytest tests/rayup -q -s
 	$(VENV)/bin/pytest tests/stop -q -s
@@ -124,6 +136,7 @@ bench: $(INSTALLED) $(MODEL)
 	$(PY) -m bench.placement || status=1; \
 	$(PY) -m bench.recovery || status=1; \
 	$(PY) -m bench.chaos || status=1; \
+	$(PY) -m bench.capacity || status=1; \
 	exit $$status
 
 clean:

@@ -1,0 +1,63 @@
+"""`python -m cluster.capacity` on the real CPU engine: the demo model with a 3072-token cache.
+
+What must hold: the engine's KV cache is read (25 blocks of 128, one of them vLLM's null block),
+the measured KV bytes per token match the engine's own figure within 5% (and config.json's
+arithmetic), the largest context and concurrency are what that cache holds (3072 tokens; 3
+requests of 1024, since a fourth does not fit), the fragment takes 80% of each, and no engine
+process outlives the command.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).parents[2]
+CONFIG = Path(__file__).with_name("capacity.yaml")
+
+
+def engine_processes() -> list[str]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or ())
+        if "EngineCore" in line or "VLLM::" in line:
+            found.append(line)
+    return found
+
+
+def test_the_capacity_command_measures_the_engine_and_writes_a_fragment(tmp_path: Path) -> None:
+    before = engine_processes()
+    out = tmp_path / "fragment.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "cluster.capacity", "orchestrator", "--config", str(CONFIG),
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    report = done.stdout + done.stderr[-3000:]
+    assert done.returncode == 0, report
+    rows = dict(
+        (name.strip(), value.strip())
+        for name, value in (
+            line.split("  ", 1) for line in done.stdout.splitlines() if "  " in line
+        )
+    )
+    assert rows["KV cache"] == "25 blocks x 128, one held back: 3072 tokens", report
+    assert rows["KV bytes/token, engine's own"] == "23040", report
+    assert rows["KV bytes/token, from config.json"] == "23040", report
+    ratio = float(rows["KV bytes/token, measured"].split("(")[1].split(" x")[0])
+    assert abs(ratio - 1) <= 0.05, report
+    assert rows["largest context, no preemption"] == "3072", report
+    assert rows["largest concurrency at 1024 tokens"] == "3", report
+    fragment = yaml.safe_load(out.read_text())
+    [entry] = fragment["models"]
+    assert entry == {
+        "role": "orchestrator",
+        "context_window": 2457,  # 80% of 3072
+        "max_concurrency": 2,  # 80% of 3
+        "engine_kwargs": {"max_num_seqs": 2},
+    }
+    assert engine_processes() == before
