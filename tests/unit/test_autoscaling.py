@@ -17,12 +17,11 @@ from cluster.backends import llm_config_for
 from core.config import ConfigError, parse_config
 from core.topology import Backend
 from core.types import Role
-from deployments.router import Router, RouterPorts
+from deployments.router import Router
 from deployments.router.link import build_links
 from deployments.router.load_sync import LoadSync
 from deployments.router.metrics import REGISTRY
 from deployments.router.ports import BackendLoad
-from policy.context.tokens import CharEstimateCounter
 from policy.load_scaling import LoadReport
 from tests.unit.test_router_flow import (
     APP,
@@ -31,6 +30,7 @@ from tests.unit.test_router_flow import (
     FakeDeployments,
     collect,
     job,
+    make_router,
     ok,
 )
 
@@ -148,19 +148,9 @@ def test_without_autoscaling_the_policy_carries_out_placement_alone(
 
 
 def autoscaled_router(deployments: FakeDeployments, coding: FakeBackend) -> Router:
-    config = config_with(SCALING, cap=2)
+    """coding@local autoscaled at 2 slots a replica, one replica running."""
     backends = {"coding@local": coding, "orchestrator@local": FakeBackend(ok)}
-    for name, backend in backends.items():
-        backend.deployment = (APP, name)
-        deployments.set(backend, running=1)
-    ports = RouterPorts(
-        backends=backends,
-        deployments=deployments,
-        placement=None,
-        counters={t.counter_key: CharEstimateCounter() for t in config.targets.values()},
-        clock=FakeClock(),
-    )
-    return Router(config, ports, watch=False)
+    return make_router(config_with(SCALING, cap=2), backends, deployments=deployments)
 
 
 def test_an_autoscaled_backends_slots_follow_its_running_replicas() -> None:
