@@ -202,13 +202,6 @@ def policy_kwargs(model: ModelConfig) -> dict[str, Any]:
     scaling = model.autoscaling
     if scaling is None:
         return {}
-    load = LoadScalingPolicy(
-        min_replicas=scaling.min_replicas,
-        max_replicas=scaling.max_replicas,
-        per_replica_cap=model.per_replica_cap,
-        target_queue_per_replica=scaling.target_queue_per_replica,
-        kv_high=scaling.kv_high,
-        upscale_delay_s=scaling.upscale_delay_s,
-        downscale_delay_s=scaling.downscale_delay_s,
-    )
+    # The config's keys are the policy's fields; the cap per replica comes from the model.
+    load = LoadScalingPolicy(**scaling.model_dump(), per_replica_cap=model.per_replica_cap)
     return {"load": asdict(load)}
