@@ -37,6 +37,7 @@ import psutil
 import yaml
 from tqdm import tqdm
 
+from autoscale.vram import GpuReading, NvmlSource
 from cluster.model_files import read_geometry
 from core.config import ClusterConfig, ConfigError, ModelConfig, load_config
 from core.types import Role
@@ -233,14 +234,7 @@ def _engine_bytes_per_token(vllm_config: Any) -> int:
 
 def _memory_used(device: str) -> int:
     if device == "gpu":
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-        finally:
-            pynvml.nvmlShutdown()
+        return _first_gpu().used_bytes
     # The engine's own processes only: this one's heap moves with the probes, not the cache.
     total = 0
     for process in psutil.Process().children(recursive=True):
@@ -304,7 +298,7 @@ def measure(
     geometry = read_geometry(config.resolve_path(model.source))
     if not isinstance(geometry, ModelGeometry):
         raise ConfigError(f"{role.value}: {geometry}")
-    gpu_bytes = _gpu_total() if model.device == "gpu" else None
+    gpu_bytes = _first_gpu().total_bytes if model.device == "gpu" else None
     plan = plan_engine(model, geometry, gpu_bytes)
     ceiling = min(geometry.max_positions, max_context or geometry.max_positions)
     if plan.kv_tokens is not None:
@@ -372,14 +366,12 @@ def _other_block_count(facts: EngineFacts) -> int:
     return facts.blocks - apart if facts.blocks - apart >= 1 else facts.blocks + apart
 
 
-def _gpu_total() -> int:
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
-    finally:
-        pynvml.nvmlShutdown()
+def _first_gpu() -> GpuReading:
+    """The engine's GPU (device 0), read by the placement probes' own NVML reader."""
+    reading = NvmlSource().read()
+    if not reading.gpus:
+        raise ConfigError(f"a GPU model needs a GPU to measure on: {reading.error}")
+    return reading.gpus[0]
 
 
 def fragment(result: Measurement, margin: float) -> dict[str, Any]:
