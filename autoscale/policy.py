@@ -7,6 +7,11 @@ Ray's internal key-value store, GCS: zero means not here), and where the model h
 replicas report there once a second. Serve applies a policy's answer to that deployment alone,
 without touching `ray_actor_options`, so no other replica restarts. With nothing asked yet, a
 deployment keeps the count it has.
+
+A deployment at zero is parked by placement (asked 0, or nothing asked from the start) or
+asleep by load (`scale_to_zero_after_s`): the policy remembers which, and the routers learn it
+from the decision it publishes (`ScalingNews`, direction "sleep"), which also tells a
+restarted controller that the zero is its own.
 """
 
 from __future__ import annotations
@@ -152,6 +157,9 @@ class ReplicaPolicy:
         self._reports: list[LoadReport] = []
         self._read_at = float("-inf")
         self._decisions = 0
+        # At zero by our own decision (load's sleep), not placement's: None until the first read
+        # of the store, which recovers it after a controller restart.
+        self._asleep: bool | None = None
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         now = ctx.current_time if ctx.current_time is not None else time.time()
@@ -161,17 +169,20 @@ class ReplicaPolicy:
             self._read(app, deployment, now)
         current = int(ctx.target_num_replicas)
         asked = self._asked
+        asleep = bool(self._asleep) and current == 0
         # Placement alone; placed elsewhere; or parked since the start, before placement's
         # first word: placement's count (or the one it has), whatever the load.
-        if self._load is None or asked == 0 or (asked is None and current == 0):
+        if self._load is None or asked == 0 or (asked is None and current == 0 and not asleep):
             self._timers = ScalingTimers()
+            self._asleep = False
             return (asked if asked is not None else current), {}
-        if current == 0 and asked is not None:  # placement just brought the role here
+        if current == 0 and asked is not None and not asleep:  # placement brought the role
             return asked, {}
         load = sum_reports(self._reports, now, self._load.stale_after_s)
         starting = int(ctx.current_num_replicas) < current
         decision = decide_replicas(self._load, current, load, self._timers, now, starting)
         self._timers = decision.timers
+        self._asleep = decision.replicas == 0
         if decision.replicas != current:
             self._announce(app, deployment, current, decision)
         return decision.replicas, {}
@@ -183,6 +194,9 @@ class ReplicaPolicy:
             self._asked = asked_replicas(app, deployment)
             if self._load is not None:
                 self._reports = read_load(app, deployment, now)
+            if self._asleep is None and self._load is not None and self._load.sleeps:
+                news = read_scaled(app, deployment)
+                self._asleep = news is not None and news.direction == "sleep"
         except Exception as error:  # noqa: BLE001 - GCS busy or a malformed post: next second
             logger.warning("autoscaling %s: reading the store failed: %r", deployment, error)
 
@@ -202,6 +216,8 @@ def policy_kwargs(model: ModelConfig) -> dict[str, Any]:
     scaling = model.autoscaling
     if scaling is None:
         return {}
-    # The config's keys are the policy's fields; the cap per replica comes from the model.
-    load = LoadScalingPolicy(**scaling.model_dump(), per_replica_cap=model.per_replica_cap)
+    # The config's keys are the policy's fields (but for what the router alone does with a
+    # request for a backend asleep); the cap per replica comes from the model.
+    fields = scaling.model_dump(exclude={"when_asleep", "wake_timeout_s"})
+    load = LoadScalingPolicy(**fields, per_replica_cap=model.per_replica_cap)
     return {"load": asdict(load)}

@@ -39,8 +39,13 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         home = backend.pool == model.home_pool or not placement
         scaling = model.autoscaling
         options["autoscaling_config"] = {
-            # Zero: placement parks a role's backends on the pools it left.
-            "min_replicas": 0 if placement or scaling is None else scaling.min_replicas,
+            # Zero: placement parks a role's backends on the pools it left; load puts an idle
+            # one to sleep (scale_to_zero_after_s).
+            "min_replicas": (
+                0
+                if placement or scaling is None or scaling.scale_to_zero_after_s is not None
+                else scaling.min_replicas
+            ),
             "max_replicas": model.max_replicas,
             "initial_replicas": model.replicas if home else 0,
             # Serve's delays would hold a decision back; placement and load keep their own.

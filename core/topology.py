@@ -6,7 +6,7 @@ Derived from the config, never written by hand; `ClusterConfig` exposes these as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -15,7 +15,7 @@ from core.types import AUTO_MODEL, DEPLOYMENT_PREFIX, FALLBACK_BACKEND, Role
 
 if TYPE_CHECKING:
     from core.config.cluster import ClusterConfig
-    from core.config.sections import ToolsConfig
+    from core.config.sections import AutoscalingConfig, ToolsConfig
 
 __all__ = [
     "HEAD_NODE_RESOURCE",
@@ -64,6 +64,11 @@ class Target(Frozen):
     # `per_replica_cap` each instead of staying at `cap`.
     autoscaled: bool = False
     per_replica_cap: int = 0
+    # Load may put it to sleep at zero replicas (autoscaling.scale_to_zero_after_s); a request
+    # then waits up to `wake_timeout_s` for it to wake, or goes on down its chain.
+    sleeps: bool = False
+    wait_when_asleep: bool = True
+    wake_timeout_s: float = 0.0
     tokenizer: str = Field(description="Where its token counter loads from.")
     role: Role | None = Field(None, description="None for the fallback, which serves any role.")
     pool: str | None = None
@@ -148,6 +153,7 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         replicas=model.replicas,
         autoscaled=model.autoscaling is not None,
         per_replica_cap=model.per_replica_cap,
+        **_sleep_fields(model.autoscaling),
         tokenizer=resolve_path(config.base_dir, model.source),
         role=backend.role,
         pool=backend.pool,
@@ -155,6 +161,16 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         tools=model.tools is not None,
         chat_template=_template(config, model.tools),
     )
+
+
+def _sleep_fields(scaling: AutoscalingConfig | None) -> dict[str, Any]:
+    if scaling is None or scaling.scale_to_zero_after_s is None:
+        return {}
+    return {
+        "sleeps": True,
+        "wait_when_asleep": scaling.when_asleep == "wait",
+        "wake_timeout_s": scaling.wake_timeout_s,
+    }
 
 
 def _template(config: ClusterConfig, tools: ToolsConfig | None) -> str | None:

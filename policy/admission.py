@@ -51,8 +51,9 @@ class Arrival:
 
 
 def class_limits(cap: int, shares: Mapping[PriorityClass, float]) -> dict[PriorityClass, int]:
-    """Slots each class may fill: its share of the cap, at least one."""
-    return {c: max(1, math.floor(cap * shares.get(c, 1.0))) for c in CLASSES}
+    """Slots each class may fill: its share of the cap, at least one (none at a cap of zero: a
+    backend asleep, whose requests wait for it to wake)."""
+    return {c: max(min(cap, 1), math.floor(cap * shares.get(c, 1.0))) for c in CLASSES}
 
 
 @dataclass

@@ -44,7 +44,8 @@ class BackendGate:
     def queue(self) -> AdmissionQueue:
         return self._queue
 
-    async def acquire(self, priority: PriorityClass) -> None:
+    async def acquire(self, priority: PriorityClass, timeout_s: float | None = None) -> None:
+        """`timeout_s`: how long to wait for a slot, where not the policy's queue timeout."""
         ticket = next(self._tickets)
         arrival = self._queue.arrive(ticket, priority, self._clock())
         for earlier in arrival.granted:
@@ -59,7 +60,8 @@ class BackendGate:
         admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting[ticket] = admitted
         try:
-            await asyncio.wait_for(admitted, self._policy.queue_timeout_s)
+            limit = self._policy.queue_timeout_s if timeout_s is None else timeout_s
+            await asyncio.wait_for(admitted, limit)
         except TimeoutError:
             # A grant that raced the timeout found the future cancelled and passed the slot on.
             self._queue.leave(ticket)

@@ -1,8 +1,8 @@
 """What state a failover link is in, derived from what has been recorded about it (pure).
 
 The router records facts as they arrive: the last health reading, its only replica dying,
-placement parking it, its engine having no KV reading to give, the cluster manager declaring
-its pool down. Whether the link runs, awaits
+placement parking it, load putting it to sleep, its engine having no KV reading to give, the
+cluster manager declaring its pool down. Whether the link runs, awaits
 recovery or is worth a health check is computed from those facts, with its breaker and KV
 pressure, never stored beside them.
 """
@@ -39,6 +39,8 @@ class LinkFacts:
     health: Health | None = None  # the last reading; None until the first
     replica_died_at: float | None = None  # its only replica died, and nothing vouched since
     parked: bool = False  # at zero replicas on purpose, or draining on its way there
+    # At zero by load (idle past scale_to_zero_after_s), or waking from there: not a fault.
+    asleep: bool = False
     kv_observable: bool = True  # False once the engine said it has no KV reading to give
     pool_down: bool = False  # the cluster manager declared its pool unhealthy (nodes died)
 
@@ -52,6 +54,9 @@ class LinkFacts:
     def placed(self, parked: bool) -> LinkFacts:
         return replace(self, parked=parked)
 
+    def slept(self, asleep: bool) -> LinkFacts:
+        return replace(self, asleep=asleep)
+
     def kv_unobservable(self) -> LinkFacts:
         return replace(self, kv_observable=False)
 
@@ -64,6 +69,9 @@ class LinkStatus:
     running: bool  # not known to be down (a link is trusted until a reading says otherwise)
     awaiting_recovery: bool  # its only replica died: out until a probe passes
     parked: bool
+    asleep: bool
+    # Asleep, it takes requests that wait for it to wake (else they go down the chain).
+    waits_when_asleep: bool
     pool_down: bool
     breaker: BreakerState
     breaker_passes: bool
@@ -77,25 +85,33 @@ class LinkStatus:
 
     @property
     def troubled(self) -> bool:
-        """Down, recovering or tripped (and not parked, its pool not down): worth a health
-        check soon."""
-        return not self.parked and not self.pool_down and (not self.running or self.needs_probe)
+        """Down, recovering or tripped (and not parked or asleep, its pool not down): worth a
+        health check soon."""
+        if self.parked or self.asleep or self.pool_down:
+            return False
+        return not self.running or self.needs_probe
 
     @property
     def reads_kv(self) -> bool:
-        return self.kv_observable and self.running
+        return self.kv_observable and self.running and not self.asleep
 
     def view(self) -> LinkView:
+        # A parked link only drains; one on a dead pool takes nothing new; one asleep takes
+        # work that will wait for it to wake, where its model says so.
+        running = (self.waits_when_asleep and self.breaker_passes) if self.asleep else self.running
         return LinkView(
-            # A parked link only drains; one on a dead pool takes nothing new.
-            running=self.running and not self.parked and not self.pool_down,
+            running=running and not self.parked and not self.pool_down,
             breaker_passes=self.breaker_passes,
-            kv_pressured=self.kv_pressured,
+            kv_pressured=self.kv_pressured and not self.asleep,
         )
 
 
 def link_status(
-    facts: LinkFacts, breaker: CircuitBreaker, kv: KvPressure, now: float
+    facts: LinkFacts,
+    breaker: CircuitBreaker,
+    kv: KvPressure,
+    now: float,
+    waits_when_asleep: bool = True,
 ) -> LinkStatus:
     awaiting = facts.replica_died_at is not None
     return LinkStatus(
@@ -104,6 +120,8 @@ def link_status(
         running=not awaiting and facts.health is not Health.NO_REPLICA,
         awaiting_recovery=awaiting,
         parked=facts.parked,
+        asleep=facts.asleep,
+        waits_when_asleep=waits_when_asleep,
         pool_down=facts.pool_down,
         breaker=breaker.state,
         breaker_passes=breaker.can_pass(),

@@ -15,6 +15,11 @@ over the model's `replicas`), so
 A step restarts both timers, so the next step waits its full delay again. With no fresh report
 (no router running, or all silent past `stale_after_s`) nothing changes: a count is never
 decided on a guess.
+
+With `scale_to_zero_after_s`, a backend with nothing waiting and nothing running for that long
+goes to **zero** (asleep: its GPU given back), whatever its count; asleep, it **wakes** to
+`min_replicas` as soon as a router reports a request for it, without the upscale delay (the
+request is already waiting for it).
 """
 
 from __future__ import annotations
@@ -47,7 +52,12 @@ class LoadScalingPolicy:
     kv_high: float
     upscale_delay_s: float
     downscale_delay_s: float
+    scale_to_zero_after_s: float | None = None
     stale_after_s: float = 10.0
+
+    @property
+    def sleeps(self) -> bool:
+        return self.scale_to_zero_after_s is not None
 
 
 @dataclass(frozen=True)
@@ -78,10 +88,12 @@ def sum_reports(
 
 @dataclass(frozen=True)
 class ScalingTimers:
-    """Since when the load has asked, without a break, for more (up) or fewer (down)."""
+    """Since when the load has asked, without a break, for more (up) or fewer (down), and
+    since when nothing has waited or run (idle: counted across steps, for sleep)."""
 
     up_since: float | None = None
     down_since: float | None = None
+    idle_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,13 +116,49 @@ def decide_replicas(
     now: float,
     starting: bool = False,
 ) -> ScalingDecision:
-    """The count for the backend asked to run `current` replicas. `starting`: some of them are
-    not running yet; the queue they will take is not excess, so no step up until they run."""
+    """The count for the backend asked to run `current` replicas (zero: asleep, where the
+    policy sleeps). `starting`: some of them are not running yet; the queue they will take is
+    not excess, so no step up until they run."""
+    if current == 0 and policy.sleeps:
+        return _asleep(policy, load)
     bounded = min(max(current, policy.min_replicas), policy.max_replicas)
     if bounded != current:
         return ScalingDecision(bounded, ScalingTimers(), f"bounds: {current} -> {bounded}")
     if load is None:
         return ScalingDecision(current, ScalingTimers())
+    idle_since = _idle_since(load, timers, now)
+    if (
+        policy.scale_to_zero_after_s is not None
+        and idle_since is not None
+        and now - idle_since >= policy.scale_to_zero_after_s
+    ):
+        why = f"sleep: idle for {now - idle_since:.0f}s"
+        return ScalingDecision(0, ScalingTimers(), why)
+    decision = _by_load(policy, current, load, timers, now, starting)
+    return replace(decision, timers=replace(decision.timers, idle_since=idle_since))
+
+
+def _asleep(policy: LoadScalingPolicy, load: LoadReport | None) -> ScalingDecision:
+    """At zero: wake when a router holds a request for the backend, else stay asleep."""
+    if load is None or load.waiting == 0:
+        return ScalingDecision(0, ScalingTimers())
+    return ScalingDecision(policy.min_replicas, ScalingTimers(), f"wake: {load.waiting} waiting")
+
+
+def _idle_since(load: LoadReport, timers: ScalingTimers, now: float) -> float | None:
+    if load.waiting or load.running:
+        return None
+    return timers.idle_since if timers.idle_since is not None else now
+
+
+def _by_load(
+    policy: LoadScalingPolicy,
+    current: int,
+    load: LoadReport,
+    timers: ScalingTimers,
+    now: float,
+    starting: bool,
+) -> ScalingDecision:
     wanted_up = current if starting else _wanted_up(policy, current, load)
     if wanted_up > current:
         since = timers.up_since if timers.up_since is not None else now

@@ -97,6 +97,13 @@ class AutoscalingConfig(Frozen):
     kv_high: float = Field(0.85, gt=0, le=1)
     upscale_delay_s: float = Field(10.0, ge=0)
     downscale_delay_s: float = Field(120.0, ge=0)
+    # Idle this long (nothing waiting or running): zero replicas, the GPU given back. None:
+    # never below min_replicas.
+    scale_to_zero_after_s: float | None = Field(None, gt=0)
+    # A request for a backend at zero: "wait" in its queue while one replica starts (up to
+    # wake_timeout_s, then 503), or "next_link" of its chain (the replica still wakes).
+    when_asleep: Literal["wait", "next_link"] = "wait"
+    wake_timeout_s: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:

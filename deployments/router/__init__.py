@@ -66,7 +66,7 @@ class Router:
         source = ports.placement if watch else None
         self._placement = PlacementSync(config, self._links, source, clock)
         self._pools = PoolSync(self._links, ports.pools if watch else None, clock)
-        self._health = Watch(config.router, self._links, ports.deployments, clock)
+        self._health = Watch(config.router, self._links, ports.deployments, clock, ports.scaled)
         self._load = LoadSync(
             self._links, ports.load if watch else None, ports.deployments, ports.scaled, clock
         )
@@ -126,6 +126,11 @@ class Router:
     async def check_health_once(self) -> None:
         """Mark links without a running replica; probe troubled ones and close them if healthy."""
         await self._health.check_health_once()
+
+    async def follow_replicas(self) -> None:
+        """Autoscaled links' slots to their running replicas; asleep or awake by the policy's
+        decisions (the load loop does this every few seconds)."""
+        await self._load.follow_replicas()
 
     def held(self) -> dict[str, int]:
         """Jobs this replica holds per backend: being fitted, queued for a slot or in flight."""

@@ -116,8 +116,14 @@ class Flow:
         return chain
 
     def _choose(self, chain: tuple[str, ...], tried: list[str]) -> str | None:
-        views = {name: link.status().view() for name, link in self._links.items()}
-        return choose_link(chain, views, tried)
+        statuses = {name: link.status() for name, link in self._links.items()}
+        views = {name: status.view() for name, status in statuses.items()}
+        chosen = choose_link(chain, views, tried)
+        # Links asleep that the job went past (when_asleep: next_link) still hear of it.
+        for name in chain[: chain.index(chosen) if chosen in chain else len(chain)]:
+            if statuses[name].asleep and not statuses[name].parked and name not in tried:
+                self._links[name].passed_asleep += 1
+        return chosen
 
     async def _admit(self, link: Link, job: ChatJob) -> Fit | PromptFit | EmbedFit | Refusal:
         """The job fitted to `link` and holding one of its slots, or why not."""
@@ -152,11 +158,18 @@ class Flow:
     async def _slot(self, link: Link, job: ChatJob) -> Refusal | None:
         """Wait for a slot on `link`; a refusal when admission sheds the job."""
         waited_from = self._clock.monotonic()
+        # Asleep: the wait is for a replica to start, with the model's own timeout.
+        asleep = link.status().asleep
+        timeout_s = link.target.wake_timeout_s if asleep else None
         try:
-            await link.gate.acquire(job.priority)
+            await link.gate.acquire(job.priority, timeout_s)
         except Shed as shed:
             metrics.SHED.labels(job.priority.value, shed.reason).inc()
             name = link.target.name
+            if asleep and link.status().asleep and shed.reason.startswith("timed out"):
+                message = f"The backend {name} did not wake within {timeout_s:.0f}s; retry later."
+                retry = max(1, round(self._config.router.breaker_cooldown_s))
+                return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
             message = f"The backend {name} is overloaded ({shed.reason}); retry later."
             return Refusal(429, ErrorCode.OVERLOADED, message, shed.retry_after_s)
         finally:

@@ -18,7 +18,7 @@ from deployments.router import metrics
 from deployments.router.faults import REPLICA_GONE
 from deployments.router.ports import Backend
 from policy.admission import AdmissionQueue
-from policy.breaker import BreakerPolicy, CircuitBreaker, Transition
+from policy.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
 from policy.gate import BackendGate, GatePolicy
 from policy.kv_pressure import KvPolicy, KvPressure
 from policy.links import Health, LinkFacts, LinkStatus, link_status
@@ -57,18 +57,50 @@ class Link:
         finally:
             self.claims -= 1
 
+    # Requests that found the link asleep and went down the chain (when_asleep: next_link)
+    # since the last load post: posted as waiting, so the backend still wakes.
+    passed_asleep: int = 0
+
     def status(self) -> LinkStatus:
-        return link_status(self.facts, self.breaker, self.kv, self.clock())
+        return link_status(
+            self.facts, self.breaker, self.kv, self.clock(), self.target.wait_when_asleep
+        )
 
     def read(self, health: Health) -> None:
         self.facts = self.facts.read(health)
 
     def scaled(self, running: int) -> None:
-        """Serve's running replica count: an autoscaled backend's slots follow it."""
+        """Serve's running replica count: an autoscaled backend's slots follow it. Asleep, it
+        has none: requests wait in its queue until it wakes."""
         self.running_replicas = running
-        if self.target.autoscaled:
+        if self.facts.asleep:
+            self.gate.resize(0)
+        elif self.target.autoscaled:
             per_router = self.target.per_replica_cap * max(1, running) // self.shares
             self.gate.resize(max(1, per_router))
+
+    def sleep(self) -> None:
+        """Load put the backend at zero replicas: no fault, nothing to probe, no breaker to
+        open; requests wait for it to wake (or go on, per its model's `when_asleep`)."""
+        if self.facts.asleep or not self.target.sleeps:
+            return
+        self.facts = self.facts.slept(True)
+        self.kv.forget()
+        if self.breaker.state is not BreakerState.CLOSED:  # a health check saw it go first
+            self.breaker.reset("asleep by autoscaling")
+            self.count_transitions()
+        self.gate.resize(0)
+        logger.info("backend %s is asleep (idle)", self.target.name)
+
+    def wake(self, running: int) -> None:
+        """A replica runs again: its waiting requests go to it."""
+        self.facts = self.facts.slept(False).read(Health.RUNNING)
+        self.scaled(running)
+        logger.info("backend %s is awake (%d running)", self.target.name, running)
+
+    def take_passed_asleep(self) -> int:
+        passed, self.passed_asleep = self.passed_asleep, 0
+        return passed
 
     def park(self, parked: bool) -> None:
         self.facts = self.facts.placed(parked)

@@ -4,7 +4,9 @@ Once a second each router replica posts, for every autoscaled backend, the reque
 its queue, those in flight and the engine's last KV-cache usage (`LoadBoard`); the Serve
 autoscaling policy sums the replicas' posts and decides the count (autoscale/policy.py). Every
 few seconds the router reads Serve's running replica counts, so each autoscaled backend's
-slots follow its replicas (`per_replica_cap` each), and counts the policy's decisions.
+slots follow its replicas (`per_replica_cap` each), and counts the policy's decisions. A
+decision to sleep (zero replicas, idle) puts the backend's link to sleep, its first running
+replica wakes it; requests that went past it asleep are posted as waiting, so it wakes.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class LoadSync:
         with no post from any router the policy holds it."""
         return {
             link.target.deployment_name: BackendLoad(
-                waiting=link.gate.queue.depth,
+                waiting=link.gate.queue.depth + link.take_passed_asleep(),
                 running=link.gate.queue.in_flight,
                 kv_usage=link.kv.usage,
             )
@@ -82,18 +84,27 @@ class LoadSync:
         for name, link in self._links.items():
             facts = deployments.get(link.backend.deployment)
             running = facts.running_replicas if facts else 0
+            news = await asyncio.to_thread(self._read_news, link.target.deployment_name)
+            fresh = self.count(name, news)
+            slept = news is not None and news.direction == "sleep"
+            # A new decision to sleep, or an old one with nothing running (a router that
+            # starts while the backend sleeps); Serve may still count the replica it stops.
+            if slept and (fresh or not running):
+                link.sleep()
+            elif link.facts.asleep and running:
+                link.wake(running)
             link.scaled(running)
             metrics.BACKEND_REPLICAS.labels(name).set(running)
-            news = await asyncio.to_thread(self._read_news, link.target.deployment_name)
-            self.count(name, news)
 
-    def count(self, backend: str, news: ScalingNews | None) -> None:
+    def count(self, backend: str, news: ScalingNews | None) -> bool:
         """Count a decision made since this replica's first look (one it finds at its first
-        look may be old news: a restarted router does not count it again)."""
+        look may be old news: a restarted router does not count it again). True when new."""
         seq = news.seq if news is not None else None
         looked = backend in self._seen
-        if news is not None and looked and seq != self._seen[backend] and news.direction:
+        fresh = news is not None and looked and seq != self._seen[backend] and bool(news.direction)
+        if fresh and news is not None:
             # A restarted controller counts from 1 again: still one decision seen.
             metrics.AUTOSCALE_DECISIONS.labels(backend, news.direction).inc()
             logger.info("autoscaling %s: %d replicas (%s)", backend, news.replicas, news.reason)
         self._seen[backend] = seq
+        return fresh

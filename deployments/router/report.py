@@ -30,7 +30,8 @@ def status_report(
             continue  # not part of this app (benchmarks over bare replicas)
         facts = deployments.get(link.backend.deployment) if link else None
         backends[target.name] = backend_report(target, facts, link, now)
-    states = [b["state"] for b in backends.values() if b["state"] != "parked"]
+    # At zero on purpose (placement parked it, or load put it to sleep): not degraded.
+    states = [b["state"] for b in backends.values() if b["state"] not in {"parked", "asleep"}]
     return {
         "status": overall_status(states),
         "backends": backends,
@@ -72,6 +73,8 @@ def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, 
     breaker = link.breaker.state
     if link.facts.parked:  # at zero replicas on purpose, or on its way there
         state = "draining" if running else "parked"
+    elif link.facts.asleep:  # at zero by load; a request wakes it
+        state = "asleep"
     elif link.facts.pool_down:  # its pool's nodes died: no new work until it recovers
         state = "pool_down"
     elif state == "up" and breaker is not BreakerState.CLOSED:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from autoscale.policy import ScalingNews
 from core.config import RouterConfig
 from deployments.router import metrics
 from deployments.router.faults import describe
@@ -26,11 +27,13 @@ class Watch:
         links: Mapping[str, Link],
         deployments: DeploymentStatuses,
         clock: Clock,
+        read_news: Callable[[str], ScalingNews | None] = lambda deployment: None,
     ) -> None:
         self._settings = settings
         self._links = links
         self._deployments = deployments
         self._clock = clock
+        self._read_news = read_news
 
     async def health_loop(self) -> None:
         while True:
@@ -59,8 +62,11 @@ class Watch:
     async def _check_link(self, link: Link, facts: DeploymentFacts | None) -> None:
         link.scaled(facts.running_replicas if facts else 0)
         if facts is None or not facts.running_replicas:
+            if link.target.sleeps and not link.facts.asleep and await self._slept(link):
+                link.sleep()  # before the load loop heard: load's zero is not a fault
             link.read(Health.NO_REPLICA)
-            link.breaker.trip("no running replica")
+            if not link.facts.asleep:
+                link.breaker.trip("no running replica")
         elif not link.status().needs_probe:
             link.read(Health.RUNNING)
         elif await self._probe(link):
@@ -70,6 +76,14 @@ class Watch:
             # Serve may still count a dead replica as RUNNING: trust only a passed probe.
             link.read(Health.PROBE_FAILED)
         link.count_transitions()
+
+    async def _slept(self, link: Link) -> bool:
+        try:
+            news = await asyncio.to_thread(self._read_news, link.target.deployment_name)
+        except Exception as error:  # noqa: BLE001 - the store busy: judged as before
+            logger.info("reading %s's scaling failed: %s", link.target.name, describe(error))
+            return False
+        return news is not None and news.direction == "sleep"
 
     async def _probe(self, link: Link) -> bool:
         try:

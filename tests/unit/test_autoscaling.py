@@ -16,7 +16,8 @@ from autoscale.policy import ReplicaPolicy, ScalingNews, policy_kwargs
 from cluster.backends import llm_config_for
 from core.config import ConfigError, parse_config
 from core.topology import Backend
-from core.types import Role
+from core.types import FALLBACK_BACKEND, Role
+from core.wire import Refusal, Routed
 from deployments.router import Router
 from deployments.router.link import build_links
 from deployments.router.load_sync import LoadSync
@@ -32,6 +33,7 @@ from tests.unit.test_router_flow import (
     job,
     make_router,
     ok,
+    sample,
 )
 
 SCALING = {"min_replicas": 1, "max_replicas": 3, "upscale_delay_s": 0, "downscale_delay_s": 30}
@@ -102,6 +104,9 @@ class Store:
         monkeypatch.setattr(replica_policy, "read_load", lambda app, dep, now: list(self.reports))
         monkeypatch.setattr(
             replica_policy, "publish_scaled", lambda app, dep, news: self.news.append(news)
+        )
+        monkeypatch.setattr(
+            replica_policy, "read_scaled", lambda app, dep: self.news[-1] if self.news else None
         )
 
 
@@ -277,3 +282,163 @@ def test_parked_backends_are_not_posted_so_placement_keeps_their_count() -> None
     assert list(LoadSync(placed, Board(), deployments, no_news.get, FakeClock()).load()) == [
         config.targets["coding@local"].deployment_name
     ]
+
+
+SLEEPY = {**SCALING, "scale_to_zero_after_s": 60}
+
+
+def test_an_idle_backend_sleeps_and_a_waiting_request_wakes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    store.asked = 1  # placement put the role on this pool
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=100, waiting=0, running=0)]
+    assert policy(ctx(1, 100))[0] == 1
+    store.reports = [LoadReport(at=160, waiting=0, running=0)]
+    assert policy(ctx(1, 160))[0] == 0
+    # At zero by its own decision: not "placement just brought the role here" (asked is 1).
+    store.reports = [LoadReport(at=170, waiting=0, running=0)]
+    assert policy(ctx(0, 170))[0] == 0
+    store.reports = [LoadReport(at=171, waiting=2, running=0)]
+    assert policy(ctx(0, 171))[0] == 1
+    assert [n.direction for n in store.news] == ["sleep", "wake"]
+
+
+def test_a_restarted_controller_knows_the_zero_is_load_s_sleep_not_placement_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    store.news = [ScalingNews(4, 0, "sleep", "sleep: idle for 60s")]
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=10, waiting=0, running=0)]
+    assert policy(ctx(0, 10))[0] == 0  # no placement asked, no request: still asleep
+    store.reports = [LoadReport(at=11, waiting=1, running=0)]
+    assert policy(ctx(0, 11))[0] == 1
+
+
+def test_placement_moving_a_sleeping_role_away_parks_it_and_back_starts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    store.asked = 1
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=100, waiting=0, running=0)]
+    policy(ctx(1, 100))
+    store.reports = [LoadReport(at=160, waiting=0, running=0)]
+    assert policy(ctx(1, 160))[0] == 0
+    store.asked = 0
+    assert policy(ctx(0, 170))[0] == 0
+    store.asked = 2  # placement's count when it brings the role back
+    assert policy(ctx(0, 180))[0] == 2
+
+
+def test_a_scale_to_zero_backend_lets_serve_go_to_zero() -> None:
+    config = config_with(SLEEPY)
+    options = llm_config_for(config, Backend(role=Role.CODING, pool="local")).deployment_config
+    assert options["autoscaling_config"]["min_replicas"] == 0
+    assert options["autoscaling_config"]["initial_replicas"] == 1
+    load = options["autoscaling_config"]["policy"]["policy_kwargs"]["load"]
+    assert (load["min_replicas"], load["scale_to_zero_after_s"]) == (1, 60)
+    target = config.targets["coding@local"]
+    assert (target.sleeps, target.wait_when_asleep, target.wake_timeout_s) == (True, True, 300)
+
+
+class News:
+    """The policy's last decision per deployment, as the routers read it."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, ScalingNews] = {}
+
+    def say(self, deployment: str, direction: str, replicas: int) -> None:
+        seq = len(self.last) + 100 + (self.last[deployment].seq if deployment in self.last else 0)
+        self.last[deployment] = ScalingNews(seq, replicas, direction, f"{direction}: test")
+
+    def read(self, deployment: str) -> ScalingNews | None:
+        return self.last.get(deployment)
+
+
+def sleepy_router(
+    scaling: dict[str, Any], deployments: FakeDeployments, coding: FakeBackend, news: News
+) -> Router:
+    backends = {"coding@local": coding, "orchestrator@local": FakeBackend(ok)}
+    backends[FALLBACK_BACKEND] = FakeBackend(ok)
+    config = config_with(scaling, cap=2)
+    return make_router(config, backends, deployments=deployments, scaled=news.read)
+
+
+def put_to_sleep(
+    router: Router, deployments: FakeDeployments, coding: FakeBackend, news: News
+) -> str:
+    deployment = router.config.targets["coding@local"].deployment_name
+    asyncio.run(router.follow_replicas())  # the first look
+    news.say(deployment, "sleep", 0)
+    deployments.set(coding, running=0)
+    asyncio.run(router.follow_replicas())
+    return deployment
+
+
+def test_a_request_for_a_sleeping_backend_waits_for_it_to_wake() -> None:
+    deployments, coding, news = FakeDeployments(), FakeBackend(ok), News()
+    router = sleepy_router(SLEEPY, deployments, coding, news)
+    deployment = put_to_sleep(router, deployments, coding, news)
+    before = sample("gps_breaker_transitions_total", backend="coding@local", state="open")
+    asyncio.run(router.check_health_once())  # no replica: asleep, not a fault
+
+    async def wake_while_waiting() -> list[Any]:
+        waiting = asyncio.ensure_future(collect(router, job()))
+        await asyncio.sleep(0.05)
+        assert router.load()[deployment].waiting == 1  # posted: the policy wakes it
+        assert not waiting.done()
+        status = await router.status()
+        assert status["backends"]["coding@local"]["state"] == "asleep"
+        assert status["status"] == "ok"
+        deployments.set(coding, running=1)
+        await router.follow_replicas()
+        return await waiting
+
+    items = asyncio.run(wake_while_waiting())
+    assert isinstance(items[0], Routed)
+    assert items[0].backend == "coding@local"
+    assert coding.calls == 1
+    after = sample("gps_breaker_transitions_total", backend="coding@local", state="open")
+    assert after == before
+
+
+def test_a_backend_that_does_not_wake_in_time_answers_503() -> None:
+    deployments, coding, news = FakeDeployments(), FakeBackend(ok), News()
+    scaling = {**SLEEPY, "wake_timeout_s": 0.05}
+    router = sleepy_router(scaling, deployments, coding, news)
+    put_to_sleep(router, deployments, coding, news)
+    [refusal] = asyncio.run(collect(router, job()))
+    assert isinstance(refusal, Refusal)
+    assert refusal.status == 503
+    assert "did not wake within" in refusal.message
+
+
+def test_with_next_link_a_request_goes_on_down_the_chain_and_still_wakes_it() -> None:
+    deployments, coding, news = FakeDeployments(), FakeBackend(ok), News()
+    router = sleepy_router({**SLEEPY, "when_asleep": "next_link"}, deployments, coding, news)
+    deployment = put_to_sleep(router, deployments, coding, news)
+    routed = asyncio.run(collect(router, job()))[0]
+    assert isinstance(routed, Routed)
+    assert routed.backend == FALLBACK_BACKEND
+    assert router.load()[deployment].waiting == 1
+    assert router.load()[deployment].waiting == 0  # each passing request posted once
+    deployments.set(coding, running=1)
+    asyncio.run(router.follow_replicas())
+    routed = asyncio.run(collect(router, job()))[0]
+    assert isinstance(routed, Routed)
+    assert routed.backend == "coding@local"
+
+
+def test_a_health_check_that_finds_the_replica_gone_before_the_news_opens_no_breaker() -> None:
+    deployments, coding, news = FakeDeployments(), FakeBackend(ok), News()
+    router = sleepy_router(SLEEPY, deployments, coding, news)
+    deployment = router.config.targets["coding@local"].deployment_name
+    news.say(deployment, "sleep", 0)
+    deployments.set(coding, running=0)
+    asyncio.run(router.check_health_once())
+    status = asyncio.run(router.status())
+    assert status["backends"]["coding@local"]["state"] == "asleep"
+    assert status["backends"]["coding@local"]["breaker"] == "closed"

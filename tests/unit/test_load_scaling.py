@@ -105,3 +105,61 @@ def test_reports_sum_over_fresh_routers_and_take_the_highest_kv_usage() -> None:
     assert total is not None
     assert (total.waiting, total.running, total.kv_usage) == (4, 6, 0.7)
     assert sum_reports(reports, now=200, stale_after_s=10) is None
+
+
+SLEEPY = LoadScalingPolicy(
+    min_replicas=1,
+    max_replicas=4,
+    per_replica_cap=4,
+    target_queue_per_replica=2,
+    kv_high=0.85,
+    upscale_delay_s=10,
+    downscale_delay_s=60,
+    scale_to_zero_after_s=300,
+)
+
+
+def test_an_idle_backend_sleeps_at_zero_after_its_idle_time_and_not_before() -> None:
+    first = decide_replicas(SLEEPY, 1, load(0, 0), ScalingTimers(), now=100)
+    assert (first.replicas, first.timers.idle_since) == (1, 100)
+    early = decide_replicas(SLEEPY, 1, load(0, 0), first.timers, now=399)
+    assert early.replicas == 1
+    due = decide_replicas(SLEEPY, 1, load(0, 0), early.timers, now=400)
+    assert (due.replicas, due.direction) == (0, "sleep")
+    assert "idle for 300s" in due.reason
+
+
+def test_one_request_restarts_the_idle_time() -> None:
+    idle = decide_replicas(SLEEPY, 1, load(0, 0), ScalingTimers(), now=100)
+    busy = decide_replicas(SLEEPY, 1, load(0, 1), idle.timers, now=350)
+    assert busy.timers.idle_since is None
+    again = decide_replicas(SLEEPY, 1, load(0, 0), busy.timers, now=360)
+    late = decide_replicas(SLEEPY, 1, load(0, 0), again.timers, now=659)
+    assert late.replicas == 1  # 299 s since the last request, not 559
+
+
+def test_idle_time_runs_on_through_steps_down_and_sleeps_from_any_count() -> None:
+    timers = ScalingTimers()
+    replicas = 3
+    for now in range(0, 301, 10):
+        decision = decide_replicas(SLEEPY, replicas, load(0, 0), timers, now=now)
+        replicas, timers = decision.replicas, decision.timers
+    # Down a step each 60 s, then asleep at 300 s of idleness, not 300 s after the last step.
+    assert replicas == 0
+
+
+def test_asleep_it_stays_at_zero_until_a_request_waits_then_wakes_at_once() -> None:
+    quiet = decide_replicas(SLEEPY, 0, load(0, 0), ScalingTimers(), now=100)
+    assert quiet.replicas == 0  # not bounded up to min_replicas
+    assert decide_replicas(SLEEPY, 0, None, ScalingTimers(), now=100).replicas == 0
+    woken = decide_replicas(SLEEPY, 0, load(1, 0), ScalingTimers(), now=101)
+    # No upscale delay: the request is already waiting for it.
+    assert (woken.replicas, woken.direction) == (1, "wake")
+    assert woken.reason == "wake: 1 waiting"
+
+
+def test_without_scale_to_zero_zero_is_bounded_up_and_idleness_changes_nothing() -> None:
+    assert decide_replicas(POLICY, 0, load(0, 0), ScalingTimers(), now=0).replicas == 1
+    decision = decide_replicas(POLICY, 1, load(0, 0), ScalingTimers(), now=0)
+    late = decide_replicas(POLICY, 1, load(0, 0), decision.timers, now=100_000)
+    assert late.replicas == 1

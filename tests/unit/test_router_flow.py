@@ -24,6 +24,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 
 from autoscale.broadcast import PlacementView
+from autoscale.policy import ScalingNews
 from core.config import ClusterConfig, parse_config
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Refusal, Routed
@@ -164,6 +165,7 @@ def make_router(
     placement: FakePlacement | None = None,
     clock: FakeClock | None = None,
     counters: Mapping[str, Any] | None = None,
+    scaled: Callable[[str], ScalingNews | None] | None = None,
 ) -> Router:
     deployments = deployments or FakeDeployments()
     for name, backend in backends.items():
@@ -176,6 +178,7 @@ def make_router(
         counters={t.counter_key: CharEstimateCounter() for t in config.targets.values()}
         | dict(counters or {}),
         clock=clock or FakeClock(),
+        scaled=scaled or (lambda _deployment: None),
     )
     return Router(config, ports, watch=watch)
 
