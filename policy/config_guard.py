@@ -4,7 +4,8 @@ warned about, each with its arithmetic and the key to change.
 Refused: a window above what the model was built for, `gpu_memory_utilization` above 0.95 (the
 rest of the GPU is CUDA's context and other processes'), weights that do not fit the memory the
 engine may use, a KV cache that cannot hold one sequence of the window (vLLM refuses to start),
-a checkpoint quantization the weights are not in. Warned: a router cap that lets more
+a checkpoint quantization the weights are not in, a CPU engine's block size its attention cannot
+take. Warned: a router cap that lets more
 full-window sequences run than the KV cache holds (vLLM then preempts and recomputes), a cap
 above `max_num_seqs` (the rest would queue inside the engine, out of our priority order), prefix
 caching where prompts share nothing.
@@ -32,6 +33,8 @@ from policy.engine_memory import (
 __all__ = ["MAX_GPU_UTILIZATION", "Finding", "guard_config", "guard_model"]
 
 MAX_GPU_UTILIZATION = 0.95
+# vLLM's CPU attention backend takes KV blocks of a multiple of this many tokens.
+CPU_BLOCK_MULTIPLE = 32
 KV_DTYPES = frozenset({"auto", *(d for d, size in DTYPE_BYTES.items() if size <= 2)})
 
 
@@ -102,6 +105,18 @@ def _without_geometry(i: int, model: ModelConfig) -> list[Finding]:
                 f"{utilization} leaves less than {1 - MAX_GPU_UTILIZATION:.0%} of the GPU for "
                 f"CUDA's context, NCCL and other processes; the engine dies with out-of-memory "
                 f"errors under load. Use {MAX_GPU_UTILIZATION} or less",
+            )
+        )
+    block_size = kwargs.get("block_size")
+    if model.device == "cpu" and block_size is not None and int(block_size) % CPU_BLOCK_MULTIPLE:
+        fixed = max(1, int(block_size) // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
+        findings.append(
+            Finding(
+                "refuse",
+                f"{at}.block_size",
+                f"{block_size} is not a multiple of {CPU_BLOCK_MULTIPLE}, the block size vLLM's "
+                f"CPU attention takes (its engine fails to start: 'No common block size'); use "
+                f"{fixed}",
             )
         )
     kv_dtype = str(kwargs.get("kv_cache_dtype", "auto"))

@@ -164,6 +164,16 @@ def test_gpu_memory_utilization_above_095_is_refused(tmp_path: Path, demo: Path)
     assert "0.95 or less" in refused.message
 
 
+def test_a_cpu_block_size_its_attention_cannot_take_is_refused(tmp_path: Path, demo: Path) -> None:
+    kwargs = {"dtype": "bfloat16", "block_size": 16}
+    [refused] = only(findings(tmp_path, cpu_model(engine_kwargs=kwargs)), "refuse")
+    assert refused.where == "models[0].engine_kwargs.block_size"
+    assert "not a multiple of 32" in refused.message
+    assert refused.message.endswith("use 32")
+    kwargs = {"dtype": "bfloat16", "block_size": 64}
+    assert only(findings(tmp_path, cpu_model(engine_kwargs=kwargs)), "refuse") == []
+
+
 def test_weights_larger_than_the_gpu_share_are_refused_and_fp8_makes_them_fit(
     tmp_path: Path,
 ) -> None:
