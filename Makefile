@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit integration e2e chaos placement autoscale recovery rayup stop lint format bench capacity clean
+.PHONY: install model run test unit integration e2e chaos placement autoscale monitoring recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -94,9 +94,15 @@ e2e: $(INSTALLED) $(MODEL)
 placement: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/placement -q -s
 
-# Load-driven autoscaling on its own one-node cluster: a queue brings a replica, idleness takes it.
+# Load-driven autoscaling on its own one-node cluster: a queue brings a replica, idleness takes it,
+# longer idleness puts the backend to sleep and a request wakes it.
 autoscale: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/autoscale -q -s
+
+# A real Prometheus with the shipped config and rules, scraping an app whose KV cache is held
+# full: the KV alert must fire, then clear.
+monitoring: $(INSTALLED) $(MODEL) $(PROMTOOL)
+	$(VENV)/bin/pytest tests/monitoring -q -s
 
 # A pool's node killed, drained, replaced by the command provisioner, and back: its own cluster.
 recovery: $(INSTALLED) $(MODEL)
@@ -114,13 +120,15 @@ stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # Sessions of their own after the shared app's: placement and recovery run three-node clusters,
-# autoscale a one-node cluster of its own,
+# autoscale and monitoring one-node clusters of their own,
 # rayup a `ray up` cluster, stop starts and stops whole apps with `serve run`.
 test: lint $(MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests -q --durations=25 --ignore=tests/placement --ignore=tests/stop \
-		--ignore=tests/recovery --ignore=tests/rayup --ignore=tests/autoscale
+		--ignore=tests/recovery --ignore=tests/rayup --ignore=tests/autoscale \
+		--ignore=tests/monitoring
 	$(VENV)/bin/pytest tests/placement -q -s
 	$(VENV)/bin/pytest tests/autoscale -q -s
+	$(VENV)/bin/pytest tests/monitoring -q -s
 	$(VENV)/bin/pytest tests/recovery -q -s
 	$(VENV)/bin/pytest tests/rayup -q -s
 	$(VENV)/bin/pytest tests/stop -q -s
@@ -137,6 +145,7 @@ bench: $(INSTALLED) $(MODEL)
 	$(PY) -m bench.recovery || status=1; \
 	$(PY) -m bench.chaos || status=1; \
 	$(PY) -m bench.capacity || status=1; \
+	$(PY) -m bench.autoscale || status=1; \
 	exit $$status
 
 clean:

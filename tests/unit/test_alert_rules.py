@@ -33,7 +33,7 @@ CASES = [
         "45s",
         "2m",
         {"backend": "coding@local", "severity": "warning"},
-        "KV cache of coding@local above 88% for a minute (90%)",
+        "KV cache of coding@local averaged above 88% for the last minute (90%)",
     ),
     Case(
         "GpsQueueWaitHigh",
