@@ -140,3 +140,31 @@ def test_a_real_vram_drop_decides_an_offload_and_recovery_a_restore(
     assert calm.moves == ()
     assert (move.kind, move.source, move.target) == ("offload", "local", "cloud")
     assert [(m.kind, m.target) for m in back.moves] == [("restore", "local")]
+
+
+def test_the_capacity_commands_gpu_memory_follows_a_real_allocation(
+    holder: list[subprocess.Popen[str]],
+) -> None:
+    """`python -m cluster.capacity` measures a GPU engine's bytes per token from the GPU memory
+    two engines take (`_memory_used("gpu")`, NVML's used bytes): it must see another process's
+    allocation at its size, and the GPU's total must be the one CUDA reports."""
+    from cluster.capacity import _first_gpu, _memory_used
+
+    before = _memory_used("gpu")
+    holder.append(hold(8))
+    during = _memory_used("gpu")
+    holder[0].kill()
+    holder[0].wait()
+    time.sleep(1)
+    after = _memory_used("gpu")
+    total = _first_gpu().total_bytes
+    cuda_total = torch.cuda.mem_get_info()[1]
+    print(
+        f"\ncapacity's GPU reading: used {before / GIB:.2f} GiB before, {during / GIB:.2f} "
+        f"while another process held 8 GiB, {after / GIB:.2f} after; total {total / GIB:.2f} "
+        f"GiB by NVML, {cuda_total / GIB:.2f} by CUDA"
+    )
+    # The holder's 8 GiB and its own CUDA context (about half a GiB).
+    assert 8 * GIB <= during - before <= 9 * GIB
+    assert after - before < GIB
+    assert abs(total - cuda_total) <= 0.01 * cuda_total
