@@ -174,7 +174,7 @@ class ReplicaPolicy:
         # first word: placement's count (or the one it has), whatever the load.
         if self._load is None or asked == 0 or (asked is None and current == 0 and not asleep):
             self._timers = ScalingTimers()
-            self._asleep = False
+            self._placed(app, deployment, asked if asked is not None else current)
             return (asked if asked is not None else current), {}
         if current == 0 and asked is not None and not asleep:  # placement brought the role
             return asked, {}
@@ -200,10 +200,21 @@ class ReplicaPolicy:
         except Exception as error:  # noqa: BLE001 - GCS busy or a malformed post: next second
             logger.warning("autoscaling %s: reading the store failed: %r", deployment, error)
 
+    def _placed(self, app: str, deployment: str, replicas: int) -> None:
+        """Placement's count rules now: a sleep of ours is over, and the routers (and a
+        restarted controller) must not take the last published sleep for the state of things."""
+        if self._asleep:
+            reason = f"placed: {replicas} asked by placement"
+            self._publish(app, deployment, ScalingDecision(replicas, ScalingTimers(), reason))
+        self._asleep = False
+
     def _announce(self, app: str, deployment: str, current: int, decision: ScalingDecision) -> None:
-        self._decisions += 1
         logger.info("autoscaling %s: %d -> %d (%s)", deployment, current,
                     decision.replicas, decision.reason)  # fmt: skip
+        self._publish(app, deployment, decision)
+
+    def _publish(self, app: str, deployment: str, decision: ScalingDecision) -> None:
+        self._decisions += 1
         news = ScalingNews(self._decisions, decision.replicas, decision.direction, decision.reason)
         try:
             publish_scaled(app, deployment, news)

@@ -18,8 +18,10 @@ decided on a guess.
 
 With `scale_to_zero_after_s`, a backend with nothing waiting and nothing running for that long
 goes to **zero** (asleep: its GPU given back), whatever its count; asleep, it **wakes** to
-`min_replicas` as soon as a router reports a request for it, without the upscale delay (the
-request is already waiting for it).
+`min_replicas` as soon as a router reports a request for it (waiting, or already sent in the
+moment before the router heard of the sleep), without the upscale delay (the request is already
+waiting for it). Idleness is not counted while replicas start: a woken backend whose requests
+went elsewhere meanwhile is not put back to sleep before its replica has run.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def decide_replicas(
         return ScalingDecision(bounded, ScalingTimers(), f"bounds: {current} -> {bounded}")
     if load is None:
         return ScalingDecision(current, ScalingTimers())
-    idle_since = _idle_since(load, timers, now)
+    idle_since = None if starting else _idle_since(load, timers, now)
     if (
         policy.scale_to_zero_after_s is not None
         and idle_since is not None
@@ -140,9 +142,10 @@ def decide_replicas(
 
 def _asleep(policy: LoadScalingPolicy, load: LoadReport | None) -> ScalingDecision:
     """At zero: wake when a router holds a request for the backend, else stay asleep."""
-    if load is None or load.waiting == 0:
+    if load is None or not (load.waiting or load.running):
         return ScalingDecision(0, ScalingTimers())
-    return ScalingDecision(policy.min_replicas, ScalingTimers(), f"wake: {load.waiting} waiting")
+    why = f"wake: {load.waiting} waiting" + (f", {load.running} sent" if load.running else "")
+    return ScalingDecision(policy.min_replicas, ScalingTimers(), why)
 
 
 def _idle_since(load: LoadReport, timers: ScalingTimers, now: float) -> float | None:

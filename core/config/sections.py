@@ -99,7 +99,7 @@ class AutoscalingConfig(Frozen):
     downscale_delay_s: float = Field(120.0, ge=0)
     # Idle this long (nothing waiting or running): zero replicas, the GPU given back. None:
     # never below min_replicas.
-    scale_to_zero_after_s: float | None = Field(None, gt=0)
+    scale_to_zero_after_s: float | None = Field(None, ge=10)  # routers' posts stay fresh 10 s
     # A request for a backend at zero: "wait" in its queue while one replica starts (up to
     # wake_timeout_s, then 503), or "next_link" of its chain (the replica still wakes).
     when_asleep: Literal["wait", "next_link"] = "wait"
@@ -110,6 +110,12 @@ class AutoscalingConfig(Frozen):
         if self.min_replicas > self.max_replicas:
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
+        asleep_keys = self.model_fields_set & {"when_asleep", "wake_timeout_s"}
+        if asleep_keys and self.scale_to_zero_after_s is None:
+            raise ValueError(
+                f"{' and '.join(sorted(asleep_keys))} apply to a backend asleep at zero: set "
+                "scale_to_zero_after_s too"
             )
         return self
 

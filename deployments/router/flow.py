@@ -70,8 +70,9 @@ class Flow:
         original = job.request
         continuing: Continuing | None = None  # a stream whose link failed after its first token
         without_fim: dict[str, Refusal] = {}  # links whose model cannot fill in the middle
+        passed: set[str] = set()  # links asleep this job went past (counted once each)
         while True:
-            name = self._choose(chain, tried)
+            name = self._choose(chain, tried, passed)
             if name is None:
                 yield self._nowhere(job.role, tried, without_fim)
                 return
@@ -115,13 +116,14 @@ class Flow:
             chain = tuple(name for name in chain if links[name].target.tools)
         return chain
 
-    def _choose(self, chain: tuple[str, ...], tried: list[str]) -> str | None:
+    def _choose(self, chain: tuple[str, ...], tried: list[str], passed: set[str]) -> str | None:
         statuses = {name: link.status() for name, link in self._links.items()}
         views = {name: status.view() for name, status in statuses.items()}
         chosen = choose_link(chain, views, tried)
-        # Links asleep that the job went past (when_asleep: next_link) still hear of it.
+        # Links asleep that the job went past (when_asleep: next_link) still hear of it, once.
         for name in chain[: chain.index(chosen) if chosen in chain else len(chain)]:
-            if statuses[name].asleep and not statuses[name].parked and name not in tried:
+            if statuses[name].asleep and not statuses[name].parked and name not in passed:
+                passed.add(name)
                 self._links[name].passed_asleep += 1
         return chosen
 

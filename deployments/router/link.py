@@ -58,7 +58,8 @@ class Link:
             self.claims -= 1
 
     # Requests that found the link asleep and went down the chain (when_asleep: next_link)
-    # since the last load post: posted as waiting, so the backend still wakes.
+    # since it fell asleep: posted as waiting until it wakes, so one lost post or a policy read
+    # between two posts cannot leave it asleep.
     passed_asleep: int = 0
 
     def status(self) -> LinkStatus:
@@ -85,6 +86,7 @@ class Link:
         if self.facts.asleep or not self.target.sleeps:
             return
         self.facts = self.facts.slept(True)
+        self.passed_asleep = 0
         self.kv.forget()
         if self.breaker.state is not BreakerState.CLOSED:  # a health check saw it go first
             self.breaker.reset("asleep by autoscaling")
@@ -95,15 +97,14 @@ class Link:
     def wake(self, running: int) -> None:
         """A replica runs again: its waiting requests go to it."""
         self.facts = self.facts.slept(False).read(Health.RUNNING)
+        self.passed_asleep = 0
         self.scaled(running)
         logger.info("backend %s is awake (%d running)", self.target.name, running)
 
-    def take_passed_asleep(self) -> int:
-        passed, self.passed_asleep = self.passed_asleep, 0
-        return passed
-
     def park(self, parked: bool) -> None:
         self.facts = self.facts.placed(parked)
+        if parked:  # placement's zero: requests that passed it asleep are not its to wake for
+            self.passed_asleep = 0
 
     def on_pool(self, down: bool) -> None:
         self.facts = self.facts.on_pool(down)
@@ -124,6 +125,8 @@ class Link:
 
     def record_verdict(self, verdict: bool | None) -> None:
         """True: served; False: a backend fault; None: no verdict (client gone, 4xx)."""
+        if verdict is False and self.facts.asleep:
+            verdict = None  # sent in the moment before the router heard of the sleep: no fault
         if verdict is True:
             self.breaker.record_success()
         elif verdict is False:
@@ -136,6 +139,8 @@ class Link:
     def note_fault(self, error: BaseException) -> None:
         """A backend whose only replica died takes no work until Serve has replaced it: without
         this, requests would wait on Serve's handle for a replica that is not there yet."""
+        if self.facts.asleep:
+            return  # at zero on purpose: nothing died
         replicas = self.target.replicas
         if self.target.autoscaled and self.running_replicas:
             replicas = self.running_replicas

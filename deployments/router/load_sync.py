@@ -54,7 +54,7 @@ class LoadSync:
         with no post from any router the policy holds it."""
         return {
             link.target.deployment_name: BackendLoad(
-                waiting=link.gate.queue.depth + link.take_passed_asleep(),
+                waiting=link.gate.queue.depth + link.passed_asleep,
                 running=link.gate.queue.in_flight,
                 kv_usage=link.kv.usage,
             )

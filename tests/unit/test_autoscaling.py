@@ -424,9 +424,13 @@ def test_with_next_link_a_request_goes_on_down_the_chain_and_still_wakes_it() ->
     assert isinstance(routed, Routed)
     assert routed.backend == FALLBACK_BACKEND
     assert router.load()[deployment].waiting == 1
-    assert router.load()[deployment].waiting == 0  # each passing request posted once
+    # Posted until it wakes (one lost post must not leave it asleep); each request once.
+    assert router.load()[deployment].waiting == 1
+    asyncio.run(collect(router, job()))
+    assert router.load()[deployment].waiting == 2
     deployments.set(coding, running=1)
     asyncio.run(router.follow_replicas())
+    assert router.load()[deployment].waiting == 0
     routed = asyncio.run(collect(router, job()))[0]
     assert isinstance(routed, Routed)
     assert routed.backend == "coding@local"
@@ -442,3 +446,38 @@ def test_a_health_check_that_finds_the_replica_gone_before_the_news_opens_no_bre
     status = asyncio.run(router.status())
     assert status["backends"]["coding@local"]["state"] == "asleep"
     assert status["backends"]["coding@local"]["breaker"] == "closed"
+
+
+def test_placement_taking_over_a_sleeping_backend_says_so_to_the_routers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    store.asked = 1
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=100, waiting=0, running=0)]
+    policy(ctx(1, 100))
+    store.reports = [LoadReport(at=160, waiting=0, running=0)]
+    assert policy(ctx(1, 160))[0] == 0
+    store.asked = 0  # moved away while asleep: the sleep is over, the routers must hear it
+    assert policy(ctx(0, 170))[0] == 0
+    assert [n.direction for n in store.news] == ["sleep", "placed"]
+    assert policy(ctx(0, 171))[0] == 0
+    assert len(store.news) == 2  # once
+
+
+def test_a_failure_of_a_request_sent_just_before_the_sleep_opens_no_breaker() -> None:
+    config = config_with(SLEEPY)
+    backends = {"coding@local": FakeBackend(ok), "orchestrator@local": FakeBackend(ok)}
+    links = build_links(config, backends, {}, FakeClock().monotonic)
+    coding = links["coding@local"]
+    coding.sleep()
+    for _ in range(5):
+        coding.record_verdict(False)
+    assert coding.breaker.state.value == "closed"
+
+
+def test_waking_keys_apply_only_with_scale_to_zero() -> None:
+    with pytest.raises(ConfigError, match="when_asleep apply to a backend asleep at zero"):
+        config_with({**SCALING, "when_asleep": "next_link"})
+    with pytest.raises(ConfigError, match="greater than or equal to 10"):
+        config_with({**SCALING, "scale_to_zero_after_s": 5})

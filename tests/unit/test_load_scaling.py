@@ -141,11 +141,30 @@ def test_one_request_restarts_the_idle_time() -> None:
 def test_idle_time_runs_on_through_steps_down_and_sleeps_from_any_count() -> None:
     timers = ScalingTimers()
     replicas = 3
+    steps = []
     for now in range(0, 301, 10):
         decision = decide_replicas(SLEEPY, replicas, load(0, 0), timers, now=now)
+        if decision.direction:
+            steps.append((now, decision.direction, decision.replicas))
         replicas, timers = decision.replicas, decision.timers
     # Down a step each 60 s, then asleep at 300 s of idleness, not 300 s after the last step.
-    assert replicas == 0
+    assert steps == [(60, "down", 2), (130, "down", 1), (300, "sleep", 0)]
+
+
+def test_a_request_sent_just_before_the_sleep_wakes_it_too() -> None:
+    woken = decide_replicas(SLEEPY, 0, load(0, 1), ScalingTimers(), now=100)
+    assert (woken.replicas, woken.direction) == (1, "wake")
+    assert woken.reason == "wake: 0 waiting, 1 sent"
+
+
+def test_idleness_is_not_counted_while_a_replica_starts() -> None:
+    # Woken, its request went elsewhere (next_link) or timed out: nothing waits, nothing runs.
+    starting = decide_replicas(SLEEPY, 1, load(0, 0), ScalingTimers(), now=100, starting=True)
+    assert starting.timers.idle_since is None
+    late = decide_replicas(SLEEPY, 1, load(0, 0), starting.timers, now=1000, starting=True)
+    assert late.replicas == 1
+    running = decide_replicas(SLEEPY, 1, load(0, 0), late.timers, now=1001)
+    assert running.timers.idle_since == 1001  # counted from when it runs
 
 
 def test_asleep_it_stays_at_zero_until_a_request_waits_then_wakes_at_once() -> None:
