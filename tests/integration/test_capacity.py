@@ -38,6 +38,7 @@ def test_the_capacity_command_measures_the_engine_and_writes_a_fragment(tmp_path
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     report = done.stdout + done.stderr[-3000:]
+    print(done.stdout)
     assert done.returncode == 0, report
     rows = dict(
         (name.strip(), value.strip())
