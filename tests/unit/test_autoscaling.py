@@ -165,13 +165,18 @@ def test_an_autoscaled_backends_slots_follow_its_running_replicas() -> None:
     async def six() -> None:
         await asyncio.gather(*(collect(router, job()) for _ in range(6)))
 
-    asyncio.run(six())
-    assert coding.max_running == 2  # one replica: its 2 slots
-    deployments.set(coding, running=3)
-    asyncio.run(router.check_health_once())
-    coding.max_running = 0
-    asyncio.run(six())
-    assert coding.max_running == 6  # three replicas of 2
+    # One event loop for the whole test, as in a replica: the router's asyncio objects (a
+    # link's pool-lost event) belong to the loop that first waited on them.
+    async def both() -> tuple[int, int]:
+        await six()
+        one = coding.max_running
+        deployments.set(coding, running=3)
+        await router.check_health_once()
+        coding.max_running = 0
+        await six()
+        return one, coding.max_running
+
+    assert asyncio.run(both()) == (2, 6)  # one replica: its 2 slots; three replicas of 2
 
 
 class Board:
@@ -420,20 +425,24 @@ def test_with_next_link_a_request_goes_on_down_the_chain_and_still_wakes_it() ->
     deployments, coding, news = FakeDeployments(), FakeBackend(ok), News()
     router = sleepy_router({**SLEEPY, "when_asleep": "next_link"}, deployments, coding, news)
     deployment = put_to_sleep(router, deployments, coding, news)
-    routed = asyncio.run(collect(router, job()))[0]
-    assert isinstance(routed, Routed)
-    assert routed.backend == FALLBACK_BACKEND
-    assert router.load()[deployment].waiting == 1
-    # Posted until it wakes (one lost post must not leave it asleep); each request once.
-    assert router.load()[deployment].waiting == 1
-    asyncio.run(collect(router, job()))
-    assert router.load()[deployment].waiting == 2
-    deployments.set(coding, running=1)
-    asyncio.run(router.follow_replicas())
-    assert router.load()[deployment].waiting == 0
-    routed = asyncio.run(collect(router, job()))[0]
-    assert isinstance(routed, Routed)
-    assert routed.backend == "coding@local"
+
+    async def asleep_then_awake() -> tuple[list[Any], list[int], list[Any]]:  # one loop
+        first = await collect(router, job())
+        # Posted until it wakes (one lost post must not leave it asleep); each request once.
+        waiting = [router.load()[deployment].waiting, router.load()[deployment].waiting]
+        await collect(router, job())
+        waiting.append(router.load()[deployment].waiting)
+        deployments.set(coding, running=1)
+        await router.follow_replicas()
+        waiting.append(router.load()[deployment].waiting)
+        return first, waiting, await collect(router, job())
+
+    first, waiting, after = asyncio.run(asleep_then_awake())
+    assert isinstance(first[0], Routed)
+    assert first[0].backend == FALLBACK_BACKEND
+    assert waiting == [1, 1, 2, 0]
+    assert isinstance(after[0], Routed)
+    assert after[0].backend == "coding@local"
 
 
 def test_a_health_check_that_finds_the_replica_gone_before_the_news_opens_no_breaker() -> None:
