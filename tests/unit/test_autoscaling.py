@@ -310,6 +310,17 @@ def test_an_idle_backend_sleeps_and_a_waiting_request_wakes_it(
     assert [n.direction for n in store.news] == ["sleep", "wake"]
 
 
+def asleep_policy(store: Store) -> ReplicaPolicy:
+    """A policy that has put coding@local to sleep (placement asked 1; idle 60 s)."""
+    store.asked = 1
+    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=100, waiting=0, running=0)]
+    policy(ctx(1, 100))
+    store.reports = [LoadReport(at=160, waiting=0, running=0)]
+    assert policy(ctx(1, 160))[0] == 0
+    return policy
+
+
 def test_a_restarted_controller_knows_the_zero_is_load_s_sleep_not_placement_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -326,12 +337,7 @@ def test_placement_moving_a_sleeping_role_away_parks_it_and_back_starts_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = Store(monkeypatch)
-    store.asked = 1
-    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
-    store.reports = [LoadReport(at=100, waiting=0, running=0)]
-    policy(ctx(1, 100))
-    store.reports = [LoadReport(at=160, waiting=0, running=0)]
-    assert policy(ctx(1, 160))[0] == 0
+    policy = asleep_policy(store)
     store.asked = 0
     assert policy(ctx(0, 170))[0] == 0
     store.asked = 2  # placement's count when it brings the role back
@@ -461,12 +467,7 @@ def test_placement_taking_over_a_sleeping_backend_says_so_to_the_routers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = Store(monkeypatch)
-    store.asked = 1
-    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
-    store.reports = [LoadReport(at=100, waiting=0, running=0)]
-    policy(ctx(1, 100))
-    store.reports = [LoadReport(at=160, waiting=0, running=0)]
-    assert policy(ctx(1, 160))[0] == 0
+    policy = asleep_policy(store)
     store.asked = 0  # moved away while asleep: the sleep is over, the routers must hear it
     assert policy(ctx(0, 170))[0] == 0
     assert [n.direction for n in store.news] == ["sleep", "placed"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from policy.load_scaling import (
     LoadReport,
     LoadScalingPolicy,
@@ -107,16 +109,7 @@ def test_reports_sum_over_fresh_routers_and_take_the_highest_kv_usage() -> None:
     assert sum_reports(reports, now=200, stale_after_s=10) is None
 
 
-SLEEPY = LoadScalingPolicy(
-    min_replicas=1,
-    max_replicas=4,
-    per_replica_cap=4,
-    target_queue_per_replica=2,
-    kv_high=0.85,
-    upscale_delay_s=10,
-    downscale_delay_s=60,
-    scale_to_zero_after_s=300,
-)
+SLEEPY = replace(POLICY, scale_to_zero_after_s=300)
 
 
 def test_an_idle_backend_sleeps_at_zero_after_its_idle_time_and_not_before() -> None:
