@@ -47,7 +47,9 @@ class Link:
     seen_transitions: int = field(default=0)
     # Set while the link's pool is declared down: jobs waiting on its first answer stop
     # waiting (serving.py) instead of waiting out first_token_timeout_s on a dead machine.
-    pool_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # One per event loop (an Event belongs to the loop that first waits on it): see lost().
+    _pool_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    _lost_loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
@@ -109,9 +111,18 @@ class Link:
     def on_pool(self, down: bool) -> None:
         self.facts = self.facts.on_pool(down)
         if down:
-            self.pool_lost.set()
-        elif self.pool_lost.is_set():
-            self.pool_lost = asyncio.Event()
+            self._pool_lost.set()
+        elif self._pool_lost.is_set():
+            self._pool_lost = asyncio.Event()
+
+    def pool_lost(self) -> asyncio.Event:
+        """Set while the link's pool is declared down, for the running loop's waiters."""
+        loop = asyncio.get_running_loop()
+        if self._lost_loop is not loop:
+            self._lost_loop, self._pool_lost = loop, asyncio.Event()
+            if self.facts.pool_down:
+                self._pool_lost.set()
+        return self._pool_lost
 
     def no_kv_reading(self) -> None:
         self.facts = self.facts.kv_unobservable()

@@ -174,7 +174,7 @@ async def _unless_pool_lost(link: Link, item: Awaitable[Any], timeout_s: float) 
     """The first item, unless the link's pool is declared down first (PoolLost) or it takes
     longer than `timeout_s` (TimeoutError). A whole answer is one item: this is the wait a job
     sent to a machine that died would otherwise sit out."""
-    lost = link.pool_lost
+    lost = link.pool_lost()
     if lost.is_set():
         raise PoolLost("its pool was declared down")
     answer = asyncio.ensure_future(item)

@@ -797,6 +797,17 @@ def test_a_pool_the_cluster_manager_declared_down_takes_no_new_work() -> None:
     assert sample("gps_pool_state", pool="local", state="draining") == 0
 
 
+def test_a_router_serves_jobs_from_a_second_event_loop_as_from_the_first() -> None:
+    # A link's pool-lost event belonged to the loop that first waited on it: in a second
+    # loop its wait failed at once and read as "pool declared down" (tests run loops in turn).
+    coding, orchestrator = FakeBackend(ok, step_s=0.05), FakeBackend(ok)
+    router = make_router(make_config(), two(coding, orchestrator))
+    for _ in range(2):
+        routed = asyncio.run(collect(router, job()))[0]
+        assert isinstance(routed, Routed)
+        assert (routed.backend, routed.failovers) == ("coding@local", 0)
+
+
 def test_a_job_waiting_on_a_pool_declared_down_fails_over_at_once() -> None:
     hung, cloud, fallback = FakeBackend(ok, step_s=600), FakeBackend(ok), FakeBackend(ok)
     handles = {"reasoning@local": hung, "reasoning@cloud": cloud, "cpu-fallback": fallback}
