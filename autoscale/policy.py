@@ -11,7 +11,9 @@ deployment keeps the count it has.
 A deployment at zero is parked by placement (asked 0, or nothing asked from the start) or
 asleep by load (`scale_to_zero_after_s`): the policy remembers which, and the routers learn it
 from the decision it publishes (`ScalingNews`, direction "sleep"), which also tells a
-restarted controller that the zero is its own.
+restarted controller that the zero is its own. The sleep is announced while the replicas are
+still up and carried out once the routers report they hold the backend asleep
+(policy/load_scaling.py says why).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def publish_load(app: str, router: str, at: float, backends: Mapping[str, LoadRe
 
     body = {
         "at": at,
-        "backends": {n: [r.at, r.waiting, r.running, r.kv_usage] for n, r in backends.items()},
+        "backends": {
+            n: [r.at, r.waiting, r.running, r.kv_usage, r.asleep] for n, r in backends.items()
+        },
     }
     _internal_kv_put(
         load_key(app, router), json.dumps(body).encode(), overwrite=True, namespace=KV_NAMESPACE
@@ -107,8 +111,8 @@ def read_load(app: str, deployment: str, now: float) -> list[LoadReport]:
             continue
         entry = body.get("backends", {}).get(deployment)
         if entry is not None:
-            at, waiting, running, kv = entry
-            reports.append(LoadReport(at=at, waiting=waiting, running=running, kv_usage=kv))
+            at, waiting, running, kv, *asleep = entry  # no `asleep` from an older router
+            reports.append(LoadReport(at, waiting, running, kv, bool(asleep and asleep[0])))
     return reports
 
 
@@ -178,12 +182,14 @@ class ReplicaPolicy:
             return (asked if asked is not None else current), {}
         if current == 0 and asked is not None and not asleep:  # placement brought the role
             return asked, {}
+        if self._asleep and current:
+            self._woken_by_serve(app, deployment, current)
         load = sum_reports(self._reports, now, self._load.stale_after_s)
         starting = int(ctx.current_num_replicas) < current
         decision = decide_replicas(self._load, current, load, self._timers, now, starting)
         self._timers = decision.timers
         self._asleep = decision.replicas == 0
-        if decision.replicas != current:
+        if decision.replicas != current or decision.reason:
             self._announce(app, deployment, current, decision)
         return decision.replicas, {}
 
@@ -208,10 +214,23 @@ class ReplicaPolicy:
             self._publish(app, deployment, ScalingDecision(replicas, ScalingTimers(), reason))
         self._asleep = False
 
+    def _woken_by_serve(self, app: str, deployment: str, current: int) -> None:
+        """Asleep by our decision, yet replicas asked: Serve's cold start (a call reached the
+        deployment's handle while it slept: Serve brings a replica without asking the policy),
+        or a sleep announced before a controller restart. Either way it is awake now, and the
+        routers, who hold it asleep while the last news says so, must hear it."""
+        self._asleep = False
+        self._timers = ScalingTimers()
+        reason = f"wake: {current} replicas asked without this policy (Serve's cold start)"
+        self._announce(app, deployment, 0, ScalingDecision(current, ScalingTimers(), reason))
+
     def _announce(self, app: str, deployment: str, current: int, decision: ScalingDecision) -> None:
-        logger.info("autoscaling %s: %d -> %d (%s)", deployment, current,
-                    decision.replicas, decision.reason)  # fmt: skip
-        self._publish(app, deployment, decision)
+        """Log a change of count; publish what the routers must hear (a step to zero after a
+        sleep's notice has nothing new: the routers hold the backend asleep already)."""
+        logger.info("autoscaling %s: %d -> %d (%s)", deployment, current, decision.replicas,
+                    decision.reason or "the routers hold it asleep")  # fmt: skip
+        if decision.reason:
+            self._publish(app, deployment, decision)
 
     def _publish(self, app: str, deployment: str, decision: ScalingDecision) -> None:
         self._decisions += 1

@@ -17,7 +17,13 @@ A step restarts both timers, so the next step waits its full delay again. With n
 decided on a guess.
 
 With `scale_to_zero_after_s`, a backend with nothing waiting and nothing running for that long
-goes to **zero** (asleep: its GPU given back), whatever its count; asleep, it **wakes** to
+goes to **zero** (asleep: its GPU given back), whatever its count, in two steps. First the
+decision to sleep is announced with the replicas still up; the routers hold the backend asleep
+(no new work, no KV reading) and say so in their reports. Only when every fresh report says so
+(or after `SLEEP_NOTICE_MAX_S`) does the count go to zero: a call the routers sent to a
+deployment with no replica would wait in Serve's handle, and Serve answers such a waiting call
+with a replica at once, bypassing this policy (its "cold start"): the sleep would undo itself.
+A request reported during the notice calls the sleep off. Asleep, it **wakes** to
 `min_replicas` as soon as a router reports a request for it (waiting, or already sent in the
 moment before the router heard of the sleep), without the upscale delay (the request is already
 waiting for it). Idleness is not counted while replicas start: a woken backend whose requests
@@ -32,6 +38,7 @@ from dataclasses import dataclass, replace
 
 __all__ = [
     "DOWN_FILL",
+    "SLEEP_NOTICE_MAX_S",
     "LoadReport",
     "LoadScalingPolicy",
     "ScalingDecision",
@@ -43,6 +50,9 @@ __all__ = [
 # Down only when what runs would fill at most this share of one replica fewer: hysteresis
 # against stepping down into a queue.
 DOWN_FILL = 0.5
+# Routers that have not said they hold a backend asleep by then (silent, or of an older
+# version) are not waited for: they read the decision once a second.
+SLEEP_NOTICE_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,8 @@ class LoadReport:
     waiting: int
     running: int
     kv_usage: float | None = None
+    # The router holds the backend asleep: it sends it nothing, not even a KV reading.
+    asleep: bool = False
 
 
 def sum_reports(
@@ -85,24 +97,29 @@ def sum_reports(
         waiting=sum(r.waiting for r in fresh),
         running=sum(r.running for r in fresh),
         kv_usage=max(usages) if usages else None,
+        asleep=all(r.asleep for r in fresh),
     )
 
 
 @dataclass(frozen=True)
 class ScalingTimers:
-    """Since when the load has asked, without a break, for more (up) or fewer (down), and
-    since when nothing has waited or run (idle: counted across steps, for sleep)."""
+    """Since when the load has asked, without a break, for more (up) or fewer (down), since
+    when nothing has waited or run (idle: counted across steps, for sleep), and since when the
+    routers have been told of a sleep while the replicas are still up."""
 
     up_since: float | None = None
     down_since: float | None = None
     idle_since: float | None = None
+    sleep_called: float | None = None
 
 
 @dataclass(frozen=True)
 class ScalingDecision:
     replicas: int
     timers: ScalingTimers
-    # Why the count changed ("" when it did not): for the log and the metrics' direction.
+    # Why the count changed, or what the routers must hear (a sleep announced, or called off),
+    # for the log and the metrics' direction; "" when there is nothing to tell. The step to
+    # zero after a sleep's notice tells nothing: the routers hold the backend asleep already.
     reason: str = ""
 
     @property
@@ -123,6 +140,8 @@ def decide_replicas(
     not excess, so no step up until they run."""
     if current == 0 and policy.sleeps:
         return _asleep(policy, load)
+    if timers.sleep_called is not None:
+        return _sleep_called(current, load, timers, timers.sleep_called, now)
     bounded = min(max(current, policy.min_replicas), policy.max_replicas)
     if bounded != current:
         return ScalingDecision(bounded, ScalingTimers(), f"bounds: {current} -> {bounded}")
@@ -135,7 +154,7 @@ def decide_replicas(
         and now - idle_since >= policy.scale_to_zero_after_s
     ):
         why = f"sleep: idle for {now - idle_since:.0f}s"
-        return ScalingDecision(0, ScalingTimers(), why)
+        return ScalingDecision(current, ScalingTimers(sleep_called=now), why)
     decision = _by_load(policy, current, load, timers, now, starting)
     return replace(decision, timers=replace(decision.timers, idle_since=idle_since))
 
@@ -146,6 +165,19 @@ def _asleep(policy: LoadScalingPolicy, load: LoadReport | None) -> ScalingDecisi
         return ScalingDecision(0, ScalingTimers())
     why = f"wake: {load.waiting} waiting" + (f", {load.running} sent" if load.running else "")
     return ScalingDecision(policy.min_replicas, ScalingTimers(), why)
+
+
+def _sleep_called(
+    current: int, load: LoadReport | None, timers: ScalingTimers, called: float, now: float
+) -> ScalingDecision:
+    """Announced asleep, replicas still up: zero once every router holds it asleep; a request
+    meanwhile calls the sleep off (the replicas are still there to take it)."""
+    if load is not None and (load.waiting or load.running):
+        why = f"wake: {load.waiting} waiting, {load.running} running (the sleep called off)"
+        return ScalingDecision(current, ScalingTimers(), why)
+    if (load is not None and load.asleep) or now - called >= SLEEP_NOTICE_MAX_S:
+        return ScalingDecision(0, ScalingTimers())
+    return ScalingDecision(current, timers)
 
 
 def _idle_since(load: LoadReport, timers: ScalingTimers, now: float) -> float | None:

@@ -128,8 +128,9 @@ class Router:
         await self._health.check_health_once()
 
     async def follow_replicas(self) -> None:
-        """Autoscaled links' slots to their running replicas; asleep or awake by the policy's
-        decisions (the load loop does this every few seconds)."""
+        """The policy's last decisions (asleep or not), then autoscaled links' slots to their
+        running replicas (the load loop reads the first every second, the second every few)."""
+        await self._load.follow_news()
         await self._load.follow_replicas()
 
     def held(self) -> dict[str, int]:

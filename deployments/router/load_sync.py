@@ -4,9 +4,11 @@ Once a second each router replica posts, for every autoscaled backend, the reque
 its queue, those in flight and the engine's last KV-cache usage (`LoadBoard`); the Serve
 autoscaling policy sums the replicas' posts and decides the count (autoscale/policy.py). Every
 few seconds the router reads Serve's running replica counts, so each autoscaled backend's
-slots follow its replicas (`per_replica_cap` each), and counts the policy's decisions. A
-decision to sleep (zero replicas, idle) puts the backend's link to sleep, its first running
-replica wakes it; requests that went past it asleep are posted as waiting, so it wakes.
+slots follow its replicas (`per_replica_cap` each). Once a second it reads the policy's last
+decision and counts the new ones. While that decision is a sleep the backend's link is asleep:
+it takes nothing new, and its posts say so, which the policy waits for before it takes the
+replicas away. A later decision and a running replica wake it; requests that went past it
+asleep are posted as waiting, so it wakes.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class LoadSync:
         self._read_news = read_news
         self._clock = clock
         self._seen: dict[str, int | None] = {}
+        self._news: dict[str, ScalingNews | None] = {}
 
     @property
     def follows(self) -> bool:
@@ -57,6 +60,7 @@ class LoadSync:
                 waiting=link.gate.queue.depth + link.passed_asleep,
                 running=link.gate.queue.in_flight,
                 kv_usage=link.kv.usage,
+                asleep=link.facts.asleep,
             )
             for link in self._links.values()
             if not link.status().parked
@@ -69,6 +73,7 @@ class LoadSync:
         rounds = 0
         while True:
             try:
+                await asyncio.wait_for(self.follow_news(), POST_TIMEOUT_S)
                 await asyncio.wait_for(board.publish(self.load()), POST_TIMEOUT_S)
                 if rounds % REPLICA_READ_EVERY == 0:
                     await self.follow_replicas()
@@ -78,20 +83,24 @@ class LoadSync:
             rounds += 1
             await self._clock.sleep(LOAD_POST_INTERVAL_S)
 
+    async def follow_news(self) -> None:
+        """Count the policy's new decisions; hold asleep each backend whose last is a sleep
+        (announced while its replicas are still up: from now on nothing may be sent there)."""
+        for name, link in self._links.items():
+            news = await asyncio.to_thread(self._read_news, link.target.deployment_name)
+            self.count(name, news)
+            self._news[name] = news
+            if _says_sleep(news):
+                link.sleep()
+
     async def follow_replicas(self) -> None:
-        """Resize each autoscaled link's slots to its running replicas; count new decisions."""
+        """Resize each autoscaled link's slots to its running replicas; wake an asleep one
+        whose last decision is no longer a sleep once a replica runs."""
         deployments = await self._deployments.read()
         for name, link in self._links.items():
             facts = deployments.get(link.backend.deployment)
             running = facts.running_replicas if facts else 0
-            news = await asyncio.to_thread(self._read_news, link.target.deployment_name)
-            fresh = self.count(name, news)
-            slept = news is not None and news.direction == "sleep"
-            # A new decision to sleep, or an old one with nothing running (a router that
-            # starts while the backend sleeps); Serve may still count the replica it stops.
-            if slept and (fresh or not running):
-                link.sleep()
-            elif link.facts.asleep and running:
+            if link.facts.asleep and running and not _says_sleep(self._news.get(name)):
                 link.wake(running)
             link.scaled(running)
             metrics.BACKEND_REPLICAS.labels(name).set(running)
@@ -108,3 +117,7 @@ class LoadSync:
             logger.info("autoscaling %s: %d replicas (%s)", backend, news.replicas, news.reason)
         self._seen[backend] = seq
         return fresh
+
+
+def _says_sleep(news: ScalingNews | None) -> bool:
+    return news is not None and news.direction == "sleep"

@@ -93,6 +93,7 @@ class BackendLoad:
     waiting: int
     running: int
     kv_usage: float | None
+    asleep: bool = False  # held asleep: nothing is sent to it (the policy waits for this)
 
 
 class LoadBoard(Protocol):

@@ -145,7 +145,7 @@ class KvLoadBoard:
     async def publish(self, load: Mapping[str, BackendLoad]) -> None:
         now = time.time()
         reports = {
-            name: LoadReport(now, entry.waiting, entry.running, entry.kv_usage)
+            name: LoadReport(now, entry.waiting, entry.running, entry.kv_usage, entry.asleep)
             for name, entry in load.items()
         }
         await asyncio.to_thread(publish_load, self._app, self._replica, now, reports)

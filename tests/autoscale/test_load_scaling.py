@@ -35,6 +35,7 @@ PORT = 18700
 APP = "scaled"
 BACKEND = "coding@local"
 CLIENTS = 5
+KEPT_ASLEEP_S = 20  # several of the router's KV readings (1 s) and load posts
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,12 @@ def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: 
     status = cluster_status()
     assert status["status"] == "ok"  # asleep on purpose: nothing is wrong
     assert status["backends"][BACKEND]["breaker"] == "closed"
+    # It stays asleep: no call of the router's (a KV reading sent as the replica stopped)
+    # waits in Serve's handle, which Serve would answer with a replica (its "cold start").
+    time.sleep(KEPT_ASLEEP_S)
+    assert running_replicas() == 0
+    assert engine_processes() == 0
+    assert metric("gps_autoscale_decisions_total", backend=BACKEND, direction="wake") == 0
 
     body = {
         "model": "coding",
@@ -150,5 +157,9 @@ def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: 
     assert reply.headers["x-backend"] == BACKEND  # it waited for the backend, not the fallback
     assert reply.json()["choices"][0]["message"]["content"]
     assert running_replicas() == 1
-    assert metric("gps_autoscale_decisions_total", backend=BACKEND, direction="wake") >= 1
+    wait_for(
+        lambda: metric("gps_autoscale_decisions_total", backend=BACKEND, direction="wake") >= 1,
+        30,
+        "the router to count the wake",
+    )
     assert engine_processes() == 1

@@ -220,15 +220,16 @@ def test_the_policys_decisions_are_counted_once_each() -> None:
         return REGISTRY.get_sample_value("gps_autoscale_decisions_total", labels) or 0.0
 
     before = decisions("up")
-    asyncio.run(sync.follow_replicas())  # no decision yet
+    asyncio.run(sync.follow_news())  # no decision yet
     news[deployment] = ScalingNews(1, 2, "up", "up: 3 waiting")
-    asyncio.run(sync.follow_replicas())
-    asyncio.run(sync.follow_replicas())  # the same decision again is not counted twice
+    asyncio.run(sync.follow_news())
+    asyncio.run(sync.follow_news())  # the same decision again is not counted twice
     assert decisions("up") == before + 1
     # A router that starts late finds an old decision: not news to count.
     late = LoadSync(links, Board(), deployments, news.get, FakeClock())
-    asyncio.run(late.follow_replicas())
+    asyncio.run(late.follow_news())
     assert decisions("up") == before + 1
+    asyncio.run(sync.follow_replicas())
     replicas = REGISTRY.get_sample_value("gps_backend_replicas", {"backend": "coding@local"})
     assert replicas == 1
 
@@ -292,33 +293,47 @@ def test_parked_backends_are_not_posted_so_placement_keeps_their_count() -> None
 SLEEPY = {**SCALING, "scale_to_zero_after_s": 60}
 
 
-def test_an_idle_backend_sleeps_and_a_waiting_request_wakes_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    store = Store(monkeypatch)
+def asleep_policy(store: Store) -> ReplicaPolicy:
+    """A policy that has put coding@local to sleep (placement asked 1; idle 60 s; the sleep
+    announced, then carried out once the router held the backend asleep)."""
     store.asked = 1  # placement put the role on this pool
     policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
     store.reports = [LoadReport(at=100, waiting=0, running=0)]
     assert policy(ctx(1, 100))[0] == 1
     store.reports = [LoadReport(at=160, waiting=0, running=0)]
-    assert policy(ctx(1, 160))[0] == 0
+    assert policy(ctx(1, 160))[0] == 1  # announced: the replica stays until the routers hear
+    assert [n.direction for n in store.news] == ["sleep"]
+    store.reports = [LoadReport(at=161, waiting=0, running=0, asleep=True)]
+    assert policy(ctx(1, 161))[0] == 0
+    assert [n.direction for n in store.news] == ["sleep"]  # the routers know already
+    return policy
+
+
+def test_an_idle_backend_sleeps_and_a_waiting_request_wakes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    policy = asleep_policy(store)
     # At zero by its own decision: not "placement just brought the role here" (asked is 1).
-    store.reports = [LoadReport(at=170, waiting=0, running=0)]
+    store.reports = [LoadReport(at=170, waiting=0, running=0, asleep=True)]
     assert policy(ctx(0, 170))[0] == 0
-    store.reports = [LoadReport(at=171, waiting=2, running=0)]
+    store.reports = [LoadReport(at=171, waiting=2, running=0, asleep=True)]
     assert policy(ctx(0, 171))[0] == 1
     assert [n.direction for n in store.news] == ["sleep", "wake"]
 
 
-def asleep_policy(store: Store) -> ReplicaPolicy:
-    """A policy that has put coding@local to sleep (placement asked 1; idle 60 s)."""
-    store.asked = 1
-    policy = ReplicaPolicy(**policy_kwargs(config_with(SLEEPY).model_for(Role.CODING)))
-    store.reports = [LoadReport(at=100, waiting=0, running=0)]
-    policy(ctx(1, 100))
-    store.reports = [LoadReport(at=160, waiting=0, running=0)]
-    assert policy(ctx(1, 160))[0] == 0
-    return policy
+def test_a_replica_serve_starts_for_a_sleeping_backend_is_announced_as_a_wake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    policy = asleep_policy(store)
+    # A call reached the deployment's handle: Serve brought a replica without the policy.
+    store.reports = [LoadReport(at=200, waiting=0, running=0, asleep=True)]
+    assert policy(ctx(1, 200))[0] == 1
+    assert [n.direction for n in store.news] == ["sleep", "wake"]
+    assert "Serve's cold start" in store.news[-1].reason
+    assert policy(ctx(1, 201))[0] == 1  # told once
+    assert len(store.news) == 2
 
 
 def test_a_restarted_controller_knows_the_zero_is_load_s_sleep_not_placement_s(
@@ -383,10 +398,19 @@ def put_to_sleep(
 ) -> str:
     deployment = router.config.targets["coding@local"].deployment_name
     asyncio.run(router.follow_replicas())  # the first look
-    news.say(deployment, "sleep", 0)
+    news.say(deployment, "sleep", 1)  # announced: the replica is still up
+    asyncio.run(router.follow_replicas())
+    assert router.load()[deployment].asleep  # what the policy waits for to take it away
     deployments.set(coding, running=0)
     asyncio.run(router.follow_replicas())
     return deployment
+
+
+def wake(router: Router, deployments: FakeDeployments, coding: FakeBackend, news: News) -> Any:
+    """The policy's wake, and the replica it asked for running (awaitable: in the test's loop)."""
+    news.say(router.config.targets["coding@local"].deployment_name, "wake", 1)
+    deployments.set(coding, running=1)
+    return router.follow_replicas()
 
 
 def test_a_request_for_a_sleeping_backend_waits_for_it_to_wake() -> None:
@@ -405,7 +429,9 @@ def test_a_request_for_a_sleeping_backend_waits_for_it_to_wake() -> None:
         assert status["backends"]["coding@local"]["state"] == "asleep"
         assert status["status"] == "ok"
         deployments.set(coding, running=1)
-        await router.follow_replicas()
+        await router.follow_replicas()  # a replica, but the last news is still the sleep
+        assert not waiting.done()
+        await wake(router, deployments, coding, news)
         return await waiting
 
     items = asyncio.run(wake_while_waiting())
@@ -414,6 +440,31 @@ def test_a_request_for_a_sleeping_backend_waits_for_it_to_wake() -> None:
     assert coding.calls == 1
     after = sample("gps_breaker_transitions_total", backend="coding@local", state="open")
     assert after == before
+
+
+def test_a_sleep_announced_stops_all_sending_until_the_policy_calls_it_off() -> None:
+    deployments, coding, news = FakeDeployments(), FakeBackend(ok), News()
+    router = sleepy_router(SLEEPY, deployments, coding, news)
+    deployment = router.config.targets["coding@local"].deployment_name
+    deployments.set(coding, running=1)
+    asyncio.run(router.follow_replicas())  # the first look
+    news.say(deployment, "sleep", 1)
+
+    async def called_off() -> list[Any]:
+        await router.follow_replicas()
+        waiting = asyncio.ensure_future(collect(router, job()))
+        await asyncio.sleep(0.05)
+        # Nothing reaches the replica Serve is about to stop: a call waiting in Serve's
+        # handle for a replica would make Serve start one, undoing the sleep.
+        assert (coding.calls, router.load()[deployment].waiting) == (0, 1)
+        await wake(router, deployments, coding, news)  # the request called the sleep off
+        return await waiting
+
+    routed = asyncio.run(called_off())[0]
+    assert isinstance(routed, Routed)
+    assert routed.backend == "coding@local"
+    assert coding.calls == 1
+    assert not router.load()[deployment].asleep
 
 
 def test_a_backend_that_does_not_wake_in_time_answers_503() -> None:
@@ -438,8 +489,7 @@ def test_with_next_link_a_request_goes_on_down_the_chain_and_still_wakes_it() ->
         waiting = [router.load()[deployment].waiting, router.load()[deployment].waiting]
         await collect(router, job())
         waiting.append(router.load()[deployment].waiting)
-        deployments.set(coding, running=1)
-        await router.follow_replicas()
+        await wake(router, deployments, coding, news)
         waiting.append(router.load()[deployment].waiting)
         return first, waiting, await collect(router, job())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from policy.load_scaling import (
+    SLEEP_NOTICE_MAX_S,
     LoadReport,
     LoadScalingPolicy,
     ScalingTimers,
@@ -23,8 +24,10 @@ POLICY = LoadScalingPolicy(
 )
 
 
-def load(waiting: int, running: int, kv: float | None = None, at: float = 0) -> LoadReport:
-    return LoadReport(at=at, waiting=waiting, running=running, kv_usage=kv)
+def load(
+    waiting: int, running: int, kv: float | None = None, at: float = 0, asleep: bool = False
+) -> LoadReport:
+    return LoadReport(at=at, waiting=waiting, running=running, kv_usage=kv, asleep=asleep)
 
 
 def test_a_queue_past_the_target_scales_up_only_after_the_delay_without_a_break() -> None:
@@ -118,8 +121,43 @@ def test_an_idle_backend_sleeps_at_zero_after_its_idle_time_and_not_before() -> 
     early = decide_replicas(SLEEPY, 1, load(0, 0), first.timers, now=399)
     assert early.replicas == 1
     due = decide_replicas(SLEEPY, 1, load(0, 0), early.timers, now=400)
-    assert (due.replicas, due.direction) == (0, "sleep")
+    # Announced with the replica still up: the routers must stop sending to it first.
+    assert (due.replicas, due.direction) == (1, "sleep")
     assert "idle for 300s" in due.reason
+    unheard = decide_replicas(SLEEPY, 1, load(0, 0, at=400), due.timers, now=401)
+    assert (unheard.replicas, unheard.reason) == (1, "")
+    held = decide_replicas(SLEEPY, 1, load(0, 0, at=401, asleep=True), unheard.timers, now=402)
+    # Zero once every router holds it asleep; nothing new for the routers to hear.
+    assert (held.replicas, held.reason, held.timers) == (0, "", ScalingTimers())
+
+
+def test_a_request_during_the_sleeps_notice_calls_it_off() -> None:
+    due = decide_replicas(SLEEPY, 2, load(0, 0), ScalingTimers(idle_since=0), now=300)
+    assert (due.replicas, due.direction) == (2, "sleep")
+    called_off = decide_replicas(SLEEPY, 2, load(1, 0, asleep=True), due.timers, now=301)
+    assert (called_off.replicas, called_off.direction) == (2, "wake")
+    assert called_off.reason == "wake: 1 waiting, 0 running (the sleep called off)"
+    # Idleness is counted again from scratch.
+    after = decide_replicas(SLEEPY, 2, load(0, 0), called_off.timers, now=302)
+    assert (after.replicas, after.timers.idle_since) == (2, 302)
+
+
+def test_routers_silent_through_the_notice_are_not_waited_for() -> None:
+    due = decide_replicas(SLEEPY, 1, load(0, 0), ScalingTimers(idle_since=0), now=300)
+    silent = decide_replicas(SLEEPY, 1, None, due.timers, now=300 + SLEEP_NOTICE_MAX_S - 1)
+    assert silent.replicas == 1  # no report: the notice holds (it is not forgotten)
+    late = decide_replicas(SLEEPY, 1, None, silent.timers, now=300 + SLEEP_NOTICE_MAX_S)
+    assert late.replicas == 0
+
+
+def test_the_routers_reports_are_asleep_only_when_every_fresh_one_is() -> None:
+    reports = [load(0, 0, at=100, asleep=True), load(0, 0, at=95, asleep=False)]
+    summed = sum_reports(reports, now=100, stale_after_s=10)
+    assert summed is not None
+    assert not summed.asleep
+    summed = sum_reports(reports, now=106, stale_after_s=10)  # the second one is stale
+    assert summed is not None
+    assert summed.asleep
 
 
 def test_one_request_restarts_the_idle_time() -> None:
@@ -141,7 +179,7 @@ def test_idle_time_runs_on_through_steps_down_and_sleeps_from_any_count() -> Non
             steps.append((now, decision.direction, decision.replicas))
         replicas, timers = decision.replicas, decision.timers
     # Down a step each 60 s, then asleep at 300 s of idleness, not 300 s after the last step.
-    assert steps == [(60, "down", 2), (130, "down", 1), (300, "sleep", 0)]
+    assert steps == [(60, "down", 2), (130, "down", 1), (300, "sleep", 1)]
 
 
 def test_a_request_sent_just_before_the_sleep_wakes_it_too() -> None:
