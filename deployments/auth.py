@@ -52,6 +52,16 @@ class KeyRing:
             )
         return Caller(key.name, key.priority, key.max_priority, key.admin)
 
+    def named(self, name: str) -> Caller:
+        """The caller a batch was created by (its lines run under that key's limits); a key
+        removed since is refused, as its requests would be."""
+        if not self.enabled:
+            return self._anonymous
+        for key in self._by_digest.values():
+            if key.name == name:
+                return Caller(key.name, key.priority, key.max_priority, key.admin)
+        raise ApiError(401, ErrorCode.INVALID_API_KEY, f"The key {name!r} is no longer configured.")
+
 
 def claimed_priority(header: str | None, caller: Caller) -> PriorityClass:
     """The class from `X-Priority` (or the caller's default), never above the caller's cap."""

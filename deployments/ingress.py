@@ -7,6 +7,7 @@ before any work reaches the router or an engine. The router decides where a job 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -15,15 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import ValidationError
 from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingCompletionRequest,
     ErrorResponse,
 )
-from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -31,29 +27,32 @@ from vllm.entrypoints.generate.base.protocol import StreamOptions
 
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode
-from core.types import PriorityClass, Role
+from core.types import Depth, PriorityClass
 from core.wire import ChatJob, Refusal, Routed, is_embedding
 from deployments import metrics
-from deployments.auth import PRIORITY_HEADER, KeyRing, claimed_priority
+from deployments.auth import PRIORITY_HEADER, Caller, KeyRing
+from deployments.batch.http import BatchApi
 from deployments.error_response import error_response
 from deployments.front_options import front_actor_options
+from deployments.jobs import Jobs
 from deployments.key_ledger import LedgerClient, RayLedger, ensure_key_ledger
 from deployments.key_metering import Admission, KeyMetering, StreamUsage
 from deployments.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from deployments.router.in_process import InProcessRouter
-from policy.context.tokens import message_text
-from policy.depth import DEPTH_HEADER, DepthDecision, UnknownDepth, classify
+from policy.admission import class_limits
+from policy.depth import DEPTH_HEADER, DepthDecision
 from policy.engine_errors import EngineError, Fault, readable_message, response_fault
 from policy.oom import OOM_CODE
 from policy.request import (
-    check_chat_request,
-    check_completion_request,
-    check_embedding_request,
-    check_tool_support,
     parse_object,
 )
 
 logger = logging.getLogger("ray.serve")
+
+# A request's job from its parsed body, caller, X-Priority and X-Depth headers.
+JobBuilder = Callable[
+    [dict[str, Any], Caller, str | None, str | None], tuple[ChatJob, DepthDecision | None]
+]
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 app.add_middleware(OverheadHeader)
@@ -94,9 +93,12 @@ class Ingress:
         router: DeploymentHandle | None,
         ledger: Callable[[], LedgerClient] | None = None,
         backends: Mapping[str, DeploymentHandle] | None = None,
+        start_batches: bool = False,
+        batch_service: Callable[[], Any] | None = None,
     ) -> None:
         """`router` None: this replica runs its own Router over `backends`
-        (`gateway.router_in_ingress`)."""
+        (`gateway.router_in_ingress`). `start_batches`: start the app's batch service now (in
+        Serve), so batches a restart cut off go on without waiting for a call."""
         if router is None:
             from deployments.router import ServeRouter  # only where the router runs here
 
@@ -105,9 +107,18 @@ class Ingress:
         self._config = config
         self._keys = KeyRing(config.api_keys, config.gateway.default_priority)
         self._served = config.served_names
+        self._jobs = Jobs(config)
         self._router = router
         self._router_stream = router.options(stream=True)  # cached: each .options() costs
         self._metering = KeyMetering(config.api_keys, ledger or (lambda: _ledger(config)))
+        self._batches = BatchApi(
+            self._keys,
+            functools.cache(batch_service or (lambda: _batch_service(config))),
+            config.batches,
+            config.gateway.max_json_depth,
+        )
+        if start_batches:
+            self._batches.start()
         if not self._keys.enabled:
             logger.warning("API keys: none configured, authentication is OFF")
 
@@ -164,6 +175,87 @@ class Ingress:
             )
         return JSONResponse({"object": "key_usage", **await self._metering.usage()})
 
+    # The Batch API (deployments/batch): files and batches, run at background priority
+    # through `batch_answer` below.
+
+    @app.post("/v1/files")
+    async def upload_file(self, request: Request) -> Response:
+        return await self._batches.upload(request)
+
+    @app.get("/v1/files")
+    async def list_files(self, request: Request) -> Response:
+        return await self._batches.files(request)
+
+    @app.get("/v1/files/{file_id}")
+    async def get_file(self, request: Request, file_id: str) -> Response:
+        return await self._batches.file(request, file_id)
+
+    @app.delete("/v1/files/{file_id}")
+    async def delete_file(self, request: Request, file_id: str) -> Response:
+        return await self._batches.delete_file(request, file_id)
+
+    @app.get("/v1/files/{file_id}/content")
+    async def file_content(self, request: Request, file_id: str) -> Response:
+        return await self._batches.content(request, file_id)
+
+    @app.post("/v1/batches")
+    async def create_batch(self, request: Request) -> Response:
+        return await self._batches.create(request)
+
+    @app.get("/v1/batches")
+    async def list_batches(self, request: Request) -> Response:
+        return await self._batches.batches(request)
+
+    @app.get("/v1/batches/{batch_id}")
+    async def get_batch(self, request: Request, batch_id: str) -> Response:
+        return await self._batches.batch(request, batch_id)
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(self, request: Request, batch_id: str) -> Response:
+        return await self._batches.cancel(request, batch_id)
+
+    async def batch_answer(self, endpoint: str, body: dict[str, Any], owner: str) -> dict[str, Any]:
+        """One batch line, answered as an HTTP request to `endpoint` would be, as `owner`'s
+        key at background priority (the batch service calls this through Serve's handle)."""
+        started = time.perf_counter()
+        builders = {"/v1/chat/completions": self._jobs.chat,
+                    "/v1/completions": self._jobs.completion,
+                    "/v1/embeddings": self._jobs.embedding}  # fmt: skip
+        payload = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        try:
+            caller = self._keys.named(owner)
+            job, depth = builders[endpoint](payload, caller, PriorityClass.BACKGROUND.value, None)
+            response = await self._metered(job, depth, started)
+        except ApiError as error:
+            retry = error.headers.get("Retry-After")
+            return {"status": error.status, "body": error.body(),
+                    "retry_after_s": float(retry) if retry else None}  # fmt: skip
+        except Exception:  # a bug of ours: the line is tried again, then failed, never lost
+            logger.exception("batch line failed in the ingress")
+            failure = ApiError(500, ErrorCode.INTERNAL_ERROR, "The gateway hit an internal error.")
+            return {"status": 500, "body": failure.body()}
+        answer = json.loads(bytes(response.body))
+        usage = answer.get("usage") or {}
+        return {
+            "status": response.status_code,
+            "body": answer,
+            "request_id": str(answer.get("id", "")),
+            "usage": (usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0),
+        }
+
+    async def batch_slots(self, model: str) -> int:
+        """Requests `model`'s backends run at background priority at once (the router's own
+        limit: more would only queue there), over every router; 1 while none runs."""
+        role = self._served.get(model) or self._config.depth_route(Depth.BALANCED).role
+        status: dict[str, Any] = await self._router.status.remote()
+        shares = self._config.router.class_shares
+        slots = sum(
+            class_limits(int(backend["cap"]), shares)[PriorityClass.BACKGROUND]
+            for backend in status.get("backends", {}).values()
+            if backend.get("role") == role.value and backend.get("state") in ("up", "degraded")
+        )
+        return max(1, slots * self._config.gateway.router_shares)
+
     @app.get("/healthz")
     async def healthz(self) -> Response:
         try:
@@ -207,53 +299,21 @@ class Ingress:
         return Response(metrics.render() + routing + keys, media_type=metrics.CONTENT_TYPE)
 
     async def _chat(self, request: Request, started: float) -> Response:
-        caller = self._keys.authenticate(request.headers.get("authorization"))
-        limits = self._config.gateway
-        payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
-        role = self._role_for(payload)
-        priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
-        chat_request = _validate(payload, limits)
-        depth = None
-        context_share = 1.0
-        if role is None:  # `model: auto`: the depth router picks the role and the budget
-            effort = payload.get("reasoning_effort")
-            depth = self._depth_for(
-                _latest_user_text(payload),
-                request.headers.get(DEPTH_HEADER),
-                effort if isinstance(effort, str) else None,
-            )
-            route = self._config.depth_route(depth.depth)
-            role, context_share = route.role, route.context_share
-        check_tool_support(payload, payload["model"], self._config.model_for(role).tools)
-        job = ChatJob(chat_request, role, priority, caller.name, context_share)
-        return await self._metered(job, depth, started)
+        return await self._serve(request, started, self._jobs.chat)
 
     async def _complete(self, request: Request, started: float) -> Response:
-        caller = self._keys.authenticate(request.headers.get("authorization"))
-        limits = self._config.gateway
-        payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
-        role = self._role_for(payload)
-        priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
-        completion = _validate_completion(payload)
-        depth = None
-        context_share = 1.0
-        if role is None:  # `model: auto`: the depth of the prompt's text picks the role
-            text = completion.prompt if isinstance(completion.prompt, str) else ""
-            depth = self._depth_for(text, request.headers.get(DEPTH_HEADER))
-            route = self._config.depth_route(depth.depth)
-            role, context_share = route.role, route.context_share
-        job = ChatJob(completion, role, priority, caller.name, context_share)
-        return await self._metered(job, depth, started)
+        return await self._serve(request, started, self._jobs.completion)
 
     async def _embed(self, request: Request, started: float) -> Response:
+        return await self._serve(request, started, self._jobs.embedding)
+
+    async def _serve(self, request: Request, started: float, build: JobBuilder) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
         limits = self._config.gateway
         payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
-        role = self._role_for(payload, vectors=True)
-        priority = claimed_priority(request.headers.get(PRIORITY_HEADER), caller)
-        assert role is not None  # `auto` chooses among text models: refused for vectors
-        job = ChatJob(_validate_embedding(payload), role, priority, caller.name)
-        return await self._metered(job, None, started)
+        headers = request.headers
+        job, depth = build(payload, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER))
+        return await self._metered(job, depth, started)
 
     async def _metered(self, job: ChatJob, depth: DepthDecision | None, started: float) -> Response:
         """The job answered under its key's limits, its usage counted however it ends."""
@@ -362,41 +422,6 @@ class Ingress:
             metrics.observe_tokens(routed.backend, *totals)
             timing.ended()
 
-    def _role_for(self, payload: dict[str, Any], vectors: bool = False) -> Role | None:
-        """The role a request names; None for `auto`, which the depth router resolves.
-        `vectors`: for `/v1/embeddings`, which only an embedding model answers (and text
-        endpoints never go to one)."""
-        name = payload.get("model")
-        if not isinstance(name, str) or not name:
-            raise ApiError(
-                400, ErrorCode.MISSING_MODEL, "The field 'model' is required.", param="model"
-            )
-        if name not in self._served:
-            available = ", ".join(self._served)
-            raise ApiError(
-                404,
-                ErrorCode.MODEL_NOT_FOUND,
-                f"The model {name!r} does not exist. Available models: {available}.",
-                param="model",
-            )
-        role = self._served[name]
-        _check_kind(name, role, vectors, self._served)
-        served_roles = set(self._served.values())
-        # Images go to the vision role whatever was asked: a text model cannot read them.
-        if not vectors and Role.VISION in served_roles and _has_image_parts(payload):
-            return Role.VISION
-        return role
-
-    def _depth_for(
-        self, latest: str, header: str | None, effort: str | None = None
-    ) -> DepthDecision:
-        try:
-            return classify(
-                latest, rules=self._config.depth, header=header, reasoning_effort=effort
-            )
-        except UnknownDepth as error:
-            raise ApiError(400, ErrorCode.INVALID_REQUEST, str(error), param="X-Depth") from None
-
 
 async def _read_body(request: Request, limit: int) -> bytes:
     too_large = ApiError(
@@ -419,96 +444,11 @@ def _parse_json(body: bytes, limits: GatewayConfig) -> dict[str, Any]:
     return parse_object(body, limits.max_json_depth)
 
 
-def _validate(payload: dict[str, Any], limits: GatewayConfig) -> Any:
-    """The request as vLLM's ChatCompletionRequest, or ApiError 400: never another exception."""
-    check_chat_request(payload, max_messages=limits.max_messages)
-    try:
-        request = ChatCompletionRequest.model_validate(payload)
-        # Pydantic leaves lazy iterators in message content that Ray cannot pickle.
-        return _sanitize_chat_completion_request(request)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or None
-        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
-    except Exception as error:  # noqa: BLE001
-        # vLLM's validators raise what pydantic does not wrap (VLLMValidationError, KeyError)
-        # and the sanitizer a plain ValueError: all about the body, none a backend's fault.
-        # Our own checks should have caught it first, so it is logged for a new rule.
-        logger.warning("request refused by vLLM's schema, not ours: %r", error)
-        param = getattr(error, "parameter", None)
-        raise ApiError(
-            400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}", param=param
-        ) from None
-
-
-def _latest_user_text(payload: dict[str, Any]) -> str:
-    messages = payload["messages"]  # validated: a non-empty list of messages
-    users = [m for m in messages if m.get("role") == "user"]
-    return message_text(users[-1]) if users else ""
-
-
-def _check_kind(name: str, role: Role | None, vectors: bool, served: dict[str, Any]) -> None:
-    """Text endpoints never reach an embedding model, nor `/v1/embeddings` a text model (`auto`,
-    None here, resolves to a text model)."""
-    generates = role is None or role.generates
-    if vectors and generates:
-        names = ", ".join(n for n, r in served.items() if r is not None and not r.generates)
-        where = f"embedding models here: {names}" if names else "no embedding model is served"
-        message = f"The model {name!r} generates text, not embeddings ({where})."
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")
-    if not vectors and not generates:
-        message = f"The model {name!r} is an embedding model: send it to /v1/embeddings."
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")
-
-
-def _validate_embedding(payload: dict[str, Any]) -> Any:
-    """The request as vLLM's EmbeddingCompletionRequest, or ApiError 400."""
-    check_embedding_request(payload)
-    try:
-        return EmbeddingCompletionRequest.model_validate(payload)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or None
-        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
-    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
-        logger.warning("embedding refused by vLLM's schema, not ours: %r", error)
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
-
-
-def _validate_completion(payload: dict[str, Any]) -> Any:
-    """The request as vLLM's CompletionRequest, or ApiError 400: never another exception."""
-    check_completion_request(payload)
-    try:
-        return CompletionRequest.model_validate(payload)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or None
-        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
-    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
-        logger.warning("completion refused by vLLM's schema, not ours: %r", error)
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
-
-
 @dataclass
 class _Served:
     """Which backend a job reached, for the metrics of an answer that failed after it."""
 
     backend: str = metrics.NO_BACKEND
-
-
-def _has_image_parts(payload: dict[str, Any]) -> bool:
-    messages = payload.get("messages")
-    if not isinstance(messages, list):
-        return False
-    return any(
-        isinstance(part, dict) and part.get("type") == "image_url"
-        for message in messages
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for part in message["content"]
-    )
 
 
 def _routing_headers(
@@ -602,6 +542,17 @@ def _ledger(config: ClusterConfig) -> RayLedger:
     return ensure_key_ledger(app_name, namespace, config.gateway_resources)
 
 
+def _batch_service(config: ClusterConfig) -> Any:
+    """The app's batch service (started by the first replica to need it)."""
+    import ray
+
+    from deployments.batch.actor import ensure_batch_actor
+
+    app_name = serve.get_replica_context().app_name
+    namespace = ray.get_runtime_context().namespace
+    return ensure_batch_actor(config, app_name, namespace, config.gateway_resources)
+
+
 def build_ingress(
     config: ClusterConfig, router: Any, backends: Mapping[str, Any] | None = None
 ) -> Any:
@@ -614,4 +565,4 @@ def build_ingress(
         # Backpressure lives in the router; the ingress must never be the queue.
         max_ongoing_requests=10_000,
         ray_actor_options=front_actor_options(config.gateway_resources),
-    ).bind(config, router, None, None if backends is None else dict(backends))
+    ).bind(config, router, None, None if backends is None else dict(backends), True)

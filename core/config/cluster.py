@@ -13,6 +13,7 @@ from core.config.checks import cross_section_problems
 from core.config.recovery import ClusterManagerConfig
 from core.config.sections import (
     ApiKeyConfig,
+    BatchConfig,
     DepthConfig,
     DepthRoute,
     FallbackConfig,
@@ -42,6 +43,7 @@ class ClusterConfig(Frozen):
     router: RouterConfig = RouterConfig()
     depth: DepthConfig = DepthConfig()
     cluster_manager: ClusterManagerConfig = ClusterManagerConfig()
+    batches: BatchConfig = BatchConfig()
     # Set by the loader: where relative model paths are resolved from.
     base_dir: Path = Path(".")
 
@@ -51,6 +53,11 @@ class ClusterConfig(Frozen):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    @property
+    def batch_directory(self) -> Path:
+        """Where the Batch API keeps its state, absolute (the service may run elsewhere)."""
+        return (self.base_dir / self.batches.directory.expanduser()).resolve()
 
     # The topology (core/topology.py), read as properties of the config it derives from.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_DEPTH_ROUTES",
     "ApiKeyConfig",
     "AutoscalingConfig",
+    "BatchConfig",
     "DepthConfig",
     "DepthRoute",
     "FallbackConfig",
@@ -425,3 +427,27 @@ class RouterConfig(Frozen):
                 "share of the lower class"
             )
         return self
+
+
+class BatchConfig(Frozen):
+    """The OpenAI Batch API: where its state lives, what a file may hold, how lines run."""
+
+    # Batch state (SQLite) and files, relative to the config file. One service writes it; on a
+    # multi-node gateway, put it on storage every gateway node mounts (NFS, EFS) and set
+    # `shared_storage`, so the service restarted on another node finds it.
+    directory: Path = Path(".batches")
+    # SQLite's WAL keeps its index in memory shared by processes on one host, which a network
+    # filesystem cannot give: there the rollback journal (one writer, as here, is all it needs).
+    shared_storage: bool = False
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)  # OpenAI's limit for batch input
+    max_lines: int = Field(50_000, ge=1)  # OpenAI's limit
+    max_line_bytes: int = Field(1024 * 1024, ge=1024)
+    # A chunk is this many rounds of what the role's backends run at background priority at
+    # once: committed together, the most a crash can make the service run again.
+    chunk_rounds: int = Field(4, ge=1)
+    max_chunk: int = Field(256, ge=1)
+    # Pause before trying again a line the gateway refused for its load (429, 503) or could
+    # not be reached for, when the answer names no Retry-After.
+    retry_pause_s: float = Field(2.0, gt=0)
+    # What `completion_window` may be: hours or days ("24h" is OpenAI's only one).
+    completion_windows: tuple[Annotated[str, Field(pattern=r"^[1-9][0-9]*[hd]$")], ...] = ("24h",)

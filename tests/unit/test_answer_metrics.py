@@ -148,3 +148,35 @@ def test_a_streamed_error_event_from_the_router_counts_as_502(ingress: Ingress) 
     before = sample("gps_request_seconds_count", **labels)
     asyncio.run(answer(keyless(Breaking()), stream=True))
     assert sample("gps_request_seconds_count", **labels) == before + 1
+
+
+def test_a_batch_line_is_answered_at_background_priority_as_its_endpoint_would_be(
+    ingress: Ingress,
+) -> None:
+    router = serve_handle.EngineLikeRouter()
+    ingress = keyless(router)
+    seconds = {"backend": BACKEND, "priority": "background", "status": "200"}
+    before = sample("gps_request_seconds_count", **seconds)
+    body = {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, "stream": True}  # fmt: skip
+    answer = asyncio.run(ingress.batch_answer("/v1/chat/completions", body, "anonymous"))
+    assert answer["status"] == 200
+    assert answer["body"]["choices"][0]["message"]["content"] == "Hi."  # whole, not streamed
+    assert answer["usage"] == (30, answer["body"]["usage"]["completion_tokens"])
+    assert answer["request_id"] == answer["body"]["id"]
+    assert [job.priority.value for job in router.jobs] == ["background"]
+    assert sample("gps_request_seconds_count", **seconds) == before + 1
+
+
+def test_a_batch_line_with_a_bad_body_is_its_own_400_and_reaches_no_router() -> None:
+    router = serve_handle.EngineLikeRouter()
+    ingress = keyless(router)
+    bad = {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}],
+           "max_tokens": -3}  # fmt: skip
+    answer = asyncio.run(ingress.batch_answer("/v1/chat/completions", bad, "anonymous"))
+    assert answer["status"] == 400
+    assert answer["body"]["error"]["param"] == "max_tokens"
+    unknown = {**bad, "model": "nope", "max_tokens": 4}
+    answer = asyncio.run(ingress.batch_answer("/v1/chat/completions", unknown, "anonymous"))
+    assert answer["status"] == 404
+    assert router.jobs == []

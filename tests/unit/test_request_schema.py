@@ -32,7 +32,8 @@ from core.wire import ChatJob, Routed
 from deployments import ingress as ingress_module
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import DONE, ChatShaper
-from deployments.ingress import Ingress, _parse_json, _validate
+from deployments.ingress import Ingress, _parse_json
+from deployments.jobs import validate_chat
 from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
 from policy.context.tokens import CharEstimateCounter, message_text
 from policy.request import embedding_inputs, nesting_exceeds
@@ -216,7 +217,7 @@ def user(content: Any) -> dict[str, Any]:
 
 def refusal(payload: dict[str, Any], gateway: GatewayConfig = GATEWAY) -> ApiError:
     with pytest.raises(ApiError) as raised:
-        _validate(payload, gateway)
+        validate_chat(payload, gateway)
     assert raised.value.status == 400
     return raised.value
 
@@ -397,7 +398,7 @@ ACCEPTED = {
 
 @pytest.mark.parametrize("case", ACCEPTED)
 def test_well_formed_requests_pass(case: str) -> None:
-    request = _validate(json.loads(json.dumps(ACCEPTED[case])), GATEWAY)
+    request = validate_chat(json.loads(json.dumps(ACCEPTED[case])), GATEWAY)
     assert isinstance(request, ChatCompletionRequest)
     pickle.dumps(request)
 
@@ -415,7 +416,7 @@ def test_message_count_is_a_limit_of_its_own_from_config() -> None:
     messages = [{"role": "user", "content": "x"}] * 3
     error = refusal(chat(messages=messages), few)
     assert (error.code, error.param) == ("too_many_messages", "messages")
-    assert _validate(chat(messages=messages[:2]), few).messages
+    assert validate_chat(chat(messages=messages[:2]), few).messages
 
 
 # -- the body as JSON ---------------------------------------------------------------------------

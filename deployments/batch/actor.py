@@ -1,0 +1,104 @@
+"""The batch service as one named Ray actor per app, and the gateway it sends lines through.
+
+The actor is detached and restarts when its process dies (`max_restarts=-1`); its state is
+the store, so a restarted actor (or one started after the whole cluster went down) takes up
+every unfinished batch where its last chunk was committed. Calls are not retried by Ray: a
+create that died with the actor is the client's to send again, never run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from core.config import ClusterConfig
+from deployments.batch.ports import Answer, Unreachable
+from deployments.batch.service import BatchService
+from deployments.batch.store import BatchStore
+
+logger = logging.getLogger("ray.serve")
+
+__all__ = ["BatchActor", "ServeGateway", "batch_actor_name", "ensure_batch_actor"]
+
+# What the ingress may call on the service (the rest of it is the actor's own business).
+CALLS = frozenset(
+    {"upload_begin", "upload_part", "upload_end", "upload_abort", "file", "files",
+     "delete_file", "content_part", "create", "batch", "batches", "cancel"}
+)  # fmt: skip
+ANSWER_TIMEOUT_S = 900.0  # past the router's own waits: a line's answer that never comes
+
+
+class ServeGateway:
+    """The app's ingress, called through its Serve handle (the same checks, limits and router
+    an HTTP request meets)."""
+
+    def __init__(self, app: str) -> None:
+        self._app = app
+        self._handle: Any = None
+
+    def _ingress(self) -> Any:
+        if self._handle is None:
+            from ray import serve
+
+            self._handle = serve.get_deployment_handle("ingress", self._app)
+        return self._handle
+
+    async def answer(self, endpoint: str, body: dict[str, Any], owner: str) -> Answer:
+        try:
+            reply = await asyncio.wait_for(
+                self._ingress().batch_answer.remote(endpoint, body, owner), ANSWER_TIMEOUT_S
+            )
+        except Exception as error:  # noqa: BLE001 - app gone, replica replaced, timed out
+            self._handle = None  # the app may be back under a new deployment: look again
+            raise Unreachable(repr(error)) from None
+        return Answer(**reply)
+
+    async def background_slots(self, model: str) -> int:
+        try:
+            return int(await self._ingress().batch_slots.remote(model))
+        except Exception as error:  # noqa: BLE001 - as above
+            self._handle = None
+            raise Unreachable(repr(error)) from None
+
+
+class BatchActor:
+    def __init__(self, config: ClusterConfig, app: str) -> None:
+        store = BatchStore(config.batch_directory, config.batches.shared_storage)
+        self._service = BatchService(
+            store, ServeGateway(app), config.batches, config.gateway.max_json_depth
+        )
+        # An async actor's constructor runs in its event loop: the unfinished batches go on
+        # at once, after a restart too, without waiting for a call.
+        self._service.resume()
+
+    async def call(self, name: str, *args: Any) -> Any:
+        if name not in CALLS:
+            raise ValueError(f"not a batch service call: {name}")
+        return getattr(self._service, name)(*args)
+
+
+def batch_actor_name(app: str) -> str:
+    return f"gps_batches:{app}"
+
+
+def ensure_batch_actor(
+    config: ClusterConfig, app: str, namespace: str, resources: Mapping[str, float]
+) -> Any:
+    """The app's batch service, started if absent, on the gateway's nodes."""
+    import ray
+
+    return (
+        ray.remote(num_cpus=0)(BatchActor)
+        .options(
+            name=batch_actor_name(app),
+            namespace=namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            max_concurrency=1000,
+            resources=dict(resources),
+        )
+        .remote(config, app)
+    )

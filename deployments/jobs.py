@@ -1,0 +1,215 @@
+"""A request's job: the role it goes to (or the depth router's choice for `auto`), its priority
+class, and its body as vLLM's request type, every mistake in it a 400 (or 404) with OpenAI error
+JSON. The same for HTTP requests and batch lines (deployments/ingress.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingCompletionRequest,
+)
+from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
+
+from core.config import ClusterConfig, GatewayConfig
+from core.errors import ApiError, ErrorCode
+from core.types import Role
+from core.wire import ChatJob
+from deployments.auth import Caller, claimed_priority
+from policy.context.tokens import message_text
+from policy.depth import DepthDecision, UnknownDepth, classify
+from policy.request import (
+    check_chat_request,
+    check_completion_request,
+    check_embedding_request,
+    check_tool_support,
+)
+
+logger = logging.getLogger("ray.serve")
+
+__all__ = ["Jobs", "validate_chat"]
+
+
+class Jobs:
+    """Jobs from parsed bodies: `chat`, `completion` and `embedding` each take the body, the
+    caller, its X-Priority and X-Depth headers, and give the job and the depth decided."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self._config = config
+        self._served = config.served_names
+
+    def chat(
+        self,
+        payload: dict[str, Any],
+        caller: Caller,
+        priority: str | None,
+        depth_header: str | None,
+    ) -> tuple[ChatJob, DepthDecision | None]:
+        limits = self._config.gateway
+        role = self._role_for(payload)
+        claimed = claimed_priority(priority, caller)
+        chat_request = validate_chat(payload, limits)
+        depth = None
+        context_share = 1.0
+        if role is None:  # `model: auto`: the depth router picks the role and the budget
+            effort = payload.get("reasoning_effort")
+            depth = self._depth_for(
+                _latest_user_text(payload),
+                depth_header,
+                effort if isinstance(effort, str) else None,
+            )
+            route = self._config.depth_route(depth.depth)
+            role, context_share = route.role, route.context_share
+        check_tool_support(payload, payload["model"], self._config.model_for(role).tools)
+        return ChatJob(chat_request, role, claimed, caller.name, context_share), depth
+
+    def completion(
+        self,
+        payload: dict[str, Any],
+        caller: Caller,
+        priority: str | None,
+        depth_header: str | None,
+    ) -> tuple[ChatJob, DepthDecision | None]:
+        role = self._role_for(payload)
+        claimed = claimed_priority(priority, caller)
+        completion = _validate_completion(payload)
+        depth = None
+        context_share = 1.0
+        if role is None:  # `model: auto`: the depth of the prompt's text picks the role
+            text = completion.prompt if isinstance(completion.prompt, str) else ""
+            depth = self._depth_for(text, depth_header)
+            route = self._config.depth_route(depth.depth)
+            role, context_share = route.role, route.context_share
+        return ChatJob(completion, role, claimed, caller.name, context_share), depth
+
+    def embedding(
+        self, payload: dict[str, Any], caller: Caller, priority: str | None, _: str | None
+    ) -> tuple[ChatJob, DepthDecision | None]:
+        role = self._role_for(payload, vectors=True)
+        claimed = claimed_priority(priority, caller)
+        assert role is not None  # `auto` chooses among text models: refused for vectors
+        return ChatJob(_validate_embedding(payload), role, claimed, caller.name), None
+
+    def _role_for(self, payload: dict[str, Any], vectors: bool = False) -> Role | None:
+        """The role a request names; None for `auto`, which the depth router resolves.
+        `vectors`: for `/v1/embeddings`, which only an embedding model answers (and text
+        endpoints never go to one)."""
+        name = payload.get("model")
+        if not isinstance(name, str) or not name:
+            raise ApiError(
+                400, ErrorCode.MISSING_MODEL, "The field 'model' is required.", param="model"
+            )
+        if name not in self._served:
+            available = ", ".join(self._served)
+            raise ApiError(
+                404,
+                ErrorCode.MODEL_NOT_FOUND,
+                f"The model {name!r} does not exist. Available models: {available}.",
+                param="model",
+            )
+        role = self._served[name]
+        _check_kind(name, role, vectors, self._served)
+        served_roles = set(self._served.values())
+        # Images go to the vision role whatever was asked: a text model cannot read them.
+        if not vectors and Role.VISION in served_roles and _has_image_parts(payload):
+            return Role.VISION
+        return role
+
+    def _depth_for(
+        self, latest: str, header: str | None, effort: str | None = None
+    ) -> DepthDecision:
+        try:
+            return classify(
+                latest, rules=self._config.depth, header=header, reasoning_effort=effort
+            )
+        except UnknownDepth as error:
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, str(error), param="X-Depth") from None
+
+
+def validate_chat(payload: dict[str, Any], limits: GatewayConfig) -> Any:
+    """The request as vLLM's ChatCompletionRequest, or ApiError 400: never another exception."""
+    check_chat_request(payload, max_messages=limits.max_messages)
+    try:
+        request = ChatCompletionRequest.model_validate(payload)
+        # Pydantic leaves lazy iterators in message content that Ray cannot pickle.
+        return _sanitize_chat_completion_request(request)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or None
+        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
+    except Exception as error:  # noqa: BLE001
+        # vLLM's validators raise what pydantic does not wrap (VLLMValidationError, KeyError)
+        # and the sanitizer a plain ValueError: all about the body, none a backend's fault.
+        # Our own checks should have caught it first, so it is logged for a new rule.
+        logger.warning("request refused by vLLM's schema, not ours: %r", error)
+        param = getattr(error, "parameter", None)
+        raise ApiError(
+            400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}", param=param
+        ) from None
+
+
+def _latest_user_text(payload: dict[str, Any]) -> str:
+    messages = payload["messages"]  # validated: a non-empty list of messages
+    users = [m for m in messages if m.get("role") == "user"]
+    return message_text(users[-1]) if users else ""
+
+
+def _check_kind(name: str, role: Role | None, vectors: bool, served: dict[str, Any]) -> None:
+    """Text endpoints never reach an embedding model, nor `/v1/embeddings` a text model (`auto`,
+    None here, resolves to a text model)."""
+    generates = role is None or role.generates
+    if vectors and generates:
+        names = ", ".join(n for n, r in served.items() if r is not None and not r.generates)
+        where = f"embedding models here: {names}" if names else "no embedding model is served"
+        message = f"The model {name!r} generates text, not embeddings ({where})."
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")
+    if not vectors and not generates:
+        message = f"The model {name!r} is an embedding model: send it to /v1/embeddings."
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")
+
+
+def _validate_embedding(payload: dict[str, Any]) -> Any:
+    """The request as vLLM's EmbeddingCompletionRequest, or ApiError 400."""
+    check_embedding_request(payload)
+    try:
+        return EmbeddingCompletionRequest.model_validate(payload)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or None
+        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
+    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
+        logger.warning("embedding refused by vLLM's schema, not ours: %r", error)
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
+
+
+def _validate_completion(payload: dict[str, Any]) -> Any:
+    """The request as vLLM's CompletionRequest, or ApiError 400: never another exception."""
+    check_completion_request(payload)
+    try:
+        return CompletionRequest.model_validate(payload)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or None
+        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
+    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
+        logger.warning("completion refused by vLLM's schema, not ours: %r", error)
+        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
+
+
+def _has_image_parts(payload: dict[str, Any]) -> bool:
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return False
+    return any(
+        isinstance(part, dict) and part.get("type") == "image_url"
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
