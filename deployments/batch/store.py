@@ -9,6 +9,7 @@ written twice. A chunk's results and the cursor past them are one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -129,7 +130,8 @@ class BatchStore:
         (directory / "uploads").mkdir(parents=True, exist_ok=True)
         for partial in (directory / "uploads").iterdir():  # cut off with the last process
             partial.unlink()
-        # One writer (the batch service); autocommit off: each change is one transaction.
+        # One writer (the batch service). Autocommit: reads see the last commit; each change
+        # is one explicit transaction (_transaction).
         self._db = sqlite3.connect(directory / "batches.sqlite3", isolation_level=None,
                                    check_same_thread=False)  # fmt: skip
         self._db.execute("PRAGMA journal_mode=" + ("DELETE" if shared_storage else "WAL"))
@@ -138,6 +140,18 @@ class BatchStore:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """All of it or none of it. (In autocommit mode, which keeps reads outside any
+        transaction, `with connection:` alone would commit each statement on its own.)"""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     @property
     def journal_mode(self) -> str:
@@ -154,7 +168,7 @@ class BatchStore:
     def add_file(self, row: FileRow, source: Path) -> None:
         """Keep an uploaded (or written) file: in place first, then known."""
         os.replace(source, self.file_path(row.id))
-        with self._db:
+        with self._transaction():
             self._db.execute("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?)",
                              (row.id, row.owner, row.purpose, row.filename, row.bytes,
                               row.created_at, row.lines, json.dumps(row.urls)))  # fmt: skip
@@ -171,7 +185,7 @@ class BatchStore:
         return [_file_row(r) for r in rows]
 
     def delete_file(self, file_id: str) -> None:
-        with self._db:
+        with self._transaction():
             self._db.execute("DELETE FROM files WHERE id=?", (file_id,))
         self.file_path(file_id).unlink(missing_ok=True)
 
@@ -188,7 +202,7 @@ class BatchStore:
     # Batches
 
     def add_batch(self, row: BatchRow) -> None:
-        with self._db:
+        with self._transaction():
             self._db.execute(
                 "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window,"
                 " metadata, status, created_at, expires_at, stamps, total, model)"
@@ -227,7 +241,7 @@ class BatchStore:
         if "errors" in columns:
             columns["errors"] = json.dumps(columns["errors"])
         assignments = ", ".join(f"{name}=?" for name in columns)
-        with self._db:
+        with self._transaction():
             self._db.execute(f"UPDATE batches SET {assignments} WHERE id=?",
                              (*columns.values(), batch_id))  # fmt: skip
         updated = self.batch(batch_id)
@@ -237,7 +251,7 @@ class BatchStore:
     def commit_chunk(self, batch_id: str, results: Iterable[ChunkResult], next_line: int) -> None:
         """A chunk's results and the cursor past it, at once. A line already committed (the
         chunk ran again after a crash) is neither written nor counted again."""
-        with self._db:
+        with self._transaction():
             completed = failed = input_tokens = output_tokens = 0
             for result in results:
                 cursor = self._db.execute(

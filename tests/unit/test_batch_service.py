@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from core.config import BatchConfig
 from deployments.batch.ports import Answer, Unreachable
 from deployments.batch.service import BatchService
-from deployments.batch.store import BatchStore
+from deployments.batch.store import BatchStore, ChunkResult
 
 SETTINGS = BatchConfig(chunk_rounds=2, max_chunk=8, retry_pause_s=0.01)
 OWNER = "alice"
@@ -280,3 +281,23 @@ def test_the_store_keeps_sqlite_in_wal_mode_or_the_rollback_journal_on_shared_st
 ) -> None:
     assert BatchStore(tmp_path / "local").journal_mode == "wal"
     assert BatchStore(tmp_path / "shared", shared_storage=True).journal_mode == "delete"
+
+
+def test_a_chunk_commits_whole_or_not_at_all(tmp_path: Path) -> None:
+    service = make_service(tmp_path, FakeGateway())
+    _, file = upload(service, jsonl([line("a"), line("b")]))
+    store = BatchStore(tmp_path)
+
+    async def created() -> str:
+        _, batch = service.create(OWNER, create_body(file["id"]))
+        await service.stop()  # not run: the test commits by hand
+        return str(batch["id"])
+
+    batch_id = asyncio.run(created())
+    good = ChunkResult(1, True, '{"ok": 1}')
+    with pytest.raises(sqlite3.ProgrammingError):  # the second row fails: the first goes too
+        store.commit_chunk(batch_id, [good, ChunkResult(2, True, object())], 3)  # type: ignore[arg-type]
+    row = store.batch(batch_id)
+    assert row is not None
+    assert (row.counts.completed, row.next_line) == (0, 1)
+    assert not store.has_result(batch_id, 1)
