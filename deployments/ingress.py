@@ -32,6 +32,7 @@ from core.wire import ChatJob, Refusal, Routed, is_embedding
 from deployments import metrics
 from deployments.auth import PRIORITY_HEADER, Caller, KeyRing
 from deployments.batch.http import BatchApi
+from deployments.body import read_body
 from deployments.error_response import error_response
 from deployments.front_options import front_actor_options
 from deployments.jobs import Jobs
@@ -226,6 +227,14 @@ class Ingress:
             caller = self._keys.named(owner)
             job, depth = builders[endpoint](payload, caller, PriorityClass.BACKGROUND.value, None)
             response = await self._metered(job, depth, started)
+            answer = json.loads(bytes(response.body))
+            usage = answer.get("usage") or {}
+            return {
+                "status": response.status_code,
+                "body": answer,
+                "request_id": str(answer.get("id", "")),
+                "usage": (usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0),
+            }
         except ApiError as error:
             retry = error.headers.get("Retry-After")
             return {"status": error.status, "body": error.body(),
@@ -234,14 +243,6 @@ class Ingress:
             logger.exception("batch line failed in the ingress")
             failure = ApiError(500, ErrorCode.INTERNAL_ERROR, "The gateway hit an internal error.")
             return {"status": 500, "body": failure.body()}
-        answer = json.loads(bytes(response.body))
-        usage = answer.get("usage") or {}
-        return {
-            "status": response.status_code,
-            "body": answer,
-            "request_id": str(answer.get("id", "")),
-            "usage": (usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0),
-        }
 
     async def batch_slots(self, model: str) -> int:
         """Requests `model`'s backends run at background priority at once (the router's own
@@ -310,7 +311,7 @@ class Ingress:
     async def _serve(self, request: Request, started: float, build: JobBuilder) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
         limits = self._config.gateway
-        payload = _parse_json(await _read_body(request, limits.max_body_bytes), limits)
+        payload = _parse_json(await read_body(request, limits.max_body_bytes), limits)
         headers = request.headers
         job, depth = build(payload, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER))
         return await self._metered(job, depth, started)
@@ -421,23 +422,6 @@ class Ingress:
             self._metering.settle(admission, *totals)
             metrics.observe_tokens(routed.backend, *totals)
             timing.ended()
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    too_large = ApiError(
-        413,
-        ErrorCode.REQUEST_TOO_LARGE,
-        f"The request body exceeds the limit of {limit} bytes.",
-    )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
-    return bytes(body)
 
 
 def _parse_json(body: bytes, limits: GatewayConfig) -> dict[str, Any]:

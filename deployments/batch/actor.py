@@ -3,17 +3,21 @@
 The actor is detached and restarts when its process dies (`max_restarts=-1`); its state is
 the store, so a restarted actor (or one started after the whole cluster went down) takes up
 every unfinished batch where its last chunk was committed. Calls are not retried by Ray: a
-create that died with the actor is the client's to send again, never run twice.
+call that died with the actor is answered 503, and the client sends it again (a create that
+had committed before the death then makes a second batch, as a retried create does at OpenAI).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from core.config import ClusterConfig
+from core.errors import ApiError, ErrorCode
 from deployments.batch.ports import Answer, Unreachable
 from deployments.batch.service import BatchService
 from deployments.batch.store import BatchStore
@@ -50,7 +54,10 @@ class ServeGateway:
             reply = await asyncio.wait_for(
                 self._ingress().batch_answer.remote(endpoint, body, owner), ANSWER_TIMEOUT_S
             )
-        except Exception as error:  # noqa: BLE001 - app gone, replica replaced, timed out
+        except TimeoutError:  # answered by no one in time: a server error, tried a few times
+            message = f"No answer within {ANSWER_TIMEOUT_S:.0f} s."
+            return Answer(504, ApiError(504, ErrorCode.BACKEND_ERROR, message).body())
+        except Exception as error:  # noqa: BLE001 - app gone, replica replaced
             self._handle = None  # the app may be back under a new deployment: look again
             raise Unreachable(repr(error)) from None
         return Answer(**reply)
@@ -65,6 +72,7 @@ class ServeGateway:
 
 class BatchActor:
     def __init__(self, config: ClusterConfig, app: str) -> None:
+        self.digest = config_digest(config)
         store = BatchStore(config.batch_directory, config.batches.shared_storage)
         self._service = BatchService(
             store, ServeGateway(app), config.batches, config.gateway.max_json_depth
@@ -78,6 +86,15 @@ class BatchActor:
             raise ValueError(f"not a batch service call: {name}")
         return getattr(self._service, name)(*args)
 
+    async def config_digest(self) -> str:
+        return self.digest
+
+
+def config_digest(config: ClusterConfig) -> str:
+    """What the service was started with: a redeployed app with another config (or code that
+    pickles it otherwise) replaces it."""
+    return hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+
 
 def batch_actor_name(app: str) -> str:
     return f"gps_batches:{app}"
@@ -86,13 +103,29 @@ def batch_actor_name(app: str) -> str:
 def ensure_batch_actor(
     config: ClusterConfig, app: str, namespace: str, resources: Mapping[str, float]
 ) -> Any:
-    """The app's batch service, started if absent, on the gateway's nodes."""
+    """The app's batch service, started if absent, on the gateway's nodes. One started with
+    another config is stopped first: two services over one store would run a batch twice (its
+    batches go on in the new one, from their last commits)."""
     import ray
 
+    name = batch_actor_name(app)
+    try:
+        running = ray.get_actor(name, namespace)
+    except ValueError:  # none yet
+        running = None
+    if running is not None and ray.get(running.config_digest.remote()) != config_digest(config):
+        logger.warning("batch service: started with another config; replacing it")
+        ray.kill(running, no_restart=True)
+        for _ in range(100):  # until its name is free, or get_if_exists would find it dying
+            try:
+                ray.get_actor(name, namespace)
+            except ValueError:
+                break
+            time.sleep(0.1)
     return (
         ray.remote(num_cpus=0)(BatchActor)
         .options(
-            name=batch_actor_name(app),
+            name=name,
             namespace=namespace,
             lifetime="detached",
             get_if_exists=True,

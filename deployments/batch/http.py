@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from core.config import BatchConfig
 from core.errors import ApiError, ErrorCode
 from deployments.auth import KeyRing
+from deployments.body import DIGITS, read_body
 from policy.request import parse_object
 
 logger = logging.getLogger("ray.serve")
@@ -22,6 +23,7 @@ logger = logging.getLogger("ray.serve")
 __all__ = ["BatchApi"]
 
 PART_BYTES = 1024 * 1024
+CREATE_BYTES = 64 * 1024  # a create's body: ids, an endpoint, a window and 16 metadata pairs
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the purpose field, past the file's size
 
 
@@ -47,9 +49,12 @@ class BatchApi:
 
     async def upload(self, request: Request) -> Response:
         owner = self._owner(request)
-        declared = request.headers.get("content-length")
+        declared = request.headers.get("content-length", "")
         limit = self._settings.max_file_bytes
-        if declared is not None and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
+        if not DIGITS.fullmatch(declared):  # a form is spooled whole before it is read
+            raise ApiError(411, ErrorCode.INVALID_REQUEST,
+                           "Send the upload with a Content-Length (not chunked).")  # fmt: skip
+        if int(declared) > limit + FORM_OVERHEAD:
             raise _too_large(limit)
         if "multipart/form-data" not in request.headers.get("content-type", ""):
             raise ApiError(400, ErrorCode.INVALID_REQUEST,
@@ -109,7 +114,7 @@ class BatchApi:
 
     async def create(self, request: Request) -> Response:
         owner = self._owner(request)
-        body = parse_object(await request.body(), self._max_depth)
+        body = parse_object(await read_body(request, CREATE_BYTES), self._max_depth)
         return _json(await self._call("create", owner, body))
 
     async def batch(self, request: Request, batch_id: str) -> Response:
@@ -118,7 +123,7 @@ class BatchApi:
     async def batches(self, request: Request) -> Response:
         params = request.query_params
         limit = params.get("limit", "20")
-        if not limit.isdigit():
+        if not DIGITS.fullmatch(limit):
             raise ApiError(400, ErrorCode.INVALID_REQUEST, "limit must be a whole number",
                            param="limit")  # fmt: skip
         reply = await self._call("batches", self._owner(request), params.get("after"), int(limit))
@@ -135,6 +140,9 @@ class BatchApi:
             return await self._service().call.remote(name, *args)
         except Exception as error:  # noqa: BLE001 - the service restarting: the client retries
             logger.warning("batch service call %s failed: %r", name, error)
+            forget = getattr(self._service, "cache_clear", None)
+            if forget is not None:  # replaced for good (another config): look it up again
+                forget()
             raise ApiError(503, ErrorCode.BACKEND_UNAVAILABLE,
                            "The batch service is restarting; try again shortly.",
                            headers={"Retry-After": "5"}) from None  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ logger = logging.getLogger("ray.serve")
 
 __all__ = ["BatchRunner"]
 
+# A line's nesting was checked at upload (and its body is again, at the ingress).
+ANY_DEPTH = 10_000
 SLOTS_READ_EVERY_S = 10.0  # the backends' capacity follows autoscaling within this
 
 
@@ -41,7 +44,6 @@ class BatchRunner:
     store: BatchStore
     gateway: Gateway
     settings: BatchConfig
-    max_json_depth: int
     clock: Callable[[], float] = time.time
     _slots_read: dict[str, tuple[float, int]] = field(default_factory=dict)
 
@@ -84,7 +86,9 @@ class BatchRunner:
     def _lines(self, row: BatchRow) -> Iterator[BatchLine]:
         """The input's lines from the cursor on, but those a stop already committed (checked
         at upload: each parses)."""
-        reader = LineReader(self.settings.max_line_bytes)
+        # Checked at upload under that day's limits: read with none (a lower limit since
+        # must not drop a line of a batch already accepted).
+        reader = LineReader(sys.maxsize)
 
         def raw_lines() -> Iterator[tuple[int, bytes]]:
             for chunk in self.store.read_file(row.input_file_id):
@@ -93,7 +97,7 @@ class BatchRunner:
 
         for number, raw in raw_lines():
             if number >= row.next_line and not self.store.has_result(row.id, number):
-                yield _parsed(raw, number, self.max_json_depth)
+                yield _parsed(raw, number, ANY_DEPTH)
 
     async def _run_chunk(self, row: BatchRow, chunk: list[BatchLine], slots: int) -> None:
         gate = asyncio.Semaphore(slots)
@@ -106,30 +110,32 @@ class BatchRunner:
         tasks = [asyncio.ensure_future(one(line)) for line in chunk]
         try:
             await asyncio.gather(*tasks)
-        except Stopped:
-            for task in tasks:
+        except BaseException as error:
+            for task in tasks:  # no line goes on being sent for a chunk that has stopped
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            # What finished is kept (a resumed or cancelled batch does not run it again); the
-            # cursor stays before the chunk.
-            self.store.commit_chunk(row.id, done, self._row(row.id).next_line)
+            if not isinstance(error, asyncio.CancelledError):  # cancelled: the process ends
+                # What finished is kept (a resumed, cancelled or failed batch does not run it
+                # again); the cursor stays before the chunk.
+                self.store.commit_chunk(row.id, done, self._row(row.id).next_line)
             raise
         self.store.commit_chunk(row.id, done, chunk[-1].number + 1)
 
     async def _run_line(self, row: BatchRow, line: BatchLine) -> ChunkResult:
-        attempts = 0
+        server_errors = 0  # 5xx answers but 503: the ones a line may fail for
         while True:
             self._check_going(row.id)
-            attempts += 1
             answer: Answer | None
             try:
                 answer = await self.gateway.answer(row.endpoint, line.body, row.owner)
             except Unreachable as error:
                 logger.info("batch %s line %d: no answer: %s", row.id, line.number, error)
                 answer = None
+            status = None if answer is None else answer.status
+            server_errors += status is not None and status >= 500 and status != 503
             verdict = judge_answer(
-                None if answer is None else answer.status,
-                attempts,
+                status,
+                server_errors,
                 None if answer is None else answer.retry_after_s,
                 self.settings.retry_pause_s,
             )
@@ -146,6 +152,16 @@ class BatchRunner:
             raise Stopped(row.status.value)
         if self.clock() >= row.expires_at:
             raise Stopped("expired")
+
+    def fail(self, batch_id: str, message: str) -> BatchRow:
+        """The run broke (not the lines: the service): FAILED, with what was committed in its
+        output and error files."""
+        row = self._row(batch_id)
+        output = self._write(row, "output", self.store.result_lines(row.id, ok=True))
+        errors = self._write(row, "error", self.store.result_lines(row.id, ok=False))
+        problem = {"code": "batch_failed", "message": message, "line": None, "param": None}
+        return self.store.set_status(batch_id, BatchStatus.FAILED, output_file_id=output,
+                                     error_file_id=errors, errors=[problem])  # fmt: skip
 
     def _finish(self, batch_id: str, expired: bool) -> BatchRow:
         """The output and error files from what was committed, and the final status."""

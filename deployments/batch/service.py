@@ -9,7 +9,6 @@ ended (a restart after a crash): each goes on from its last committed chunk.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -74,7 +73,7 @@ class BatchService:
         self._settings = settings
         self._max_depth = max_json_depth
         self._clock = clock
-        self._runner = BatchRunner(store, gateway, settings, max_json_depth, clock)
+        self._runner = BatchRunner(store, gateway, settings, clock)
         self._uploads: dict[str, Upload] = {}
         self._runs: dict[str, asyncio.Task[BatchRow]] = {}
 
@@ -100,11 +99,13 @@ class BatchService:
         if task.cancelled():
             return
         error = task.exception()
-        if error is not None:
-            logger.error("batch %s: the run failed: %r", batch_id, error)
-            with contextlib.suppress(Exception):
-                self._store.set_status(batch_id, BatchStatus.FAILED, errors=[
-                    {"code": "internal_error", "message": "the batch service failed"}])  # fmt: skip
+        if error is None:
+            return
+        logger.error("batch %s: the run failed: %r", batch_id, error)
+        try:
+            self._runner.fail(batch_id, f"the batch service failed: {error!r}")
+        except Exception:  # the store itself failing: the batch is taken up at the next start
+            logger.exception("batch %s: could not be marked failed", batch_id)
 
     async def stop(self) -> None:
         for task in list(self._runs.values()):
@@ -193,6 +194,9 @@ class BatchService:
     @replying
     def delete_file(self, owner: str, file_id: str) -> Reply:
         self._own_file(owner, file_id)
+        if any(row.input_file_id == file_id for row in self._store.unfinished()):
+            message = "A batch that has not ended reads this file: delete it once it has ended."
+            raise ApiError(409, ErrorCode.INVALID_REQUEST, message, param="file_id")
         self._store.delete_file(file_id)
         return 200, {"id": file_id, "object": "file", "deleted": True}
 

@@ -148,10 +148,11 @@ class BatchStore:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled back already (disk full)
+                self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     @property
     def journal_mode(self) -> str:
@@ -166,8 +167,16 @@ class BatchStore:
         return self.directory / "uploads" / upload_id
 
     def add_file(self, row: FileRow, source: Path) -> None:
-        """Keep an uploaded (or written) file: in place first, then known."""
+        """Keep an uploaded (or written) file: on disk and in place first, then known (the
+        row commits with synchronous=FULL: the bytes it points at must be there too)."""
+        with source.open("rb") as written:
+            os.fsync(written.fileno())
         os.replace(source, self.file_path(row.id))
+        directory = os.open(self.directory / "files", os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
         with self._transaction():
             self._db.execute("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?)",
                              (row.id, row.owner, row.purpose, row.filename, row.bytes,

@@ -5,7 +5,8 @@ A client's mistake (4xx but 429) is final: the line goes to the error file with 
 status and error, as OpenAI writes it. Refusals the gateway may lift (429: shed, or over the
 key's limits; 503: every link down; the gateway unreachable) are tried again after a pause,
 until the batch expires: a line is never failed for the gateway's load. Another server error
-is tried `MAX_SERVER_ERRORS` times (the router has failed the job over already), then failed.
+(a 504 for a line the gateway took too long to answer, too) is tried until it has had
+`MAX_SERVER_ERRORS` of them (the router has failed the job over already), then failed.
 """
 
 from __future__ import annotations
@@ -34,15 +35,15 @@ class Verdict:
 
 
 def judge_answer(
-    status: int | None, attempts: int, retry_after_s: float | None, pause_s: float
+    status: int | None, server_errors: int, retry_after_s: float | None, pause_s: float
 ) -> Verdict:
-    """`status` None: no answer (the gateway unreachable). `attempts`: tries so far, this one
-    included."""
+    """`status` None: no answer (the gateway unreachable). `server_errors`: the line's answers
+    so far with a 5xx other than 503, this one included."""
     if status is not None and 200 <= status < 300:
         return Verdict(Outcome.OUTPUT)
     if status is None or status in RETRYABLE:
         return Verdict(Outcome.RETRY, retry_after_s if retry_after_s else pause_s)
-    if status >= 500 and attempts < MAX_SERVER_ERRORS:
+    if status >= 500 and server_errors < MAX_SERVER_ERRORS:
         return Verdict(Outcome.RETRY, pause_s)
     return Verdict(Outcome.ERROR)
 

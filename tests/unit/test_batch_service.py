@@ -301,3 +301,66 @@ def test_a_chunk_commits_whole_or_not_at_all(tmp_path: Path) -> None:
     assert row is not None
     assert (row.counts.completed, row.next_line) == (0, 1)
     assert not store.has_result(batch_id, 1)
+
+
+class BrokenGateway(FakeGateway):
+    """The gateway's port itself breaks on one line (a bug, not an answer)."""
+
+    async def answer(self, endpoint: str, body: dict[str, Any], owner: str) -> Answer:
+        if body["messages"][0]["content"] == "break":
+            await asyncio.sleep(0.01)
+            raise RuntimeError("a bug in the port")
+        return await super().answer(endpoint, body, owner)
+
+
+def test_a_run_that_breaks_fails_the_batch_keeping_what_it_committed(tmp_path: Path) -> None:
+    gateway = BrokenGateway(slots=1)  # chunks of 2 lines
+    service = make_service(tmp_path, gateway)
+    lines = [line("a"), line("b"), line("c"), line("d", "break"), line("e"), line("f")]
+    _, file = upload(service, jsonl(lines))
+    batch = run(service, create_body(file["id"]))
+    assert batch["status"] == "failed"
+    assert batch["errors"]["data"][0]["code"] == "batch_failed"
+    assert [e["custom_id"] for e in content(service, batch["output_file_id"])] == ["a", "b", "c"]
+    assert gateway.sent == ["a", "b", "c"]  # nothing was sent after the break
+    assert batch["request_counts"]["completed"] == 3
+
+
+def test_the_input_of_a_batch_that_has_not_ended_cannot_be_deleted(tmp_path: Path) -> None:
+    gateway = FakeGateway()
+    gateway.hold_after = 0  # every answer hangs: the batch stays in progress
+    service = make_service(tmp_path, gateway)
+    _, file = upload(service, jsonl([line("a")]))
+
+    async def delete_while_running() -> int:
+        service.create(OWNER, create_body(file["id"]))
+        await asyncio.sleep(0.01)
+        status = service.delete_file(OWNER, file["id"])[0]
+        await service.stop()
+        return status
+
+    assert asyncio.run(delete_while_running()) == 409
+    assert service.file(OWNER, file["id"])[0] == 200
+
+
+def test_a_line_fails_after_three_server_errors_however_many_refusals_for_load(
+    tmp_path: Path,
+) -> None:
+    class Flaky(FakeGateway):
+        def __init__(self) -> None:
+            super().__init__()
+            self.answers = [429, 429, 500, 503, 500, 500]
+
+        async def answer(self, endpoint: str, body: dict[str, Any], owner: str) -> Answer:
+            self.calls += 1
+            status = self.answers.pop(0)
+            return Answer(status, {"error": {"message": str(status)}}, retry_after_s=0.001)
+
+    gateway = Flaky()
+    service = make_service(tmp_path, gateway)
+    _, file = upload(service, jsonl([line("a")]))
+    batch = run(service, create_body(file["id"]))
+    assert batch["request_counts"]["failed"] == 1
+    assert gateway.answers == []  # all six tries: the two 429s and the 503 did not count
+    [error] = content(service, batch["error_file_id"])
+    assert error["response"]["status_code"] == 500
