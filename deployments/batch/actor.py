@@ -73,7 +73,9 @@ class ServeGateway:
 class BatchActor:
     def __init__(self, config: ClusterConfig, app: str) -> None:
         self.digest = config_digest(config)
-        store = BatchStore(config.batch_directory, config.batches.shared_storage)
+        # One service per app, one store per app: two apps of one config never share a store
+        # (each would take up the other's batches and run them twice).
+        store = BatchStore(config.batch_directory / app, config.batches.shared_storage)
         self._service = BatchService(
             store, ServeGateway(app), config.batches, config.gateway.max_json_depth
         )
