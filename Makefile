@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit integration e2e chaos placement autoscale monitoring recovery rayup stop lint format bench capacity clean
+.PHONY: install model run test unit integration e2e chaos placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -104,6 +104,10 @@ autoscale: $(INSTALLED) $(MODEL)
 monitoring: $(INSTALLED) $(MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/monitoring -q -s
 
+# A batch cut off by a whole cluster's restart completes with every line once: its own cluster.
+batch: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/batch -q -s
+
 # A pool's node killed, drained, replaced by the command provisioner, and back: its own cluster.
 recovery: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/recovery -q -s
@@ -120,15 +124,16 @@ stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # Sessions of their own after the shared app's: placement and recovery run three-node clusters,
-# autoscale and monitoring one-node clusters of their own,
+# autoscale, monitoring and batch one-node clusters of their own,
 # rayup a `ray up` cluster, stop starts and stops whole apps with `serve run`.
 test: lint $(MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests -q --durations=25 --ignore=tests/placement --ignore=tests/stop \
 		--ignore=tests/recovery --ignore=tests/rayup --ignore=tests/autoscale \
-		--ignore=tests/monitoring
+		--ignore=tests/monitoring --ignore=tests/batch
 	$(VENV)/bin/pytest tests/placement -q -s
 	$(VENV)/bin/pytest tests/autoscale -q -s
 	$(VENV)/bin/pytest tests/monitoring -q -s
+	$(VENV)/bin/pytest tests/batch -q -s
 	$(VENV)/bin/pytest tests/recovery -q -s
 	$(VENV)/bin/pytest tests/rayup -q -s
 	$(VENV)/bin/pytest tests/stop -q -s
@@ -146,6 +151,7 @@ bench: $(INSTALLED) $(MODEL)
 	$(PY) -m bench.chaos || status=1; \
 	$(PY) -m bench.capacity || status=1; \
 	$(PY) -m bench.autoscale || status=1; \
+	$(PY) -m bench.batch || status=1; \
 	exit $$status
 
 clean:

@@ -64,8 +64,11 @@ oom_switch_module = _load_test_module("oom_switch.py")
 
 
 @pytest.fixture(scope="session")
-def config() -> ClusterConfig:
+def config(tmp_path_factory: pytest.TempPathFactory) -> ClusterConfig:
     config = load_config(CONFIG, environ={})
+    # Batches of this session alone: none left by an earlier run is taken up again.
+    batches = config.batches.model_copy(update={"directory": tmp_path_factory.mktemp("batches")})
+    config = config.model_copy(update={"batches": batches})
     for model in config.models:
         source = Path(config.resolve_path(model.source))
         if not source.is_dir():

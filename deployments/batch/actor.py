@@ -115,7 +115,7 @@ def ensure_batch_actor(
         running = ray.get_actor(name, namespace)
     except ValueError:  # none yet
         running = None
-    if running is not None and ray.get(running.config_digest.remote()) != config_digest(config):
+    if running is not None and _digest_of(running) not in (None, config_digest(config)):
         logger.warning("batch service: started with another config; replacing it")
         ray.kill(running, no_restart=True)
         for _ in range(100):  # until its name is free, or get_if_exists would find it dying
@@ -137,3 +137,15 @@ def ensure_batch_actor(
         )
         .remote(config, app)
     )
+
+
+def _digest_of(service: Any) -> str | None:
+    """The running service's config digest; None when it cannot say now (restarting): it is
+    kept, and asked again at the next start."""
+    import ray
+
+    try:
+        return str(ray.get(service.config_digest.remote(), timeout=30))
+    except Exception as error:  # noqa: BLE001 - restarting, or busy past the timeout
+        logger.warning("batch service: no config digest now: %r", error)
+        return None

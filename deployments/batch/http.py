@@ -4,10 +4,12 @@ replica sees the same files and batches). Uploads and downloads stream part by p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ray.exceptions import ActorDiedError
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -137,12 +139,14 @@ class BatchApi:
 
     async def _call(self, name: str, *args: Any) -> Any:
         try:
-            return await self._service().call.remote(name, *args)
+            # The first look may start the service: Ray's calls block, the event loop must not.
+            service = await asyncio.to_thread(self._service)
+            return await service.call.remote(name, *args)
         except Exception as error:  # noqa: BLE001 - the service restarting: the client retries
             logger.warning("batch service call %s failed: %r", name, error)
             forget = getattr(self._service, "cache_clear", None)
-            if forget is not None:  # replaced for good (another config): look it up again
-                forget()
+            if isinstance(error, ActorDiedError) and forget is not None:
+                forget()  # gone for good (replaced for another config): look it up again
             raise ApiError(503, ErrorCode.BACKEND_UNAVAILABLE,
                            "The batch service is restarting; try again shortly.",
                            headers={"Retry-After": "5"}) from None  # fmt: skip
