@@ -176,30 +176,25 @@ def _check_kind(name: str, role: Role | None, vectors: bool, served: dict[str, A
 def _validate_embedding(payload: dict[str, Any]) -> Any:
     """The request as vLLM's EmbeddingCompletionRequest, or ApiError 400."""
     check_embedding_request(payload)
-    try:
-        return EmbeddingCompletionRequest.model_validate(payload)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or None
-        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
-    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
-        logger.warning("embedding refused by vLLM's schema, not ours: %r", error)
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
+    return _as_vllm(EmbeddingCompletionRequest, payload, "embedding")
 
 
 def _validate_completion(payload: dict[str, Any]) -> Any:
     """The request as vLLM's CompletionRequest, or ApiError 400: never another exception."""
     check_completion_request(payload)
+    return _as_vllm(CompletionRequest, payload, "completion")
+
+
+def _as_vllm(model: Any, payload: dict[str, Any], kind: str) -> Any:
     try:
-        return CompletionRequest.model_validate(payload)
+        return model.model_validate(payload)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or None
         message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
         raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
     except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
-        logger.warning("completion refused by vLLM's schema, not ours: %r", error)
+        logger.warning("%s refused by vLLM's schema, not ours: %r", kind, error)
         raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
 
 
