@@ -66,6 +66,9 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
             # An embedding model runs vLLM's pooling runner (which turns a *ForCausalLM into
             # an embedding model with last-token pooling).
             **({"runner": "pooling"} if not model.role.generates else {}),
+            # Requests carry their class's number (router.engine_priorities); a model's own
+            # engine_kwargs may still say otherwise.
+            **({"scheduling_policy": "priority"} if config.router.engine_priority else {}),
             **model.engine_kwargs,
             **tool_engine_kwargs(config, model),
         },

@@ -24,6 +24,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.serve.llm import LLMServer
 
@@ -70,11 +71,16 @@ def judged(item: Any) -> Any:
 
 
 class _EngineStats:
-    """A vLLM stat logger (duck-typed StatLoggerBase) that keeps the last scheduler readings."""
+    """A vLLM stat logger (duck-typed StatLoggerBase) that keeps the last scheduler readings
+    and sums the engine's own per-step counts: preemptions, prefix-cache tokens queried and
+    hit (what vLLM's `vllm:num_preemptions` and `vllm:prefix_cache_*` counters add up)."""
 
     def __init__(self) -> None:
         self.usage = 0.0
         self.running = 0
+        self.preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     def record(
         self,
@@ -86,6 +92,15 @@ class _EngineStats:
         if scheduler_stats is not None:
             self.usage = float(scheduler_stats.kv_cache_usage)
             self.running = int(scheduler_stats.num_running_reqs)
+            prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if prefix is not None:  # this step's lookups (vLLM resets them after each step)
+                self.prefix_queries += int(prefix.queries)
+                self.prefix_hits += int(prefix.hits)
+        if iteration_stats is not None:
+            self.preemptions += int(iteration_stats.num_preempted_reqs)
+
+    def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
+        pass  # called on every logger where the engine bounds its queue; no count of ours
 
     def log(self) -> None:
         pass
@@ -125,6 +140,19 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
     async def kv_cache_usage(self) -> float | None:
         """The engine's KV-cache usage (0..1) after its last step; None if not observable."""
         return None if self._stats is None else self._stats.usage
+
+    async def engine_counters(self) -> dict[str, Any] | None:
+        """This replica's engine counts since it started, named by the replica (the router
+        sums its backend's replicas: policy.engine_counters); None if not observable."""
+        stats = self._stats
+        if stats is None:
+            return None
+        return {
+            "replica": serve.get_replica_context().replica_id.unique_id,
+            "preemptions": stats.preemptions,
+            "prefix_queries": stats.prefix_queries,
+            "prefix_hits": stats.prefix_hits,
+        }
 
     async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
         async for item in self._served(super().chat, request, raw_request_info):

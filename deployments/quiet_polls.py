@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 
-POLLED_METHODS = ("kv_cache_usage", "check_health")
+POLLED_METHODS = ("kv_cache_usage", "engine_counters", "check_health")
 # `CALL kv_cache_usage OK 4.2ms`, after the client's address with RAY_SERVE_LOG_CLIENT_ADDRESS.
 _QUIET = re.compile(rf"^(?:\S+ )?CALL (?:{'|'.join(POLLED_METHODS)}) OK ")
 

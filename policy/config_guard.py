@@ -223,8 +223,9 @@ def _memory(at: str, model: ModelConfig, plan: EngineMemory) -> list[Finding]:
                 f"{at}.max_concurrency",
                 f"the router lets {per_replica} requests run on each replica, and the engine "
                 f"runs {plan.max_num_seqs} at once (engine_kwargs.max_num_seqs): the rest queue "
-                "inside the engine, out of the router's priority order; lower max_concurrency "
-                "or raise max_num_seqs",
+                "inside the engine, where a user's request waits for a running sequence to end "
+                "whatever its priority (vLLM preempts only for KV memory); lower "
+                "max_concurrency or raise max_num_seqs",
             )
         )
     return findings

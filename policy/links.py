@@ -93,7 +93,13 @@ class LinkStatus:
 
     @property
     def reads_kv(self) -> bool:
-        return self.kv_observable and self.running and not self.asleep
+        return self.kv_observable and self.reads_engine
+
+    @property
+    def reads_engine(self) -> bool:
+        """A reading of its engine may be asked for: a running replica, not one put to sleep
+        (a call would wake it)."""
+        return self.running and not self.asleep
 
     def view(self) -> LinkView:
         # A parked link only drains; one on a dead pool takes nothing new; one asleep takes

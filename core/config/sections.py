@@ -386,6 +386,14 @@ def _all_class_shares(value: dict[PriorityClass, float]) -> FrozenDict:
     return frozen_dict({**DEFAULT_CLASS_SHARES, **value})
 
 
+# vLLM's priority scheduler runs the lowest number first.
+DEFAULT_ENGINE_PRIORITIES = {cls: cls.rank for cls in PriorityClass}
+
+
+def _all_engine_priorities(value: dict[PriorityClass, int]) -> FrozenDict:
+    return frozen_dict({**DEFAULT_ENGINE_PRIORITIES, **value})
+
+
 class RouterConfig(Frozen):
     """Admission, breakers and failover in the router deployment."""
 
@@ -412,6 +420,30 @@ class RouterConfig(Frozen):
     health_idle_interval_s: float = Field(30.0, gt=0)
     first_token_timeout_s: float = Field(120.0, gt=0)
     stream_idle_timeout_s: float = Field(120.0, gt=0)
+    # The class reaches the engine: every vLLM backend runs vLLM's priority scheduler, each
+    # request carrying its class's number from `engine_priorities` (lower runs first; where
+    # the KV cache runs out the engine preempts the highest number, latest arrival, first).
+    # The CPU fallback serves the lowest number first too. Off: FCFS, every request at 0.
+    engine_priority: bool = True
+    engine_priorities: Annotated[
+        dict[PriorityClass, Annotated[int, Field(ge=-(2**31), lt=2**31)]],
+        AfterValidator(_all_engine_priorities),
+    ] = Field(default_factory=lambda: _all_engine_priorities({}))
+
+    def engine_priority_of(self, cls: PriorityClass) -> int:
+        """The number a request of `cls` carries to its engine."""
+        return int(self.engine_priorities[cls]) if self.engine_priority else 0
+
+    @model_validator(mode="after")
+    def _engine_priorities_ascend(self) -> Self:
+        numbers = [self.engine_priorities[c] for c in PriorityClass]
+        if numbers != sorted(numbers):
+            raise ValueError(
+                "engine_priorities must not fall down the classes (user <= agent <= "
+                f"background: the engine runs the lowest first), got "
+                f"{dict(zip([c.value for c in PriorityClass], numbers, strict=True))}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _shares_descend(self) -> Self:

@@ -68,6 +68,7 @@ class InvalidChat(Exception):
 
 class FallbackEngine(Protocol):
     name: str
+    parallel: int  # sequences it decodes at once; more wait their turn in the replica
 
     async def start(self) -> None:
         """Load the model; on return the engine serves."""

@@ -35,6 +35,7 @@ SELF_TEST = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
 class LlamaCppEngine:
     name = "llama_cpp"
+    parallel = 1  # one llama.cpp context decodes one sequence at a time
 
     def __init__(
         self,

@@ -257,6 +257,7 @@ class OllamaEngine:
     """`ollama serve`, a supervised child of this replica, serving one model."""
 
     name = "ollama"
+    parallel = 1  # OLLAMA_NUM_PARALLEL: the replica's turns order the rest by priority
 
     def __init__(
         self,
@@ -275,7 +276,7 @@ class OllamaEngine:
         self._keep_alive = keep_alive
 
         def port_env(port: int) -> dict[str, str]:
-            env = {"OLLAMA_HOST": f"127.0.0.1:{port}"}
+            env = {"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_NUM_PARALLEL": str(self.parallel)}
             if models_dir:
                 env["OLLAMA_MODELS"] = models_dir
             return env

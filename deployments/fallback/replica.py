@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from deployments.fallback.openai_format import (
     completion_params,
     error_response,
 )
+from deployments.fallback.turns import PriorityTurns
 from deployments.quiet_polls import quiet_polls
 from policy.context.prompt_fit import COMPLETION_DEFAULT_MAX_TOKENS
 from policy.request.tools import calls_tools
@@ -153,6 +155,7 @@ class CpuFallback:
         quiet_polls()
         self._settings = settings
         self._engine = engine_factory(settings)
+        self._turns = PriorityTurns(self._engine.parallel)
         await self._engine.start()
         logger.info("CPU fallback serving %s with %s", settings.source, self._engine.name)
 
@@ -166,6 +169,12 @@ class CpuFallback:
                 400, ErrorCode.INVALID_REQUEST, "The CPU fallback answers n=1 only."
             )
             return
+        # Closed as soon as the client leaves: the engine stops now and the next waiter goes.
+        async with self._turns.turn(request.priority or 0), aclosing(self._chat(request)) as items:
+            async for item in items:
+                yield item
+
+    async def _chat(self, request: ChatCompletionRequest) -> AsyncGenerator[Any, None]:
         default_max = max(1, self._settings.context_window // 4)
         pieces = self._engine.chat(chat_params(request, default_max))
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -201,6 +210,15 @@ class CpuFallback:
         if refusal is not None:
             yield error_response(400, ErrorCode.INVALID_REQUEST, refusal)
             return
+        # Closed as soon as the client leaves: the engine stops now and the next waiter goes.
+        async with (
+            self._turns.turn(request.priority or 0),
+            aclosing(self._completions(request)) as items,
+        ):
+            async for item in items:
+                yield item
+
+    async def _completions(self, request: CompletionRequest) -> AsyncGenerator[Any, None]:
         pieces = self._engine.complete(completion_params(request, COMPLETION_DEFAULT_MAX_TOKENS))
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         shaper = CompletionShaper(self._settings.model_id, include_usage)
@@ -273,6 +291,10 @@ class CpuFallback:
 
     async def kv_cache_usage(self) -> float | None:
         """No KV-cache reading: the router's pressure breaker leaves the fallback alone."""
+        return None
+
+    async def engine_counters(self) -> dict[str, Any] | None:
+        """No preemptions, no prefix cache to count."""
         return None
 
     async def aclose(self) -> None:

@@ -147,7 +147,11 @@ class Router:
 
     def _start_loops(self) -> None:
         if self._watch and not self._loops:
-            loops = [self._health.health_loop(), self._health.kv_loop()]
+            loops = [
+                self._health.health_loop(),
+                self._health.kv_loop(),
+                self._health.counters_loop(),
+            ]
             if self._placement.follows:
                 loops.append(self._placement.loop())
             if self._pools.follows:

@@ -19,6 +19,7 @@ from deployments.router.faults import REPLICA_GONE
 from deployments.router.ports import Backend
 from policy.admission import AdmissionQueue
 from policy.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
+from policy.engine_counters import ReplicaTally
 from policy.gate import BackendGate, GatePolicy
 from policy.kv_pressure import KvPolicy, KvPressure
 from policy.links import Health, LinkFacts, LinkStatus, link_status
@@ -37,6 +38,9 @@ class Link:
     clock: Callable[[], float]
     facts: LinkFacts
     in_flight: int = 0
+    # The engine's own counts (preemptions, prefix-cache tokens), summed over its replicas.
+    engine_counts: ReplicaTally = field(default_factory=ReplicaTally)
+    reads_counters: bool = True  # until the backend says it has none (the fallback)
     # Routers splitting the backend's cap (gateway.router_shares), and the replicas Serve
     # last said were running (None until the first health check).
     shares: int = 1

@@ -74,6 +74,31 @@ KV_CACHE_USAGE = Gauge(
     ["backend"],
     registry=REGISTRY,
 )
+ENGINE_PREEMPTIONS = Counter(
+    "gps_engine_preemptions",
+    "Sequences the backend's engines preempted (vLLM's own count: a sequence whose KV blocks "
+    "were taken back, to be recomputed), summed over its replicas.",
+    ["backend"],
+    registry=REGISTRY,
+)
+PREFIX_CACHE_QUERIES = Counter(
+    "gps_prefix_cache_queried_tokens",
+    "Prompt tokens the backend's engines looked up in their prefix cache.",
+    ["backend"],
+    registry=REGISTRY,
+)
+PREFIX_CACHE_HITS = Counter(
+    "gps_prefix_cache_hit_tokens",
+    "Prompt tokens the backend's engines found in their prefix cache (not computed again).",
+    ["backend"],
+    registry=REGISTRY,
+)
+PREFIX_CACHE_HIT_RATE = Gauge(
+    "gps_prefix_cache_hit_rate",
+    "Hit tokens over queried tokens in the backend's prefix caches since this router started.",
+    ["backend"],
+    registry=REGISTRY,
+)
 PLACEMENT_MOVES = Counter(
     "gps_placement_moves",
     "Placement moves recorded by the placement actor, by role, kind (offload, restore) and "

@@ -22,6 +22,7 @@ from autoscale.broadcast import PlacementView
 from autoscale.policy import ScalingNews
 from core.config import ClusterConfig
 from policy.context.tokens import TokenCounter
+from policy.engine_counters import EngineCounters
 
 DeploymentKey = tuple[str, str]  # (application, deployment)
 
@@ -52,6 +53,11 @@ class Backend(Protocol):
 
     async def kv_cache_usage(self) -> float | None:
         """The engine's KV-cache usage (0..1); None when it has no such reading to give."""
+        ...
+
+    async def engine_counters(self) -> tuple[str, EngineCounters] | None:
+        """One replica's engine counts since its start, and which replica it is; None when
+        the backend has no such counts to give."""
         ...
 
 

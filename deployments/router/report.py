@@ -89,6 +89,19 @@ def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, 
         "queue_by_priority": {p.value: n for p, n in queue.depth_by_class().items()},
         "kv_cache_usage": link.kv.usage,
         "kv_cache_pressure": link.kv.pressured(now),
+        **_engine_counts(link),
+    }
+
+
+def _engine_counts(link: Link) -> dict[str, Any]:
+    """The engine's own counts since this router started (none for the fallback)."""
+    if not link.reads_counters:
+        return {}
+    total = link.engine_counts.total
+    return {
+        "engine_preemptions": total.preemptions,
+        "prefix_cache_hit_rate": total.prefix_hit_rate,
+        "prefix_cache_queried_tokens": total.prefix_queries,
     }
 
 

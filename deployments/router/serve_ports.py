@@ -34,6 +34,7 @@ from deployments.router.ports import (
     SystemClock,
 )
 from policy.context.counters import counters_for
+from policy.engine_counters import EngineCounters
 from policy.load_scaling import LoadReport
 
 
@@ -69,6 +70,20 @@ class ServeBackend:
                 return None
             raise
         return usage
+
+    async def engine_counters(self) -> tuple[str, EngineCounters] | None:
+        try:
+            reading: dict[str, Any] | None = await self._unary.engine_counters.remote()
+        except (AttributeError, RayServeException) as error:
+            if _method_missing(error):  # a plain LLMServer
+                return None
+            raise
+        if reading is None:
+            return None
+        counters = EngineCounters(
+            int(reading["preemptions"]), int(reading["prefix_queries"]), int(reading["prefix_hits"])
+        )
+        return str(reading["replica"]), counters
 
 
 def _method_missing(error: BaseException) -> bool:

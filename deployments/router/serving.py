@@ -115,7 +115,10 @@ class Serving:
         attempt = Attempt(link, fit, streaming, continuing)
         _enter(link)
         try:
-            stream, first = await self._first_item(attempt, engine_request(link, job.request, fit))
+            request = engine_request(
+                link, job.request, fit, self._settings.engine_priority_of(job.priority)
+            )
+            stream, first = await self._first_item(attempt, request)
             for item in _opening(attempt, first, failovers):
                 yield item
             if engine_error(first) is not None:  # a client error (4xx): the ingress answers it
@@ -203,14 +206,16 @@ def _method(link: Link, request: Any) -> Any:
     return link.backend.completions if is_completion(request) else link.backend.chat
 
 
-def engine_request(link: Link, request: Any, fit: AnyFit) -> Any:
-    """The request as `link`'s engine gets it: its model name, the fitted prompt and output."""
+def engine_request(link: Link, request: Any, fit: AnyFit, priority: int) -> Any:
+    """The request as `link`'s engine gets it: its model name, the fitted prompt and output,
+    and the engine priority of its class (never the client's own `priority` field)."""
     count = PromptCount(fit.prompt_tokens, exact=fit.counted)
     if isinstance(fit, EmbedFit):  # the inputs as sent: the engine truncates where asked
         return with_prompt_count(
             request,
             PromptCount(fit.largest, exact=fit.counted),  # each input is its own sequence
             model=link.target.model_id,
+            priority=priority,
             truncate_prompt_tokens=fit.truncate_to,
         )
     if isinstance(fit, PromptFit):  # a completion: the prompt fitted, a suffix written into it
@@ -218,6 +223,7 @@ def engine_request(link: Link, request: Any, fit: AnyFit) -> Any:
             request,
             count,
             model=link.target.model_id,
+            priority=priority,
             prompt=fit.prompt,
             suffix=None,
             max_tokens=fit.max_tokens,
@@ -227,6 +233,7 @@ def engine_request(link: Link, request: Any, fit: AnyFit) -> Any:
         count,
         # Each engine answers to its own model id (a backend's is its role name).
         model=link.target.model_id,
+        priority=priority,
         messages=fit.messages,
         max_tokens=fit.max_tokens,
         max_completion_tokens=fit.max_tokens,

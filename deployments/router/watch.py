@@ -18,6 +18,8 @@ from policy.links import Health
 logger = logging.getLogger("ray.serve")
 
 HEALTH_PROBE_TIMEOUT_S = 5.0  # a healthy engine answers in milliseconds; a busy one well within
+# Counters are for dashboards, not decisions: a reading every few seconds is plenty.
+COUNTERS_INTERVAL_S = 5.0
 
 
 class Watch:
@@ -101,6 +103,38 @@ class Watch:
                 metrics.LOOP_ERRORS.labels("kv").inc()
                 logger.exception("router KV-cache reading failed")
             await self._clock.sleep(self._settings.kv_poll_interval_s)
+
+    async def counters_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.gather(*map(self._read_counters, self._links.values()))
+            except Exception:  # the loop must outlive any one bad reading
+                metrics.LOOP_ERRORS.labels("engine_counters").inc()
+                logger.exception("router engine-counter reading failed")
+            await self._clock.sleep(COUNTERS_INTERVAL_S)
+
+    async def _read_counters(self, link: Link) -> None:
+        """One replica's counts (whichever Serve picks), added to its backend's."""
+        if not link.reads_counters or not link.status().reads_engine:
+            return
+        try:
+            reading = await asyncio.wait_for(
+                link.backend.engine_counters(), self._settings.kv_stale_after_s
+            )
+        except Exception as error:  # noqa: BLE001 - a missed reading is read next time
+            logger.info("engine counters of %s: %s", link.target.name, describe(error))
+            return
+        if reading is None:  # the fallback, or a plain LLMServer: stop asking
+            link.reads_counters = False
+            return
+        added = link.engine_counts.read(*reading)
+        name = link.target.name
+        metrics.ENGINE_PREEMPTIONS.labels(name).inc(added.preemptions)
+        metrics.PREFIX_CACHE_QUERIES.labels(name).inc(added.prefix_queries)
+        metrics.PREFIX_CACHE_HITS.labels(name).inc(added.prefix_hits)
+        rate = link.engine_counts.total.prefix_hit_rate
+        if rate is not None:
+            metrics.PREFIX_CACHE_HIT_RATE.labels(name).set(rate)
 
     async def _read_kv(self, link: Link) -> None:
         if not link.status().reads_kv:

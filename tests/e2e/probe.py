@@ -65,3 +65,7 @@ class Probe:
             return self._kv_override
         usage: float | None = await self._inner.kv_cache_usage.remote()
         return usage
+
+    async def engine_counters(self) -> dict[str, Any] | None:
+        counters: dict[str, Any] | None = await self._inner.engine_counters.remote()
+        return counters

@@ -90,6 +90,35 @@ def test_status_reports_breakers_queues_and_kv(http: httpx.Client) -> None:
     assert 0.0 <= status(http)["backends"][ORCHESTRATOR]["kv_cache_usage"] <= 1.0
 
 
+def test_the_engines_own_counts_reach_status_and_metrics(http: httpx.Client) -> None:
+    """The engine runs vLLM's priority scheduler (router.engine_priority) and answers requests
+    that carry their class's number; a prompt sent twice is found in its prefix cache the
+    second time (whole blocks of 128 tokens on CPU), and the router reports what the engine
+    counted."""
+    prompt = "Repeat after me: " + "alpha beta gamma delta " * 100
+    for priority in ("background", "user"):
+        reply = http.post(
+            "/v1/chat/completions",
+            json={**body("orchestrator"), "messages": [{"role": "user", "content": prompt}]},
+            headers={"X-Priority": priority},
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-backend"] == ORCHESTRATOR
+
+    def counted() -> bool:
+        backend = status(http)["backends"][ORCHESTRATOR]
+        return (backend["prefix_cache_hit_rate"] or 0) > 0
+
+    wait_for(counted, 60, "the engine's prefix-cache counts in the status")
+    backend = status(http)["backends"][ORCHESTRATOR]
+    assert backend["prefix_cache_queried_tokens"] >= 2 * 400
+    assert backend["engine_preemptions"] >= 0
+    assert "engine_preemptions" not in status(http)["backends"]["cpu-fallback"]
+    metrics = http.get("/metrics").text
+    assert f'gps_prefix_cache_hit_tokens_total{{backend="{ORCHESTRATOR}"}}' in metrics
+    assert f'gps_engine_preemptions_total{{backend="{ORCHESTRATOR}"}}' in metrics
+
+
 def test_a_cap_of_two_holds_at_the_backend_and_nobody_fails(
     gateway: str, probe_reset: DeploymentHandle
 ) -> None:

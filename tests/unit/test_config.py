@@ -465,6 +465,28 @@ def test_bad_class_shares_are_refused(
     assert expected in message
 
 
+def test_engine_priorities_number_the_classes_in_order_and_merge_with_what_is_given(
+    tmp_path: Path,
+) -> None:
+    data = base()
+    data["router"] = {"engine_priorities": {"background": 10}}
+    router = load_dict(tmp_path, data).router
+    numbers = [router.engine_priority_of(c) for c in PriorityClass]
+    assert numbers == [0, 1, 10]
+    data["router"]["engine_priority"] = False
+    off = load_dict(tmp_path, data).router
+    assert [off.engine_priority_of(c) for c in PriorityClass] == [0, 0, 0]
+
+
+def test_engine_priorities_that_would_run_background_before_users_are_refused(
+    tmp_path: Path,
+) -> None:
+    data = base()
+    data["router"] = {"engine_priorities": {"user": 5}}
+    message = config_error(tmp_path, data)
+    assert "engine_priorities must not fall down the classes" in message
+
+
 def test_key_priority_above_its_cap_is_refused(tmp_path: Path) -> None:
     data = base()
     data["api_keys"] = [

@@ -33,6 +33,7 @@ from deployments.router.in_process import InProcessRouter
 from deployments.router.metrics import BACKEND_FAULTS, REGISTRY, STREAM_MIGRATIONS
 from deployments.router.ports import DeploymentFacts, DeploymentKey
 from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
+from policy.engine_counters import EngineCounters
 
 Behaviour = Callable[[int], list[Any]]  # call number -> items (an Exception item is raised)
 APP = "gateway"
@@ -90,6 +91,7 @@ class FakeBackend:
         self.requests: list[Any] = []
         self.completion_calls = 0
         self.embedding_calls = 0
+        self.counter_readings: list[tuple[str, EngineCounters]] = []
 
     def chat(self, request: ChatCompletionRequest) -> FakeStream:
         self.calls += 1
@@ -113,6 +115,14 @@ class FakeBackend:
 
     async def kv_cache_usage(self) -> float | None:
         return self.kv_usage
+
+    async def engine_counters(self) -> tuple[str, EngineCounters] | None:
+        """The next of `counter_readings` (the last one again once they run out)."""
+        if not self.counter_readings:
+            return None
+        if len(self.counter_readings) > 1:
+            return self.counter_readings.pop(0)
+        return self.counter_readings[0]
 
 
 class FakeDeployments:
@@ -685,6 +695,53 @@ def test_kv_pressure_read_by_the_kv_loop_moves_work_down_the_chain() -> None:
     assert report["orchestrator@local"]["kv_cache_pressure"] is False
 
 
+class RoundsClock(FakeClock):
+    """Lets the background loops run `rounds` rounds in all, then holds them."""
+
+    def __init__(self, rounds: int) -> None:
+        super().__init__()
+        self.rounds = rounds
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        if len(self.sleeps) > self.rounds:
+            await asyncio.Event().wait()
+        await asyncio.sleep(0)
+
+
+def test_engine_counts_are_summed_over_replicas_read_one_at_a_time() -> None:
+    coding, fallback_like = FakeBackend(ok), FakeBackend(ok)
+    coding.counter_readings = [
+        ("a", EngineCounters(preemptions=1, prefix_queries=100, prefix_hits=50)),
+        ("b", EngineCounters(preemptions=2, prefix_queries=100, prefix_hits=0)),
+        ("a", EngineCounters(preemptions=3, prefix_queries=300, prefix_hits=150)),
+        ("b", EngineCounters(preemptions=0, prefix_queries=20, prefix_hits=20)),  # restarted
+    ]
+    router = make_router(
+        make_config(), two(coding, fallback_like), watch=True, clock=RoundsClock(60)
+    )
+    before = sample("gps_engine_preemptions_total", backend="coding@local")
+    hits_before = sample("gps_prefix_cache_hit_tokens_total", backend="coding@local")
+
+    async def scenario() -> dict[str, Any]:
+        await router.status()  # starts the loops
+        for _ in range(200):
+            await asyncio.sleep(0)
+        backends: dict[str, Any] = (await router.status())["backends"]
+        return backends
+
+    report = asyncio.run(scenario())
+    coding_report = report["coding@local"]
+    assert coding_report["engine_preemptions"] == 5  # a: 1, then 2 more; b: 2; b again: 0
+    assert coding_report["prefix_cache_queried_tokens"] == 420
+    assert coding_report["prefix_cache_hit_rate"] == 170 / 420
+    assert sample("gps_engine_preemptions_total", backend="coding@local") - before == 5
+    assert sample("gps_prefix_cache_hit_tokens_total", backend="coding@local") - hits_before == 170
+    assert sample("gps_prefix_cache_hit_rate", backend="coding@local") == 170 / 420
+    # A backend with no counts to give (the CPU fallback) reports none.
+    assert "engine_preemptions" not in report["orchestrator@local"]
+
+
 def test_a_failing_status_source_counts_a_health_loop_error_and_routing_goes_on() -> None:
     deployments = FakeDeployments()
     deployments.error = RuntimeError("controller unreachable")
@@ -941,3 +998,25 @@ def test_the_router_in_the_ingress_process_answers_the_ingress_calls() -> None:
     assert again[0].backend == "coding@local"
     assert coding.running == 0  # every engine stream ended or was closed
     assert router.held() == {"coding@local": 0, "orchestrator@local": 0}
+
+
+def test_each_class_reaches_the_engine_as_its_number_and_never_as_the_clients_own() -> None:
+    coding = FakeBackend(ok)
+    router = make_router(make_config(), {"coding@local": coding})
+    for priority in PriorityClass:
+        chat_job = job(priority=priority)
+        chat_job.request.priority = -100  # a client's own field would jump every queue
+        asyncio.run(served_by(router, chat_job))
+    assert [r.priority for r in coding.requests] == [0, 1, 2]
+
+
+def test_with_engine_priority_off_every_request_reaches_the_engine_at_zero() -> None:
+    config = make_config()
+    config = config.model_copy(
+        update={"router": config.router.model_copy(update={"engine_priority": False})}
+    )
+    coding = FakeBackend(ok)
+    router = make_router(config, {"coding@local": coding})
+    for priority in PriorityClass:
+        asyncio.run(served_by(router, job(priority=priority)))
+    assert [r.priority for r in coding.requests] == [0, 0, 0]

@@ -147,3 +147,17 @@ def test_a_jinja_template_on_the_fallback_is_for_llama_cpp_only(tmp_path: Path) 
         load(tmp_path, data)
     data["fallback"]["tools"] = {"parser": "hermes"}  # Ollama's own template reads the calls
     assert load(tmp_path, data).targets["cpu-fallback"].tools
+
+
+def test_every_vllm_backend_runs_the_priority_scheduler_unless_its_model_says_otherwise(
+    tmp_path: Path,
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["models"][1]["engine_kwargs"] = {"scheduling_policy": "fcfs"}
+    config = load(tmp_path, data)
+    [orchestrator, coding] = config.home_backends
+    assert llm_config_for(config, orchestrator).engine_kwargs["scheduling_policy"] == "priority"
+    assert llm_config_for(config, coding).engine_kwargs["scheduling_policy"] == "fcfs"
+    data["router"] = {"engine_priority": False}
+    config = load(tmp_path, data)
+    assert "scheduling_policy" not in llm_config_for(config, config.home_backends[0]).engine_kwargs
