@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import statistics
 import sys
 import time
@@ -141,9 +142,9 @@ async def run_phase(path: str, url: str, background_clients: int, requests: int)
             asyncio.create_task(background_client(client, url, stop, phase))
             for _ in range(background_clients)
         ]
+        started = time.perf_counter()  # background answers are counted from here
         if background:
             await asyncio.sleep(QUEUE_FILL_S)
-        started = time.perf_counter()
         await user_stream(client, url, requests, phase)
         stop.set()
         await asyncio.gather(*background)
@@ -190,20 +191,24 @@ def report(phases: list[Phase]) -> bool:
             f"| {bg[200]} / {bg[429]} / {other} | {phase.background_per_s:.2f} |"
         )
     measured, reference = loaded[MEASURED], loaded[BACKGROUND_REFERENCE]
-    no_5xx = all(s < 500 for p in loaded.values() if p.path != "ray.serve.llm"
-                 for s in p.background_statuses)  # fmt: skip
-    throughput = measured.background_per_s / reference.background_per_s
+    # The gateway answers background work 200 or 429, nothing else (no 5xx, no dropped call).
+    clean = all(
+        status in (200, 429)
+        for phase in loaded.values()
+        if phase.path != "ray.serve.llm"
+        for status in phase.background_statuses
+    )
+    reference_rate = reference.background_per_s
+    throughput = measured.background_per_s / reference_rate if reference_rate else math.inf
     met = (
-        ratios[MEASURED] <= P99_TARGET
-        and measured.user_errors == 0
-        and no_5xx
-        and throughput >= 1.0
+        ratios[MEASURED] <= P99_TARGET and measured.user_errors == 0 and clean and throughput >= 1.0
     )
     print(
         f"\n{MEASURED}: user p99 loaded / unloaded {ratios[MEASURED]:.2f} (target <= "
         f"{P99_TARGET}), user errors {measured.user_errors}, background throughput "
-        f"{throughput:.2f} x the {BACKGROUND_REFERENCE!r} run's (target >= 1.0); gateway 5xx: "
-        f"{'none' if no_5xx else 'SOME'}: {'met' if met else 'NOT met'}"
+        f"{throughput:.2f} x the {BACKGROUND_REFERENCE!r} run's (target >= 1.0); gateway "
+        f"background answers other than 200/429: {'none' if clean else 'SOME'}: "
+        f"{'met' if met else 'NOT met'}"
     )
     return met
 

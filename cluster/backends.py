@@ -118,6 +118,7 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
         ollama_models_dir=fallback.ollama_models_dir,
         n_gpu_layers=fallback.n_gpu_layers,
         chat_template=config.fallback_target.chat_template,
+        aging_s=config.router.aging_s,
     )
 
 

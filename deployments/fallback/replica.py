@@ -65,6 +65,7 @@ class FallbackSettings:
     ollama_models_dir: str | None = None
     n_gpu_layers: int = 0  # llama.cpp: layers offloaded to a GPU (0 on CPU nodes, -1 all)
     chat_template: str | None = None  # llama.cpp: the template file for the GGUF's own (tools)
+    aging_s: float = 10.0  # router.aging_s: a waiter's priority number falls by one per this
 
 
 def choose_engine(
@@ -155,7 +156,7 @@ class CpuFallback:
         quiet_polls()
         self._settings = settings
         self._engine = engine_factory(settings)
-        self._turns = PriorityTurns(self._engine.parallel)
+        self._turns = PriorityTurns(self._engine.parallel, settings.aging_s)
         await self._engine.start()
         logger.info("CPU fallback serving %s with %s", settings.source, self._engine.name)
 

@@ -40,7 +40,6 @@ class Link:
     in_flight: int = 0
     # The engine's own counts (preemptions, prefix-cache tokens), summed over its replicas.
     engine_counts: ReplicaTally = field(default_factory=ReplicaTally)
-    reads_counters: bool = True  # until the backend says it has none (the fallback)
     # Routers splitting the backend's cap (gateway.router_shares), and the replicas Serve
     # last said were running (None until the first health check).
     shares: int = 1
@@ -127,6 +126,11 @@ class Link:
             if self.facts.pool_down:
                 self._pool_lost.set()
         return self._pool_lost
+
+    @property
+    def counts_engine(self) -> bool:
+        """Its engine keeps counts to read: a vLLM backend, not the CPU fallback."""
+        return self.target.role is not None
 
     def no_kv_reading(self) -> None:
         self.facts = self.facts.kv_unobservable()

@@ -95,7 +95,8 @@ PREFIX_CACHE_HITS = Counter(
 )
 PREFIX_CACHE_HIT_RATE = Gauge(
     "gps_prefix_cache_hit_rate",
-    "Hit tokens over queried tokens in the backend's prefix caches since this router started.",
+    "Hit tokens over queried tokens in the backend's prefix caches, over the replicas this "
+    "router has read (each counted from its own start).",
     ["backend"],
     registry=REGISTRY,
 )

@@ -94,8 +94,9 @@ def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, 
 
 
 def _engine_counts(link: Link) -> dict[str, Any]:
-    """The engine's own counts since this router started (none for the fallback)."""
-    if not link.reads_counters:
+    """The engine's own counts, over the replicas this router has read (each from its own
+    start); none for the fallback."""
+    if not link.counts_engine:
         return {}
     total = link.engine_counts.total
     return {

@@ -115,7 +115,7 @@ class Watch:
 
     async def _read_counters(self, link: Link) -> None:
         """One replica's counts (whichever Serve picks), added to its backend's."""
-        if not link.reads_counters or not link.status().reads_engine:
+        if not link.counts_engine or not link.status().reads_engine:
             return
         try:
             reading = await asyncio.wait_for(
@@ -124,8 +124,7 @@ class Watch:
         except Exception as error:  # noqa: BLE001 - a missed reading is read next time
             logger.info("engine counters of %s: %s", link.target.name, describe(error))
             return
-        if reading is None:  # the fallback, or a plain LLMServer: stop asking
-            link.reads_counters = False
+        if reading is None:  # a replica without the method (a plain LLMServer, an older one)
             return
         added = link.engine_counts.read(*reading)
         name = link.target.name

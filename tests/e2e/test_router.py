@@ -112,7 +112,7 @@ def test_the_engines_own_counts_reach_status_and_metrics(http: httpx.Client) -> 
     wait_for(counted, 60, "the engine's prefix-cache counts in the status")
     backend = status(http)["backends"][ORCHESTRATOR]
     assert backend["prefix_cache_queried_tokens"] >= 2 * 400
-    assert backend["engine_preemptions"] >= 0
+    assert isinstance(backend["engine_preemptions"], int)
     assert "engine_preemptions" not in status(http)["backends"]["cpu-fallback"]
     metrics = http.get("/metrics").text
     assert f'gps_prefix_cache_hit_tokens_total{{backend="{ORCHESTRATOR}"}}' in metrics

@@ -173,3 +173,62 @@ def test_the_fallback_replica_answers_a_user_before_background_work_that_came_fi
         return engines[0].served
 
     assert asyncio.run(scenario()) == ["first", "user", "bg-a", "bg-b"]
+
+
+def test_a_waiter_gains_one_number_per_aging_period_so_background_is_not_starved() -> None:
+    async def scenario() -> list[str]:
+        now = [0.0]
+        turns = PriorityTurns(1, aging_s=10.0, clock=lambda: now[0])
+        order: list[str] = []
+
+        async def wait(name: str, priority: int) -> None:
+            async with turns.turn(priority):
+                order.append(name)
+
+        first = turns.turn(0)
+        await first.__aenter__()
+        background = asyncio.create_task(wait("background", 2))
+        await asyncio.sleep(0)
+        now[0] = 25.0  # two periods later: background ranks as a user now, and came first
+        user = asyncio.create_task(wait("user", 0))
+        await asyncio.sleep(0)
+        await first.__aexit__(None, None, None)
+        await asyncio.gather(background, user)
+        return order
+
+    assert asyncio.run(scenario()) == ["background", "user"]
+
+
+def test_a_client_that_leaves_mid_answer_frees_the_engine_for_the_next_waiter() -> None:
+    settings = FallbackSettings(
+        engine="llama_cpp", source="x.gguf", model_id="fallback", context_window=512,
+        threads=1, ollama_model="x", keep_alive="1h",
+    )  # fmt: skip
+
+    async def scenario() -> list[str]:
+        engines: list[_OneAtATime] = []
+
+        def factory(s: FallbackSettings) -> Any:
+            engines.append(_OneAtATime(s))
+            return engines[0]
+
+        replica = CpuFallback.__new__(CpuFallback)
+        await CpuFallback.__init__(replica, settings, factory)
+        leaving: Any = replica.chat(_request("first", 2))  # held on its first piece
+        opened: asyncio.Task[Any] = asyncio.ensure_future(anext(leaving))
+        await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(_drain(replica.chat(_request("next", 2))))
+        await asyncio.sleep(0.01)
+        assert engines[0].served == ["first"]  # the next one waits its turn
+        opened.cancel()  # the client goes away mid-answer, as Serve cancels it
+        await asyncio.gather(opened, return_exceptions=True)
+        await leaving.aclose()
+        await asyncio.wait_for(waiting, 5)
+        return engines[0].served
+
+    assert asyncio.run(scenario()) == ["first", "next"]
+
+
+async def _drain(items: Any) -> None:
+    async for _ in items:
+        pass

@@ -92,6 +92,7 @@ class FakeBackend:
         self.completion_calls = 0
         self.embedding_calls = 0
         self.counter_readings: list[tuple[str, EngineCounters]] = []
+        self.counter_calls = 0
 
     def chat(self, request: ChatCompletionRequest) -> FakeStream:
         self.calls += 1
@@ -118,6 +119,7 @@ class FakeBackend:
 
     async def engine_counters(self) -> tuple[str, EngineCounters] | None:
         """The next of `counter_readings` (the last one again once they run out)."""
+        self.counter_calls += 1
         if not self.counter_readings:
             return None
         if len(self.counter_readings) > 1:
@@ -710,7 +712,7 @@ class RoundsClock(FakeClock):
 
 
 def test_engine_counts_are_summed_over_replicas_read_one_at_a_time() -> None:
-    coding, fallback_like = FakeBackend(ok), FakeBackend(ok)
+    coding, without_counts = FakeBackend(ok), FakeBackend(ok)
     coding.counter_readings = [
         ("a", EngineCounters(preemptions=1, prefix_queries=100, prefix_hits=50)),
         ("b", EngineCounters(preemptions=2, prefix_queries=100, prefix_hits=0)),
@@ -718,7 +720,7 @@ def test_engine_counts_are_summed_over_replicas_read_one_at_a_time() -> None:
         ("b", EngineCounters(preemptions=0, prefix_queries=20, prefix_hits=20)),  # restarted
     ]
     router = make_router(
-        make_config(), two(coding, fallback_like), watch=True, clock=RoundsClock(60)
+        make_config(), two(coding, without_counts), watch=True, clock=RoundsClock(60)
     )
     before = sample("gps_engine_preemptions_total", backend="coding@local")
     hits_before = sample("gps_prefix_cache_hit_tokens_total", backend="coding@local")
@@ -738,8 +740,10 @@ def test_engine_counts_are_summed_over_replicas_read_one_at_a_time() -> None:
     assert sample("gps_engine_preemptions_total", backend="coding@local") - before == 5
     assert sample("gps_prefix_cache_hit_tokens_total", backend="coding@local") - hits_before == 170
     assert sample("gps_prefix_cache_hit_rate", backend="coding@local") == 170 / 420
-    # A backend with no counts to give (the CPU fallback) reports none.
-    assert "engine_preemptions" not in report["orchestrator@local"]
+    # A replica without counts to give (a plain LLMServer) adds nothing, and is asked again.
+    assert report["orchestrator@local"]["engine_preemptions"] == 0
+    assert report["orchestrator@local"]["prefix_cache_hit_rate"] is None
+    assert without_counts.counter_calls > 1
 
 
 def test_a_failing_status_source_counts_a_health_loop_error_and_routing_goes_on() -> None:
