@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["EngineCounters", "ReplicaTally"]
+__all__ = ["MAX_REPLICAS_KEPT", "EngineCounters", "ReplicaTally"]
 
 MAX_REPLICAS_KEPT = 256  # replicas come and go for months; the oldest readings are let go
 
