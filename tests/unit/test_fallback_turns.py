@@ -137,6 +137,18 @@ class _OneAtATime:
         pass
 
 
+async def _replica() -> tuple[CpuFallback, _OneAtATime]:
+    """A fallback replica over an engine that decodes one sequence at a time."""
+    settings = FallbackSettings(
+        engine="llama_cpp", source="x.gguf", model_id="fallback", context_window=512,
+        threads=1, ollama_model="x", keep_alive="1h",
+    )  # fmt: skip
+    engine = _OneAtATime(settings)
+    replica = CpuFallback.__new__(CpuFallback)
+    await CpuFallback.__init__(replica, settings, lambda _: engine)
+    return replica, engine
+
+
 def _request(text: str, priority: int) -> ChatCompletionRequest:
     return ChatCompletionRequest(
         model="fallback", messages=[{"role": "user", "content": text}], priority=priority
@@ -144,20 +156,8 @@ def _request(text: str, priority: int) -> ChatCompletionRequest:
 
 
 def test_the_fallback_replica_answers_a_user_before_background_work_that_came_first() -> None:
-    settings = FallbackSettings(
-        engine="llama_cpp", source="x.gguf", model_id="fallback", context_window=512,
-        threads=1, ollama_model="x", keep_alive="1h",
-    )  # fmt: skip
-
     async def scenario() -> list[str]:
-        engines: list[_OneAtATime] = []
-
-        def factory(s: FallbackSettings) -> Any:
-            engines.append(_OneAtATime(s))
-            return engines[0]
-
-        replica = CpuFallback.__new__(CpuFallback)
-        await CpuFallback.__init__(replica, settings, factory)
+        replica, engine = await _replica()
 
         async def answer(text: str, priority: int) -> None:
             async for _ in replica.chat(_request(text, priority)):
@@ -168,9 +168,9 @@ def test_the_fallback_replica_answers_a_user_before_background_work_that_came_fi
         for text, priority in [("bg-a", 2), ("bg-b", 2), ("user", 0)]:
             tasks.append(asyncio.create_task(answer(text, priority)))
             await asyncio.sleep(0.01)
-        engines[0].release.set()
+        engine.release.set()
         await asyncio.gather(*tasks)
-        return engines[0].served
+        return engine.served
 
     assert asyncio.run(scenario()) == ["first", "user", "bg-a", "bg-b"]
 
@@ -200,31 +200,19 @@ def test_a_waiter_gains_one_number_per_aging_period_so_background_is_not_starved
 
 
 def test_a_client_that_leaves_mid_answer_frees_the_engine_for_the_next_waiter() -> None:
-    settings = FallbackSettings(
-        engine="llama_cpp", source="x.gguf", model_id="fallback", context_window=512,
-        threads=1, ollama_model="x", keep_alive="1h",
-    )  # fmt: skip
-
     async def scenario() -> list[str]:
-        engines: list[_OneAtATime] = []
-
-        def factory(s: FallbackSettings) -> Any:
-            engines.append(_OneAtATime(s))
-            return engines[0]
-
-        replica = CpuFallback.__new__(CpuFallback)
-        await CpuFallback.__init__(replica, settings, factory)
+        replica, engine = await _replica()
         leaving: Any = replica.chat(_request("first", 2))  # held on its first piece
         opened: asyncio.Task[Any] = asyncio.ensure_future(anext(leaving))
         await asyncio.sleep(0.01)
         waiting = asyncio.create_task(_drain(replica.chat(_request("next", 2))))
         await asyncio.sleep(0.01)
-        assert engines[0].served == ["first"]  # the next one waits its turn
+        assert engine.served == ["first"]  # the next one waits its turn
         opened.cancel()  # the client goes away mid-answer, as Serve cancels it
         await asyncio.gather(opened, return_exceptions=True)
         await leaving.aclose()
         await asyncio.wait_for(waiting, 5)
-        return engines[0].served
+        return engine.served
 
     assert asyncio.run(scenario()) == ["first", "next"]
 
