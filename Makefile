@@ -152,6 +152,7 @@ bench: $(INSTALLED) $(MODEL)
 	$(PY) -m bench.capacity || status=1; \
 	$(PY) -m bench.autoscale || status=1; \
 	$(PY) -m bench.batch || status=1; \
+	$(PY) -m bench.prefix || status=1; \
 	exit $$status
 
 clean:

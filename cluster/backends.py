@@ -17,6 +17,7 @@ from core.types import DEPLOYMENT_PREFIX
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.llm_server import ObservedLLMServer
 from deployments.parent_death import ENV as PARENT_DEATH_ENV
+from deployments.replica_router import ROUTER_PATH
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
 # replicas a node takes (DESIGN.md section 5).
@@ -55,6 +56,16 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         }
     else:
         options["num_replicas"] = model.replicas
+    if config.router.prefix_routing and model.role.generates and model.max_replicas > 1:
+        slack = config.router.prefix_imbalance
+        options["request_router_config"] = {
+            "request_router_class": ROUTER_PATH,
+            "request_router_kwargs": {
+                "imbalanced_threshold": slack,
+                "session_slack": slack,
+                "do_eviction": True,  # the tree's oldest text goes past ~400k characters
+            },
+        }
     llm_config: dict[str, Any] = {
         "model_loading_config": {
             # The id vLLM answers to; the router rewrites `model` to it.

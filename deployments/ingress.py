@@ -35,7 +35,7 @@ from deployments.batch.http import BatchApi
 from deployments.body import read_body
 from deployments.error_response import error_response
 from deployments.front_options import front_actor_options
-from deployments.jobs import Jobs
+from deployments.jobs import SESSION_HEADER, Jobs, with_session
 from deployments.key_ledger import LedgerClient, RayLedger, ensure_key_ledger
 from deployments.key_metering import Admission, KeyMetering, StreamUsage
 from deployments.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
@@ -314,6 +314,7 @@ class Ingress:
         payload = _parse_json(await read_body(request, limits.max_body_bytes), limits)
         headers = request.headers
         job, depth = build(payload, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER))
+        job = with_session(job, headers.get(SESSION_HEADER))
         return await self._metered(job, depth, started)
 
     async def _metered(self, job: ChatJob, depth: DepthDecision | None, started: float) -> Response:

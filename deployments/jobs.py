@@ -5,6 +5,7 @@ JSON. The same for HTTP requests and batch lines (deployments/ingress.py)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,7 +32,26 @@ from policy.request import (
 
 logger = logging.getLogger("ray.serve")
 
-__all__ = ["Jobs", "validate_chat"]
+__all__ = ["SESSION_HEADER", "Jobs", "validate_chat", "with_session"]
+
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_CHARS = 256
+
+
+def with_session(job: ChatJob, header: str | None) -> ChatJob:
+    """The job with its `X-Session-Id` as the request's `user` (OpenAI's end-user id, which
+    vLLM only logs): the session the backend's replicas are chosen by. Without the header the
+    body's own `user`, if any, is the session."""
+    if header is None:
+        return job
+    if not 0 < len(header) <= MAX_SESSION_CHARS or not header.isprintable():
+        raise ApiError(
+            400,
+            ErrorCode.INVALID_REQUEST,
+            f"X-Session-Id must be 1 to {MAX_SESSION_CHARS} printable characters.",
+            param="X-Session-Id",
+        )
+    return replace(job, request=job.request.model_copy(update={"user": header}))
 
 
 class Jobs:

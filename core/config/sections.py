@@ -425,6 +425,12 @@ class RouterConfig(Frozen):
     # the KV cache runs out the engine preempts the highest number, latest arrival, first).
     # The CPU fallback serves the lowest number first too. Off: FCFS, every request at 0.
     engine_priority: bool = True
+    # A backend that may run more than one replica picks one per request by prefix and session
+    # (deployments/replica_router.py, over Ray Serve LLM's PrefixCacheAffinityRouter): the
+    # replica holding the conversation, unless it is `prefix_imbalance` requests busier than
+    # the least loaded one. Off: Serve's power-of-two choice.
+    prefix_routing: bool = True
+    prefix_imbalance: int = Field(2, ge=0)
     engine_priorities: Annotated[
         dict[PriorityClass, Annotated[int, Field(ge=-(2**31), lt=2**31)]],
         AfterValidator(_all_engine_priorities),

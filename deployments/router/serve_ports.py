@@ -48,16 +48,22 @@ class ServeBackend:
         return (self._unary.app_name, self._unary.deployment_name)
 
     def chat(self, request: ChatCompletionRequest) -> ChatStream:
-        stream: ChatStream = self._stream.chat.remote(request)
+        stream: ChatStream = self._streaming(request).chat.remote(request)
         return stream
 
     def completions(self, request: CompletionRequest) -> ChatStream:
-        stream: ChatStream = self._stream.completions.remote(request)
+        stream: ChatStream = self._streaming(request).completions.remote(request)
         return stream
 
     def embeddings(self, request: EmbeddingCompletionRequest) -> ChatStream:
-        stream: ChatStream = self._stream.embeddings.remote(request)
+        stream: ChatStream = self._streaming(request).embeddings.remote(request)
         return stream
+
+    def _streaming(self, request: Any) -> DeploymentHandle:
+        """The streaming handle, with the request's session (its `user`) for the backend's
+        request router to keep the conversation on one replica (deployments/replica_router)."""
+        session = getattr(request, "user", None)
+        return self._stream.options(session_id=session) if session else self._stream
 
     async def check_health(self) -> None:
         await self._unary.check_health.remote()

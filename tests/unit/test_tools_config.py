@@ -161,3 +161,24 @@ def test_every_vllm_backend_runs_the_priority_scheduler_unless_its_model_says_ot
     data["router"] = {"engine_priority": False}
     config = load(tmp_path, data)
     assert "scheduling_policy" not in llm_config_for(config, config.home_backends[0]).engine_kwargs
+
+
+def test_a_generating_backend_that_may_run_two_replicas_routes_by_prefix_and_session(
+    tmp_path: Path,
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["models"][0]["replicas"] = 2
+    config = load(tmp_path, data)
+    [orchestrator, coding] = config.home_backends
+    options = llm_config_for(config, orchestrator).deployment_config
+    router = options["request_router_config"]
+    assert router["request_router_class"] == "deployments.replica_router.SessionPrefixRouter"
+    assert router["request_router_kwargs"] == {
+        "imbalanced_threshold": 2, "session_slack": 2, "do_eviction": True,
+    }  # fmt: skip
+    # One replica: nothing to choose, Serve's own router.
+    assert "request_router_config" not in llm_config_for(config, coding).deployment_config
+    data["router"] = {"prefix_routing": False}
+    config = load(tmp_path, data)
+    off = llm_config_for(config, config.home_backends[0]).deployment_config
+    assert "request_router_config" not in off
