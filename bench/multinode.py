@@ -38,9 +38,12 @@ class Stream:
     backend, streamed) of each. A stream counts as a success only if it ends with [DONE] and
     carries no error event."""
 
-    def __init__(self, port: int, model: str, pause_s: float = 0.25) -> None:
+    def __init__(
+        self, port: int, model: str, pause_s: float = 0.25, headers: dict[str, str] | None = None
+    ) -> None:
         self.results: list[tuple[float, int, str, bool]] = []
         self._port = port
+        self._headers = headers or {}
         self._model = model
         self._pause_s = pause_s
         self._stop = threading.Event()
@@ -53,7 +56,8 @@ class Stream:
             "max_tokens": 4,
         }
         streamed = {**body, "stream": True, "max_tokens": 24, "ignore_eos": True}
-        with httpx.Client(base_url=f"http://127.0.0.1:{self._port}", timeout=180) as client:
+        base_url = f"http://127.0.0.1:{self._port}"
+        with httpx.Client(base_url=base_url, headers=self._headers, timeout=180) as client:
             for n in itertools.count():
                 if self._stop.is_set():
                     return

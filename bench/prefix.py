@@ -2,8 +2,11 @@
 
 Eight conversations of twenty turns, all opening with the same system prompt of about 2,000
 tokens, run at once through the gateway; each conversation sends its next turn when the last
-one is answered (streamed), with its history. Two runs, each on fresh replicas of the same
-config (bench/prefix.yaml), so both start with cold caches:
+one is answered (streamed), with its history. A turn is about 140 tokens of the user's own text
+and a 96-token answer, so a conversation ends near 7,000 tokens: more than one replica's KV
+cache (1 GiB, about 46,000 tokens of the demo model) holds for all eight, and about what it
+holds for half of them. Two runs, each on fresh replicas of the same config (bench/prefix.yaml),
+so both start with cold caches:
 
 - the anchor: `router.prefix_routing: false`, Serve's power-of-two choice;
 - `router.prefix_routing: true`: the session's replica (`X-Session-Id`, one per conversation),
@@ -13,7 +16,8 @@ Measured: time to first token (p50, p99) over every turn, and the prefix-cache h
 over queried prompt tokens, the engines' own counts, read from both replicas). Target: TTFT p50
 with prefix-aware routing at most 0.7 x the anchor's.
 
-Run with `make bench` (or `python -m bench.prefix [--turns N]`).
+Run with `make bench` (or `python -m bench.prefix [--turns N] [--answer-tokens N]
+[--user-words N]`; `--answer-tokens 24 --user-words 0` gives one-line turns).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import asyncio
 import json
 import logging
+import random
 import statistics
 import sys
 import time
@@ -32,13 +37,18 @@ from typing import Any
 import httpx
 
 from bench import stack
+from deployments.llm_server import ObservedLLMServer
 from policy.engine_counters import EngineCounters
 
 CONFIG = Path(__file__).with_name("prefix.yaml")
 PORT = 18950
 CONVERSATIONS = 8
 TURNS = 20
-ANSWER_TOKENS = 24
+# A turn the size of an agent's (a pasted snippet or log, a real answer), so by the last turn the
+# conversation's own history (~5k tokens) outweighs the shared prompt, as in a coding session;
+# the last turn (~7k tokens) still fits the 8k window, so nothing is compressed.
+ANSWER_TOKENS = 96
+USER_WORDS = 22  # about 140 tokens (the numbers take a token a digit)
 TTFT_TARGET = 0.7
 COUNTER_READS = 40  # handle calls land on either replica: enough to read both
 # About 2,000 tokens of the demo model's tokenizer, the same for every conversation.
@@ -47,6 +57,26 @@ SYSTEM = "You are a careful assistant for the ACME support desk. " + " ".join(
     f"before checking the order history of customer group {n % 7}."
     for n in range(70)
 )
+
+
+WORDS = (
+    "order", "parcel", "refund", "invoice", "courier", "address", "delay", "warehouse",
+    "customer", "payment", "label", "tracking", "return", "damaged", "missing", "weekend",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Shape:
+    turns: int = TURNS
+    answer_tokens: int = ANSWER_TOKENS
+    user_words: int = USER_WORDS
+
+
+def user_turn(number: int, turn: int, words: int) -> str:
+    """The turn's text, the same in every run, shared with no other conversation."""
+    rng = random.Random(number * 1000 + turn)
+    details = " ".join(f"{rng.choice(WORDS)}-{rng.randrange(10_000)}" for _ in range(words))
+    return f"Ticket {number}-{turn}: my order is late. The log says: {details}"
 
 
 @dataclass
@@ -62,15 +92,13 @@ class Run:
 
 
 async def conversation(
-    client: httpx.AsyncClient, url: str, number: int, turns: int, session: bool, run: Run
+    client: httpx.AsyncClient, url: str, number: int, shape: Shape, session: bool, run: Run
 ) -> None:
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
     headers = {"X-Session-Id": f"conversation-{number}"} if session else {}
-    for turn in range(turns):
-        messages.append(
-            {"role": "user", "content": f"Ticket {number}-{turn}: my order {turn} is late."}
-        )
-        body = {"model": "orchestrator", "messages": messages, "max_tokens": ANSWER_TOKENS,
+    for turn in range(shape.turns):
+        messages.append({"role": "user", "content": user_turn(number, turn, shape.user_words)})
+        body = {"model": "orchestrator", "messages": messages, "max_tokens": shape.answer_tokens,
                 "ignore_eos": True, "stream": True}  # fmt: skip
         started = time.perf_counter()
         first: float | None = None
@@ -115,19 +143,21 @@ def read_counters(target: stack.Stage) -> EngineCounters:
     )  # fmt: skip
 
 
-async def converse(target: stack.Stage, run: Run, turns: int, session: bool) -> None:
+async def converse(target: stack.Stage, run: Run, shape: Shape, session: bool) -> None:
     async with httpx.AsyncClient(timeout=600) as client:
         await asyncio.gather(
-            *(conversation(client, target.gateway_url, n, turns, session, run)
+            *(conversation(client, target.gateway_url, n, shape, session, run)
               for n in range(CONVERSATIONS))
         )  # fmt: skip
 
 
-def measure(name: str, prefix_routing: bool, turns: int) -> Run:
-    target = stack.stage(CONFIG, PORT, {"router": {"prefix_routing": prefix_routing}})
+def measure(name: str, prefix_routing: bool, shape: Shape) -> Run:
+    target = stack.stage(
+        CONFIG, PORT, {"router": {"prefix_routing": prefix_routing}}, ObservedLLMServer
+    )
     run = Run(name)
     try:
-        asyncio.run(converse(target, run, turns, session=prefix_routing))
+        asyncio.run(converse(target, run, shape, session=prefix_routing))
         run.counters = read_counters(target)
     finally:
         stack.stop()
@@ -138,12 +168,15 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     parser = argparse.ArgumentParser(prog="python -m bench.prefix")
     parser.add_argument("--turns", type=int, default=TURNS)
+    parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS)
+    parser.add_argument("--user-words", type=int, default=USER_WORDS)
     args = parser.parse_args()
+    shape = Shape(args.turns, args.answer_tokens, args.user_words)
     runs = [
-        measure("Serve's power-of-two (anchor)", False, args.turns),
-        measure("prefix-aware, X-Session-Id", True, args.turns),
+        measure("Serve's power-of-two (anchor)", False, shape),
+        measure("prefix-aware, X-Session-Id", True, shape),
     ]
-    print(f"\n{CONVERSATIONS} conversations x {args.turns} turns, a shared system prompt")
+    print(f"\n{CONVERSATIONS} conversations, a shared system prompt; {shape}")
     print("| routing | turns answered | failed | TTFT p50 ms | TTFT p99 ms | prefix hit rate |")
     print("|---|---:|---:|---:|---:|---:|")
     for run in runs:

@@ -16,7 +16,7 @@ import ray
 import yaml
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from ray.serve.llm import build_openai_app
+from ray.serve.llm import LLMServer, build_openai_app
 
 from cluster.app import build_gateway
 from cluster.backends import llm_config_for
@@ -78,19 +78,24 @@ def start(
 
 
 def deploy_anchor(
-    config: ClusterConfig, names: tuple[str, ...] = ()
+    config: ClusterConfig, names: tuple[str, ...] = (), server_cls: type[LLMServer] = LLMServer
 ) -> dict[str, DeploymentHandle]:
-    """Bare ray.serve.llm over the home backends (or those named); their replica handles."""
+    """Bare ray.serve.llm over the home backends (or those named); their replica handles.
+    `server_cls` is ray.serve.llm's server class, or ours where a bench reads the engines'
+    counts (deployments/llm_server.py)."""
     backends = [b for b in config.home_backends if not names or b.name in names]
-    llm_configs = [llm_config_for(config, b, placed=False) for b in backends]
+    llm_configs = [
+        llm_config_for(config, b, placed=False).model_copy(update={"server_cls": server_cls})
+        for b in backends
+    ]
     serve.run(
         build_openai_app({"llm_configs": llm_configs}),
         name=ANCHOR_APP,
         route_prefix=f"/{ANCHOR_APP}",
     )
-    # build_llm_deployment names each deployment "LLMServer:" + our deployment_config name.
+    # build_llm_deployment names each deployment after the server class + our name.
     return {
-        b.name: serve.get_deployment_handle(f"LLMServer:{b.name}", app_name=ANCHOR_APP)
+        b.name: serve.get_deployment_handle(f"{server_cls.__name__}:{b.name}", app_name=ANCHOR_APP)
         for b in backends
     }
 
@@ -104,10 +109,15 @@ def deploy_gateway(
     serve.run(build_gateway(config, backends), name=name, route_prefix=prefix)
 
 
-def stage(config_path: Path, port: int, overrides: Mapping[str, Any] | None = None) -> Stage:
+def stage(
+    config_path: Path,
+    port: int,
+    overrides: Mapping[str, Any] | None = None,
+    server_cls: type[LLMServer] = LLMServer,
+) -> Stage:
     """Anchor and gateway over the same replicas of every home backend."""
     config = start(config_path, port, overrides)
-    anchor = deploy_anchor(config)
+    anchor = deploy_anchor(config, server_cls=server_cls)
     deploy_gateway(config, anchor)
     return Stage(config, f"http://127.0.0.1:{port}", anchor)
 
