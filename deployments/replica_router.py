@@ -18,18 +18,27 @@ detached actor would outlive the app. Each router replica learns from what it ro
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import PrefixTree
+from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
 from policy.replica_affinity import keeps_session, session_ranking
 
-__all__ = ["ROUTER_PATH", "InProcessTree", "SessionPrefixRouter"]
+__all__ = ["MAX_PREFIX_CHARS", "ROUTER_PATH", "InProcessTree", "SessionPrefixRouter"]
+
+logger = logging.getLogger("ray.serve")
 
 ROUTER_PATH = f"{__name__}.SessionPrefixRouter"
+# The tree matches and learns only a prompt's first characters: its work runs on the gateway's
+# loop and grows with the text (a few ms per 100k characters), as does each result's ray.put into
+# the node's object store. 32k characters is the system prompt and the first thousands of tokens
+# of a conversation: enough to tell conversations apart.
+MAX_PREFIX_CHARS = 32_768
 
 
 class _Call:
@@ -69,12 +78,27 @@ class SessionPrefixRouter(PrefixCacheAffinityRouter):  # type: ignore[misc]
             # a full replica counts as busier than any slack.
             lengths = {rid: self._queue_length(r) for rid, r in by_id.items()}
             if keeps_session(ranked[0], lengths, self._session_slack):
-                # The session's replica first, the rest in the session's order should it
-                # refuse; all refusing, Serve backs off before asking again.
+                # The session's replica first, then the rest one rank each in the session's
+                # order should it refuse; all refusing, Serve backs off before asking again.
                 pending_request.routing_context.should_backoff = True
-                return [[home], [by_id[rid] for rid in ranked[1:]]]
-        chosen: list[list[Any]] = await super().choose_replicas(candidate_replicas, pending_request)
+                return [[home], *([by_id[rid]] for rid in ranked[1:])]
+        try:
+            chosen: list[list[Any]] = await super().choose_replicas(
+                candidate_replicas, pending_request
+            )
+        except Exception:  # a request Serve dequeued must still get a replica
+            logger.exception("prefix routing failed; power-of-two chooses")
+            chosen = await PowerOfTwoChoicesRequestRouter.choose_replicas(
+                self, candidate_replicas, pending_request
+            )
         return chosen
+
+    def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
+        """Learn the prompt for its replica; a failure to learn must not fail the request."""
+        try:
+            super().on_request_routed(pending_request, replica_id, result)
+        except Exception:
+            logger.exception("the prefix tree did not learn a routed request")
 
     def _queue_length(self, replica: Any) -> int | None:
         length: int | None = self._replica_queue_len_cache.get(replica.replica_id)
@@ -89,4 +113,4 @@ class SessionPrefixRouter(PrefixCacheAffinityRouter):  # type: ignore[misc]
             text = super()._extract_text_from_request(pending_request)
         except ValueError:  # no messages or prompt: an embedding
             return None
-        return text or None
+        return text[:MAX_PREFIX_CHARS] or None

@@ -11,13 +11,14 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     EmbeddingCompletionRequest,
 )
+from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
 from core.errors import ApiError
 from core.types import PriorityClass, Role
 from core.wire import ChatJob
 from deployments.jobs import with_session
-from deployments.replica_router import ROUTER_PATH, SessionPrefixRouter
+from deployments.replica_router import MAX_PREFIX_CHARS, ROUTER_PATH, SessionPrefixRouter
 from deployments.router.serve_ports import ServeBackend
 from policy.replica_affinity import session_ranking
 
@@ -137,8 +138,7 @@ def test_a_session_goes_to_its_replica_then_the_rest_in_its_order(
     pending = _Pending("conversation-7")
     ranked = session_ranking("conversation-7", ["a", "b", "c"])
     chosen = _choose(_router({"a": 1, "b": 1, "c": 1}), pending, replicas)
-    assert chosen == [[replicas["abc".index(ranked[0])]],
-                      [replicas["abc".index(r)] for r in ranked[1:]]]  # fmt: skip
+    assert chosen == [[replicas["abc".index(r)]] for r in ranked]
     assert pending.routing_context.should_backoff  # all refusing: Serve waits, not spins
     assert prefix_choice == []
 
@@ -163,3 +163,36 @@ def test_requests_without_prompt_text_are_left_to_power_of_two() -> None:
     assert router._extract_text_from_request(_Pending(None, [embedding])) is None
     assert router._extract_text_from_request(_Pending(None, [empty])) is None
     assert router._extract_text_from_request(_Pending(None, [spoken])) == "hi"
+
+
+def test_the_tree_sees_only_a_prompts_first_characters() -> None:
+    long = ChatCompletionRequest(
+        model="coding", messages=[{"role": "user", "content": "x" * (MAX_PREFIX_CHARS * 3)}]
+    )
+    text = _router({})._extract_text_from_request(_Pending(None, [long]))
+    assert text == "x" * MAX_PREFIX_CHARS
+
+
+def test_a_failing_prefix_router_leaves_the_choice_to_power_of_two(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def broken(self: object, candidates: list[_Replica], pending: object) -> object:
+        raise RuntimeError("object store full")
+
+    async def power_of_two(self: object, candidates: list[_Replica], pending: object) -> object:
+        return [candidates[:1]]
+
+    monkeypatch.setattr(PrefixCacheAffinityRouter, "choose_replicas", broken)
+    monkeypatch.setattr(PowerOfTwoChoicesRequestRouter, "choose_replicas", power_of_two)
+    replicas = [_Replica("a"), _Replica("b")]
+    assert _choose(_router({}), _Pending(None), replicas) == [replicas[:1]]
+
+
+def test_a_prompt_the_tree_cannot_learn_does_not_fail_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(self: object, pending: object, replica_id: object, result: object) -> None:
+        raise RuntimeError("object store full")
+
+    monkeypatch.setattr(PrefixCacheAffinityRouter, "on_request_routed", broken)
+    _router({}).on_request_routed(_Pending("s"), _Replica("a"), None)  # raises nothing
