@@ -1,14 +1,25 @@
-"""Replicas dying under load: what clients lose, through the gateway and through bare
-`ray.serve.llm` (the anchor), under the same kills.
+"""Replicas dying under load and while idle: what clients lose and wait, through the gateway
+and through bare `ray.serve.llm` (the anchor), under the same kills.
 
 Two roles of the demo model (bench/chaos.yaml), served by one replica each that both paths share
-(stack.stage), and the gateway's CPU fallback. For `PHASE_S` seconds, 4 clients send whole
-requests and 2 stream, split over both roles; every `KILL_EVERY_S` seconds the replica of a
-role picked at random (seeded) is killed with SIGKILL, as a crashing GPU node or the kernel's
-OOM killer would take it. Measured per path: whole requests lost (any answer but 200), streams
-that failed (not 200, an SSE error event, or no [DONE]), streams migrated mid-answer, and the
-p99 and max latency of whole requests. Between the two phases every replica is replaced and
-serving again. Target for the gateway: 0 lost, 0 failed streams.
+(stack.stage), and the gateway's CPU fallback.
+
+Busy kills: for `PHASE_S` seconds, 4 clients send whole requests and 2 stream, split over both
+roles; every `KILL_EVERY_S` seconds the replica of a role picked at random (seeded) is killed
+with SIGKILL, as a crashing GPU node or the kernel's OOM killer would take it. Measured per
+path: whole requests lost (any answer but 200), streams that failed (not 200, an SSE error
+event, or no [DONE]), streams migrated mid-answer, and the p99 and max latency of whole
+requests. Target for the gateway: 0 lost, 0 failed streams.
+
+Idle kills: with no request in flight, a role's only replica is killed; a whole and a streamed
+request for that role are sent at once (Serve may not know yet), and again once Serve reports
+the replica gone (its replacement loading). Each is timed against a normal failover measured
+just before the kill: the same requests sent to the next link of the role's chain. Target for
+the gateway: every first request after an idle kill answered within one normal failover
+(its time <= the reference's + `FAILOVER_ALLOWANCE_S`), none lost, no stream error event. The
+anchor has no next link: its first request after a kill waits for the replacement.
+
+Between phases every replica is replaced and serving again.
 
 Run with `make bench` (or `python -m bench.chaos`).
 """
@@ -27,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from ray import serve
 from ray.util.state import list_actors
 
 from bench import stack
@@ -43,6 +55,12 @@ SEED = 12
 WHOLE_CLIENTS, STREAM_CLIENTS = 4, 2
 REQUEST_TIMEOUT_S = 300.0
 RECOVERY_TIMEOUT_S = 600.0
+IDLE_KILL_ROUNDS = 2  # per role, on the gateway; one per role on the anchor (each waits minutes)
+NEXT_LINK = {"orchestrator": "coding", "coding": "orchestrator"}  # bench/chaos.yaml's chains
+# A failover past a dead replica costs an error's round trip and the router's short wait for a
+# replacement that Serve may just have reported running (deployments/router/serving.py).
+FAILOVER_ALLOWANCE_S = 1.5
+NOTICED_TIMEOUT_S = 120.0
 QUESTION = [{"role": "user", "content": "Tell me about lighthouses, in a few sentences."}]
 
 
@@ -61,6 +79,32 @@ class Tally:
         if not ordered:
             return float("nan")
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One timed request: its answer, who served it, when its first text came and it ended."""
+
+    ok: bool
+    backend: str
+    first_s: float  # to the whole answer, or a stream's first text
+    total_s: float
+
+
+@dataclass(frozen=True)
+class IdleKill:
+    path: str
+    role: str
+    sent: str  # "at once" after the kill, or once Serve "noticed" the replica gone
+    whole: Reply
+    stream: Reply | None  # the anchor's is not measured: its whole request already waits
+    reference: Reply  # the same request, through the next link directly, before the kill
+
+    @property
+    def within_one_failover(self) -> bool:
+        limit = self.reference.total_s + FAILOVER_ALLOWANCE_S
+        streamed = self.stream is None or self.stream.first_s <= limit
+        return self.whole.total_s <= limit and streamed
 
 
 def replica_pid(deployment: str) -> int | None:
@@ -135,6 +179,68 @@ async def phase(path: str, url: str) -> Tally:
     return tally
 
 
+async def timed(client: httpx.AsyncClient, url: str, role: str, stream: bool) -> Reply:
+    body = {"model": role, "messages": QUESTION, "max_tokens": 16, "stream": stream}
+    started = time.monotonic()
+    first: float | None = None
+    lines: list[str] = []
+    try:
+        async with client.stream("POST", url, json=body) as reply:
+            status, backend = reply.status_code, reply.headers.get("x-backend", "")
+            async for line in reply.aiter_lines():
+                if line:
+                    lines.append(line)
+                if first is None and '"content"' in line:
+                    first = time.monotonic() - started
+    except httpx.HTTPError:
+        status, backend = 0, ""
+    total = time.monotonic() - started
+    errors = [x for x in lines if x.startswith("data: {") and "error" in json.loads(x[6:])]
+    done = not stream or (bool(lines) and lines[-1] == "data: [DONE]")
+    ok = status == 200 and done and not errors
+    return Reply(ok, backend, total if first is None or not stream else first, total)
+
+
+def serve_running(deployment: str) -> int:
+    overview = serve.status().applications[stack.ANCHOR_APP].deployments
+    return int(overview[deployment].replica_states.get("RUNNING", 0))
+
+
+async def idle_kills(target: stack.Stage, path: str, url: str, rounds: int) -> list[IdleKill]:
+    """Kill each role's replica while nothing is in flight; time the next requests for it."""
+    kills: list[IdleKill] = []
+    order = random.Random(SEED).sample(ROLES * rounds, len(ROLES) * rounds)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        for role in order:
+            await wait_all_serving(target.base_url)
+            reference = await timed(client, url, NEXT_LINK[role], stream=False)
+            deployment = f"LLMServer:{role}@local"
+            pid = await asyncio.to_thread(replica_pid, deployment)
+            if pid is None:
+                raise RuntimeError(f"{role} has no replica to kill")
+            os.kill(pid, signal.SIGKILL)
+            kills.append(await _after_kill(client, path, url, role, "at once", reference))
+            deadline = time.monotonic() + NOTICED_TIMEOUT_S
+            while await asyncio.to_thread(serve_running, deployment):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Serve did not see {role}'s replica gone")
+                await asyncio.sleep(0.2)
+            if path == "gateway":  # the anchor's first request already waited it out
+                kills.append(await _after_kill(client, path, url, role, "noticed", reference))
+    return kills
+
+
+async def _after_kill(
+    client: httpx.AsyncClient, path: str, url: str, role: str, sent: str, reference: Reply
+) -> IdleKill:
+    if path != "gateway":
+        return IdleKill(path, role, sent, await timed(client, url, role, False), None, reference)
+    whole, stream = await asyncio.gather(
+        timed(client, url, role, False), timed(client, url, role, True)
+    )
+    return IdleKill(path, role, sent, whole, stream, reference)
+
+
 async def wait_all_serving(base_url: str) -> None:
     """Every role's replica replaced and serving, and the gateway's breakers closed."""
     deadline = time.monotonic() + RECOVERY_TIMEOUT_S
@@ -151,13 +257,18 @@ async def wait_all_serving(base_url: str) -> None:
     raise TimeoutError(f"the replicas did not come back within {RECOVERY_TIMEOUT_S} s")
 
 
-async def measure(target: stack.Stage) -> list[Tally]:
-    tallies = []
-    for path, url in (("gateway", target.gateway_url), ("ray.serve.llm", target.anchor_url)):
+async def measure(target: stack.Stage) -> tuple[list[Tally], list[IdleKill]]:
+    tallies: list[Tally] = []
+    kills: list[IdleKill] = []
+    paths = (("gateway", target.gateway_url), ("ray.serve.llm", target.anchor_url))
+    for path, url in paths:
         await wait_all_serving(target.base_url)
         tallies.append(await phase(path, url))
+    for path, url in paths:
+        rounds = IDLE_KILL_ROUNDS if path == "gateway" else 1
+        kills += await idle_kills(target, path, url, rounds)
     await wait_all_serving(target.base_url)
-    return tallies
+    return tallies, kills
 
 
 def report(tallies: list[Tally]) -> bool:
@@ -190,6 +301,40 @@ def report(tallies: list[Tally]) -> bool:
     return met
 
 
+def report_idle(kills: list[IdleKill]) -> bool:
+    print(
+        "\nIdle kills: a role's only replica SIGKILLed with nothing in flight, then a whole "
+        "request and a stream (16 tokens) for it; reference: the whole request through the "
+        "next link, just before the kill\n"
+    )
+    print(
+        "| path | role | sent | served by | whole ms | stream first text ms | reference ms "
+        "| whole / reference | answered |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---|")
+    for k in kills:
+        stream = f"{1000 * k.stream.first_s:.0f}" if k.stream else "-"
+        answered = k.whole.ok and (k.stream is None or k.stream.ok)
+        print(
+            f"| {k.path} | {k.role} | {k.sent} | {k.whole.backend or '-'} | "
+            f"{1000 * k.whole.total_s:.0f} | {stream} | {1000 * k.reference.total_s:.0f} | "
+            f"{k.whole.total_s / k.reference.total_s:.2f} | {'yes' if answered else 'NO'} |"
+        )
+    ours = [k for k in kills if k.path == "gateway"]
+    met = all(k.within_one_failover and k.whole.ok and k.stream and k.stream.ok for k in ours)
+    worst = max((k.whole.total_s for k in ours), default=float("nan"))
+    anchor = [k.whole.total_s for k in kills if k.path != "gateway"]
+    print(
+        f"\ngateway: slowest first answer after an idle kill {1000 * worst:.0f} ms; anchor: "
+        f"{', '.join(f'{1000 * s:.0f}' for s in anchor)} ms (it waits for the replacement)"
+    )
+    print(
+        "target (gateway: every first request after an idle kill answered within one normal "
+        f"failover, reference + {FAILOVER_ALLOWANCE_S} s): {'met' if met else 'NOT met'}"
+    )
+    return met
+
+
 def main() -> int:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -197,10 +342,12 @@ def main() -> int:
     try:
         backends = {**stack.deploy_anchor(config), FALLBACK_BACKEND: build_fallback(config)}
         stack.deploy_gateway(config, backends)
-        tallies = asyncio.run(measure(stack.Stage(config, f"http://127.0.0.1:{PORT}")))
+        tallies, kills = asyncio.run(measure(stack.Stage(config, f"http://127.0.0.1:{PORT}")))
     finally:
         stack.stop()
-    return 0 if report(tallies) else 1
+    busy_met = report(tallies)
+    idle_met = report_idle(kills)
+    return 0 if busy_met and idle_met else 1
 
 
 if __name__ == "__main__":

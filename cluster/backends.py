@@ -34,6 +34,9 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         "name": backend.name,
         # The replica actor itself needs no CPU of its own: the engine's bundle carries it.
         "ray_actor_options": {"num_cpus": 0, "resources": pool_resource},
+        # Serve learns of a dead replica only from its health check: until then its handles
+        # may route to it and hold requests there.
+        "health_check_period_s": config.router.replica_health_check_period_s,
     }
     placement = placed and placement_matters(config)
     if placement or model.autoscaling is not None:
@@ -133,6 +136,9 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
     )
 
 
+FALLBACK_HEALTH_CHECK_PERIOD_S = 10
+
+
 def build_fallback(config: ClusterConfig) -> Application:
     """The CPU replica every chain ends on: no GPU, on its pool or (with none) beside the
     gateway."""
@@ -148,6 +154,8 @@ def build_fallback(config: ClusterConfig) -> Application:
         # The router holds the cap; room above it keeps cancelled requests from blocking Serve.
         max_ongoing_requests=2 * fallback.max_concurrency,
         ray_actor_options=actor_options,
-        health_check_period_s=10,
+        # Its check fails while its engine child restarts (seconds, with backoff), and three
+        # failed checks in a row stop the replica: Serve's default period leaves that room.
+        health_check_period_s=FALLBACK_HEALTH_CHECK_PERIOD_S,
     )
     return deployment.bind(fallback_settings(config))

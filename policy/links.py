@@ -118,12 +118,16 @@ def link_status(
     kv: KvPressure,
     now: float,
     waits_when_asleep: bool = True,
+    routable_replicas: int | None = None,
 ) -> LinkStatus:
+    """`routable_replicas`: the replicas Serve's handle would send to at this instant (None:
+    it cannot tell). At 0 the link is down whatever the last health reading said: a request
+    sent there would wait for a replacement replica to start."""
     awaiting = facts.replica_died_at is not None
     return LinkStatus(
         # A failed probe of a link only tripped (not dead) leaves it running: its breaker
         # keeps work away until the cooldown lets a request probe it.
-        running=not awaiting and facts.health is not Health.NO_REPLICA,
+        running=(not awaiting and facts.health is not Health.NO_REPLICA and routable_replicas != 0),
         awaiting_recovery=awaiting,
         parked=facts.parked,
         asleep=facts.asleep,

@@ -420,6 +420,14 @@ class RouterConfig(Frozen):
     health_idle_interval_s: float = Field(30.0, gt=0)
     first_token_timeout_s: float = Field(120.0, gt=0)
     stream_idle_timeout_s: float = Field(120.0, gt=0)
+    # How often Serve's controller checks each vLLM replica: the check is what tells it a
+    # replica died (a SIGKILL, an OOM kill). Until then Serve's handles may still route to the
+    # dead replica and hold requests; Serve's default is 10 s. A check is an in-memory look at
+    # the engine (vLLM's check_health): cheap at 2 s. Three failed checks in a row stop a
+    # replica (6 s at 2 s).
+    replica_health_check_period_s: float = Field(
+        2.0, gt=0, description="Serve's health-check period of every vLLM replica"
+    )
     # The class reaches the engine: every vLLM backend runs vLLM's priority scheduler, each
     # request carrying its class's number from `engine_priorities` (lower runs first; where
     # the KV cache runs out the engine preempts the highest number, latest arrival, first).

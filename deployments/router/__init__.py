@@ -6,9 +6,11 @@ a slot in the backend's priority queue (`policy.gate`), is fitted to that backen
 is sent (`serving.py`). A fault before the first token (a 5xx, a dead replica, no first token in
 time) is charged to the backend's breaker and the job moves to the next link, fitted again; after
 the first token the answer goes on on the next link where it can, else the stream ends with an
-SSE error event. Two background loops keep the view fresh (`watch.py`): Serve's replica status
-with health probes for troubled links, and each engine's KV-cache usage. A link's state is
-derived from what was recorded about it (`policy.links`).
+SSE error event. Background loops keep the view fresh (`watch.py`): Serve's replica status
+with health probes for troubled links, each engine's KV-cache usage and counts. A link is also
+out at once while its Serve handle holds no replica (`handle_replicas.py`: the controller pushes
+the running set to every handle), so no job waits in a handle for a replacement to start. A
+link's state is derived from what was recorded about it (`policy.links`).
 
 State is in memory. With `gateway.router_replicas` > 1, each replica enforces `cap // replicas`
 of every backend, so the sum of slots never exceeds the cap; queues are then ordered per replica.
@@ -127,6 +129,11 @@ class Router:
         """Mark links without a running replica; probe troubled ones and close them if healthy."""
         await self._health.check_health_once()
 
+    def check_replicas_once(self) -> None:
+        """Read each link's replicas from Serve's handle: jobs waiting on a link left without
+        one stop waiting."""
+        self._health.check_replicas_once()
+
     async def follow_replicas(self) -> None:
         """The policy's last decisions (asleep or not), then autoscaled links' slots to their
         running replicas (the load loop reads the first every second, the second every few)."""
@@ -149,6 +156,7 @@ class Router:
         if self._watch and not self._loops:
             loops = [
                 self._health.health_loop(),
+                self._health.replicas_loop(),
                 self._health.kv_loop(),
                 self._health.counters_loop(),
             ]

@@ -23,9 +23,10 @@ BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
 
 
-class PoolLost(TimeoutError):
-    """The cluster manager declared the backend's pool down while a job waited on it: its
-    machine is gone, so the answer will not come (a backend fault like a timeout)."""
+class LinkGone(TimeoutError):
+    """While a job waited on its first answer, the cluster manager declared the backend's
+    pool down, or Serve's handle was left with no replica: the answer will not come (a backend
+    fault like a timeout)."""
 
 
 class BackendFault(Exception):

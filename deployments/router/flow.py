@@ -30,10 +30,11 @@ from deployments.router.link import Link
 from deployments.router.placement_sync import PlacementSync
 from deployments.router.ports import Clock
 from deployments.router.serving import Serving
+from policy.context.continuation_fit import fit_continuation
 from policy.context.embed_fit import EmbedFit, fit_inputs
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
 from policy.context.prompt_fit import NoFim, PromptFit, fit_prompt
-from policy.context.tokens import TokenCounter
+from policy.context.tokens import TokenCounter, message_text
 from policy.gate import Shed
 from policy.link_choice import choose_link
 from policy.request.completion import single_prompt
@@ -78,7 +79,7 @@ class Flow:
                 return
             link = self._links[name]
             with link.claimed():
-                admitted = await self._admit(link, job)
+                admitted = await self._admit(link, job, continues=continuing is not None)
                 if isinstance(admitted, Refusal):
                     if admitted.code == ErrorCode.FIM_NOT_SUPPORTED:
                         without_fim[name] = admitted  # another link's model may have FIM tokens
@@ -127,23 +128,26 @@ class Flow:
                 self._links[name].passed_asleep += 1
         return chosen
 
-    async def _admit(self, link: Link, job: ChatJob) -> Fit | PromptFit | EmbedFit | Refusal:
-        """The job fitted to `link` and holding one of its slots, or why not."""
-        fitted = await self._fit_or_refusal(job, link.target)
+    async def _admit(
+        self, link: Link, job: ChatJob, continues: bool
+    ) -> Fit | PromptFit | EmbedFit | Refusal:
+        """The job fitted to `link` and holding one of its slots, or why not. `continues`: the
+        job goes on with an answer another link began (its last message)."""
+        fitted = await self._fit_or_refusal(job, link.target, continues)
         if isinstance(fitted, Refusal):
             return fitted
         shed = await self._slot(link, job)
         return fitted if shed is None else shed
 
     async def _fit_or_refusal(
-        self, job: ChatJob, target: Target
+        self, job: ChatJob, target: Target, continues: bool
     ) -> Fit | PromptFit | EmbedFit | Refusal:
         try:
             if is_embedding(job.request):
                 return await self._fit_inputs(job, target)
             if is_completion(job.request):
                 return await self._fit_prompt(job, target)
-            return await self._fit(job, target)
+            return await self._fit(job, target, continues)
         except ContextOverflow as overflow:
             return Refusal(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(overflow))
         except NoFim as no_fim:
@@ -180,8 +184,9 @@ class Flow:
             )
         return None
 
-    async def _fit(self, job: ChatJob, target: Target) -> Fit:
-        """Fit the job to the window of the link that will serve it (windows differ)."""
+    async def _fit(self, job: ChatJob, target: Target, continues: bool) -> Fit:
+        """Fit the job to the window of the link that will serve it (windows differ); a
+        continuation's answer so far may be cut to its newest part, like old turns."""
         request = job.request
         counter = self._counters[target.counter_key]
         fit_args = {
@@ -200,7 +205,11 @@ class Flow:
             quick = pass_through(messages, **fit_args)
             if quick is not None:  # most requests: proven to fit without tokenizing
                 return quick
-        work = functools.partial(fit_messages, messages, **fit_args)
+        if continues:
+            *prompt, answer = messages
+            work = functools.partial(fit_continuation, prompt, message_text(answer), **fit_args)
+        else:
+            work = functools.partial(fit_messages, messages, **fit_args)
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
     async def _fit_prompt(self, job: ChatJob, target: Target) -> PromptFit:

@@ -27,6 +27,13 @@ from policy.oom import OOM_CODE
 
 logger = logging.getLogger("ray.serve")
 
+# Serve's controller pushes a replica set to every handle within milliseconds of a change; half
+# a second covers a busy event loop (a backend just woken, or whose replacement was just
+# reported running, may reach the handle a moment after the news reached the router), and is
+# what a job that met a dying link loses at most before it moves on.
+REPLICA_GRACE_S = 0.5
+REPLICA_POLL_S = 0.1
+
 
 @dataclass
 class Link:
@@ -48,11 +55,15 @@ class Link:
     # flight. A placement move drains the source until no router replica holds any.
     claims: int = 0
     seen_transitions: int = field(default=0)
-    # Set while the link's pool is declared down: jobs waiting on its first answer stop
-    # waiting (serving.py) instead of waiting out first_token_timeout_s on a dead machine.
-    # One per event loop (an Event belongs to the loop that first waits on it): see lost().
-    _pool_lost: asyncio.Event = field(default_factory=asyncio.Event)
-    _lost_loop: asyncio.AbstractEventLoop | None = None
+    # Set while jobs waiting on the link's first answer should stop waiting (serving.py)
+    # instead of waiting out first_token_timeout_s: its pool was declared down (a dead
+    # machine), or Serve's handle has held no replica for REPLICA_GRACE_S (the job is queued in
+    # the handle for a replacement, where Serve's own retry puts a call to a replica that just
+    # died). An Event belongs to the loop that first waits on it: gone() makes one for the
+    # loop that asks (a router serves from one loop; a test may use another).
+    _gone: asyncio.Event = field(default_factory=asyncio.Event)
+    _gone_loop: asyncio.AbstractEventLoop | None = None
+    _no_replica_since: float | None = None
 
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
@@ -69,8 +80,22 @@ class Link:
 
     def status(self) -> LinkStatus:
         return link_status(
-            self.facts, self.breaker, self.kv, self.clock(), self.target.wait_when_asleep
+            self.facts,
+            self.breaker,
+            self.kv,
+            self.clock(),
+            self.target.wait_when_asleep,
+            0 if self.has_no_replica() else None,
         )
+
+    def has_no_replica(self) -> bool:
+        """Serve's handle holds no replica to send to now, and not because load put the
+        backend to sleep (asleep, requests wait for it to wake on purpose). Never the CPU
+        fallback: every chain's last link, which Serve replaces in seconds, is worth that wait
+        rather than a 503."""
+        if self.facts.asleep or self.target.role is None:
+            return False
+        return self.backend.routable_replicas() == 0
 
     def read(self, health: Health) -> None:
         self.facts = self.facts.read(health)
@@ -113,19 +138,42 @@ class Link:
 
     def on_pool(self, down: bool) -> None:
         self.facts = self.facts.on_pool(down)
-        if down:
-            self._pool_lost.set()
-        elif self._pool_lost.is_set():
-            self._pool_lost = asyncio.Event()
+        self._mark_gone()
 
-    def pool_lost(self) -> asyncio.Event:
-        """Set while the link's pool is declared down, for the running loop's waiters."""
+    def watch_replicas(self) -> None:
+        """Read Serve's handle (every REPLICA_POLL_S): jobs waiting on a link whose handle has
+        held no replica for REPLICA_GRACE_S stop waiting."""
+        if not self.has_no_replica():
+            self._no_replica_since = None
+        elif self._no_replica_since is None:
+            self._no_replica_since = self.clock()
+        self._mark_gone()
+
+    def gone_reason(self) -> str | None:
+        """Why jobs waiting on the link's first answer should stop waiting, if they should."""
+        if self.facts.pool_down:
+            return "its pool was declared down"
+        since = self._no_replica_since
+        if since is None or self.clock() - since < REPLICA_GRACE_S:
+            return None
+        # Read again: a replacement may have reached the handle since the last round.
+        return (
+            "it has no running replica (Serve is replacing it)" if self.has_no_replica() else None
+        )
+
+    def gone(self) -> asyncio.Event:
+        """Set while `gone_reason` holds, for the running loop's waiters."""
         loop = asyncio.get_running_loop()
-        if self._lost_loop is not loop:
-            self._lost_loop, self._pool_lost = loop, asyncio.Event()
-            if self.facts.pool_down:
-                self._pool_lost.set()
-        return self._pool_lost
+        if self._gone_loop is not loop:
+            self._gone_loop, self._gone = loop, asyncio.Event()
+            self._mark_gone()
+        return self._gone
+
+    def _mark_gone(self) -> None:
+        if self.gone_reason() is not None:
+            self._gone.set()
+        elif self._gone.is_set():
+            self._gone = asyncio.Event()
 
     @property
     def counts_engine(self) -> bool:

@@ -125,7 +125,8 @@ AUTOSCALE_DECISIONS = Counter(
 # counter is how a loop failing every round shows.
 LOOP_ERRORS = Counter(
     "gps_loop_errors",
-    "Rounds of a router background loop (health, kv, placement_sync) that ended in an error.",
+    "Rounds of a router background loop (health, replicas, kv, placement_sync, ...) that ended"
+    " in an error.",
     ["loop"],
     registry=REGISTRY,
 )

@@ -47,6 +47,12 @@ class Backend(Protocol):
 
     def embeddings(self, request: EmbeddingCompletionRequest) -> ChatStream: ...
 
+    def routable_replicas(self) -> int | None:
+        """The replicas a request sent now would go to, as Serve's handle knows them (pushed by
+        the controller the moment they change); None when it cannot tell. At 0 a request would
+        wait for a replacement replica to start."""
+        ...
+
     async def check_health(self) -> None:
         """Returns when the backend answers healthy; raises otherwise."""
         ...

@@ -83,6 +83,8 @@ def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, 
     return {
         "state": state,
         "breaker": breaker.value,
+        # What Serve's handle would send to now (None: it cannot tell); 0 takes the link out.
+        "routable_replicas": link.backend.routable_replicas(),
         "in_flight": link.in_flight,
         "cap": queue.cap,
         "queue_depth": queue.depth,

@@ -25,6 +25,7 @@ from autoscale.cluster_manager import ensure_cluster_manager
 from autoscale.placer import ensure_placer, placement_matters
 from autoscale.policy import publish_load, read_scaled
 from core.config import ClusterConfig
+from deployments.router.handle_replicas import routable_replicas
 from deployments.router.ports import (
     BackendLoad,
     ChatStream,
@@ -64,6 +65,9 @@ class ServeBackend:
         request router to keep the conversation on one replica (deployments/replica_router)."""
         session = getattr(request, "user", None)
         return self._stream.options(session_id=session) if session else self._stream
+
+    def routable_replicas(self) -> int | None:
+        return routable_replicas(self._unary)  # `_stream` shares its router
 
     async def check_health(self) -> None:
         await self._unary.check_health.remote()

@@ -32,8 +32,8 @@ from deployments.router.faults import (
     BACKEND_FAULTS,
     BackendFault,
     Continuing,
+    LinkGone,
     MidStreamFault,
-    PoolLost,
     describe,
     engine_error,
     error_text,
@@ -41,7 +41,7 @@ from deployments.router.faults import (
     split_at_server_error,
     stream_error_event,
 )
-from deployments.router.link import Link
+from deployments.router.link import REPLICA_GRACE_S, REPLICA_POLL_S, Link
 from deployments.router.ports import ChatStream
 from policy.context.embed_fit import EmbedFit
 from policy.context.fit import Fit
@@ -108,6 +108,9 @@ class Serving:
     ) -> AsyncGenerator[Any, None]:
         """Run the job on `link`, whose slot it holds; raise BackendFault before any output,
         MidStreamFault when a stream fails after it."""
+        if not await _replica_to_send_to(link):  # it died while the job waited for the slot
+            link.gate.release()
+            raise BackendFault("it has no running replica (Serve is replacing it)")
         if not link.breaker.try_acquire():  # tripped while we waited for the slot
             link.gate.release()
             raise BackendFault("its breaker opened while the job waited")
@@ -140,15 +143,18 @@ class Serving:
             send = _method(link, request)
             stream = attempt.stream = send(request)
             asked = time.perf_counter()
-            first = await _unless_pool_lost(
-                link, anext(stream), self._settings.first_token_timeout_s
-            )
+            first = await _unless_gone(link, anext(stream), self._settings.first_token_timeout_s)
             attempt.engine_wait_s = time.perf_counter() - asked
         except StopAsyncIteration:
             attempt.verdict = False
             raise BackendFault("the response was empty") from None
         except RequestCancelledError:
             raise
+        except LinkGone as gone:
+            # Already out of every choice by what was recorded (its pool down, its handle
+            # empty); not charged to its breaker: a replica Serve drains in a redeploy leaves
+            # the handle as a dead one does.
+            raise BackendFault(describe(gone)) from None
         except BACKEND_FAULTS as fault:
             attempt.verdict = False
             link.note_fault(fault)
@@ -173,13 +179,26 @@ class Serving:
         return _relay(attempt, item)
 
 
-async def _unless_pool_lost(link: Link, item: Awaitable[Any], timeout_s: float) -> Any:
-    """The first item, unless the link's pool is declared down first (PoolLost) or it takes
-    longer than `timeout_s` (TimeoutError). A whole answer is one item: this is the wait a job
-    sent to a machine that died would otherwise sit out."""
-    lost = link.pool_lost()
+async def _replica_to_send_to(link: Link) -> bool:
+    """Whether Serve's handle has a replica for the job, waiting `REPLICA_GRACE_S` for one.
+    Without one the job would wait in the handle for a replica to start (minutes, for an
+    engine)."""
+    for _ in range(round(REPLICA_GRACE_S / REPLICA_POLL_S)):
+        if not link.has_no_replica():
+            return True
+        await asyncio.sleep(REPLICA_POLL_S)
+    return not link.has_no_replica()
+
+
+async def _unless_gone(link: Link, item: Awaitable[Any], timeout_s: float) -> Any:
+    """The first item, unless the link is gone first (LinkGone: its pool declared down, or no
+    replica left to answer) or it takes longer than `timeout_s` (TimeoutError). A whole answer
+    is one item: this is the wait a job sent to a dead machine or a dead replica (which Serve
+    retries into an empty handle) would otherwise sit out."""
+    link.watch_replicas()  # a set event from the last round may be stale by now
+    lost = link.gone()
     if lost.is_set():
-        raise PoolLost("its pool was declared down")
+        raise LinkGone(link.gone_reason() or "it is gone")
     answer = asyncio.ensure_future(item)
     gone = asyncio.ensure_future(lost.wait())
     try:
@@ -195,7 +214,7 @@ async def _unless_pool_lost(link: Link, item: Awaitable[Any], timeout_s: float) 
         return answer.result()
     answer.cancel()
     if gone in done:
-        raise PoolLost("its pool was declared down while the job waited")
+        raise LinkGone(f"{link.gone_reason() or 'it is gone'} while the job waited")
     raise TimeoutError(f"no first item in {timeout_s:.0f} s")
 
 

@@ -1,5 +1,6 @@
-"""The two background loops that keep the router's view of its links fresh: health (Serve's
-replica status, with probes of troubled links) and each engine's KV-cache usage."""
+"""The background loops that keep the router's view of its links fresh: health (Serve's
+replica status, with probes of troubled links), the replicas each Serve handle holds, each
+engine's KV-cache usage and its counts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from autoscale.policy import ScalingNews
 from core.config import RouterConfig
 from deployments.router import metrics
 from deployments.router.faults import describe
-from deployments.router.link import Link
+from deployments.router.link import REPLICA_POLL_S, Link
 from deployments.router.ports import Clock, DeploymentFacts, DeploymentStatuses
 from policy.links import Health
 
@@ -94,6 +95,20 @@ class Watch:
             logger.info("health probe of %s failed: %s", link.target.name, describe(error))
             return False
         return True
+
+    async def replicas_loop(self) -> None:
+        while True:
+            try:
+                self.check_replicas_once()
+            except Exception:  # the loop must outlive any one bad reading
+                metrics.LOOP_ERRORS.labels("replicas").inc()
+                logger.exception("router replica reading failed")
+            await self._clock.sleep(REPLICA_POLL_S)
+
+    def check_replicas_once(self) -> None:
+        """Each link's replicas as Serve's handle holds them (a read of memory, no call)."""
+        for link in self._links.values():
+            link.watch_replicas()
 
     async def kv_loop(self) -> None:
         while True:

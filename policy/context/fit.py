@@ -33,9 +33,13 @@ __all__ = [
     "MAX_ATTEMPTS",
     "MESSAGE_OVERHEAD_TOKENS",
     "PROMPT_OVERHEAD_TOKENS",
+    "Budget",
     "ContextOverflow",
     "Fit",
     "FitPolicy",
+    "NoRoom",
+    "Planner",
+    "budget_for",
     "fit_messages",
     "group_turns",
     "pass_through",
@@ -96,7 +100,9 @@ class ContextOverflow(ValueError):
         )
 
 
-class _NoRoom(Exception):
+class NoRoom(Exception):
+    """What a draft needs: the tokens the part that may not change takes, at least."""
+
     def __init__(self, needed: int) -> None:
         self.needed = needed
 
@@ -111,24 +117,26 @@ class _Draft:
 
 
 @dataclass(frozen=True)
-class _Budget:
+class Budget:
+    """A window split between the output, a safety margin and the prompt."""
+
     max_tokens: int  # the clamped output
     margin: int
     prompt: int  # what the prompt may use with that output
 
 
-def _budget(
+def budget_for(
     window: int,
     requested_max_tokens: int | None,
     counter: TokenCounter,
     policy: FitPolicy,
-) -> _Budget:
+) -> Budget:
     cap = max(1, int(window * policy.output_share))
     max_tokens = cap if requested_max_tokens is None else max(1, min(requested_max_tokens, cap))
     margin = policy.margin_tokens
     if not counter.exact:
         margin += math.ceil(window * policy.estimate_margin_share)
-    return _Budget(max_tokens, margin, window - max_tokens - margin)
+    return Budget(max_tokens, margin, window - max_tokens - margin)
 
 
 # How far the tools' measured cost (`TokenCounter.count_tools`) may fall short of what they add
@@ -149,7 +157,7 @@ def pass_through(
     """The request as it is, output clamped, when a cheap upper bound proves the prompt fits
     (no tokenizing: microseconds); None when only `fit_messages` can tell. `tools`: the tools
     the template lists in the prompt (as vLLM renders them), which take room too."""
-    budget = _budget(window, requested_max_tokens, counter, policy)
+    budget = budget_for(window, requested_max_tokens, counter, policy)
     bound = counter.upper_bound(messages)
     if bound is not None and tools:
         bound += counter.count_tools(tools) + TOOLS_SLACK_TOKENS
@@ -187,17 +195,17 @@ def fit_messages(
     )
     if quick is not None:
         return quick
-    budget = _budget(window, requested_max_tokens, counter, policy)
+    budget = budget_for(window, requested_max_tokens, counter, policy)
     max_tokens, margin = budget.max_tokens, budget.margin
-    planner = _Planner(list(messages), counter, policy, tools)
+    planner = Planner(list(messages), counter, policy, tools)
     try:
         draft, prompt_tokens = planner.plan(budget.prompt)
-    except _NoRoom:
+    except NoRoom:
         # The tail alone needs more than the input budget: give it the output's share too.
         squeezed_budget = window - margin - min(policy.min_output_tokens, max_tokens)
         try:
             draft, prompt_tokens = planner.plan(squeezed_budget)
-        except _NoRoom as no_room:
+        except NoRoom as no_room:
             raise ContextOverflow(max(1, no_room.needed - squeezed_budget), window) from None
     final_max_tokens = min(max_tokens, window - prompt_tokens - margin)
     return Fit(
@@ -227,7 +235,10 @@ def group_turns(indices: Sequence[int], messages: Sequence[Message]) -> list[lis
     return turns
 
 
-class _Planner:
+class Planner:
+    """Drafts of a conversation within a prompt budget: the system message compressed, old
+    turns dropped behind a marker, the latest user message and all after it kept whole."""
+
     def __init__(
         self,
         messages: list[Message],
@@ -255,13 +266,13 @@ class _Planner:
         for _ in range(MAX_ATTEMPTS):
             try:
                 draft = self._draft(target)
-            except _NoRoom as no_room:  # what the messages need; the tools need their room too
-                raise _NoRoom(no_room.needed + self._listed) from None
+            except NoRoom as no_room:  # what the messages need; the tools need their room too
+                raise NoRoom(no_room.needed + self._listed) from None
             exact = self._counter.count_prompt(draft.messages, self._tools)
             if exact <= budget:
                 return draft, exact
             target -= exact - budget + max(1, budget // 100)
-        raise _NoRoom(exact)
+        raise NoRoom(exact)
 
     def _cost(self, message: Message) -> int:
         return self._counter.count_text(message_text(message)) + MESSAGE_OVERHEAD_TOKENS
@@ -273,7 +284,7 @@ class _Planner:
         tail = list(range(self._tail_start, len(self._messages)))
         tail_cost = self._cost_of(tail) + PROMPT_OVERHEAD_TOKENS
         if tail_cost > target:
-            raise _NoRoom(tail_cost)
+            raise NoRoom(tail_cost)
         room = target - tail_cost
         history_cost = sum(self._cost_of(turn) for turn in self._turns)
         system_cost = self._cost_of([self._system]) if self._system is not None else 0
@@ -289,7 +300,7 @@ class _Planner:
             turns = self._turns
         room -= pinned_cost + marker_cost
         if room < 0:
-            raise _NoRoom(target - room)
+            raise NoRoom(target - room)
         kept: list[list[int]] = []
         for turn in reversed(turns):
             cost = self._cost_of(turn)

@@ -228,3 +228,179 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
     assert restarted.pid != server.pid
     assert fallback.check_health.remote().result() is None
     assert ray.is_initialized()
+
+
+# -- Backends that died while idle, and a stream longer than the next link's window ------------
+
+LONG_STORY = "Write a very long story about a lighthouse keeper, the sea and its ships."
+FALLBACK_WINDOW = 2048  # tests/e2e/gateway.yaml: the CPU fallback's context_window
+# Past the fallback's whole window: the continuation must be fitted to go on there at all.
+LONG_STREAM_CHUNKS = FALLBACK_WINDOW + 100
+
+
+class Replacement:
+    """Watches a deployment whose replica is about to be killed: when Serve saw it gone (no
+    RUNNING replica), and when a replacement's engine was up (RUNNING again)."""
+
+    def __init__(self, deployment: str) -> None:
+        self.deployment = deployment
+        self.gone_at: float | None = None
+        self.running_at: float | None = None
+
+    async def watch(self) -> None:
+        while self.running_at is None:
+            running = await asyncio.to_thread(running_replicas, self.deployment)
+            if not running and self.gone_at is None:
+                self.gone_at = time.monotonic()
+            elif running and self.gone_at is not None:
+                self.running_at = time.monotonic()
+            await asyncio.sleep(0.2)
+
+
+async def answer(session: httpx.AsyncClient, model: str, stream: bool) -> dict[str, Any]:
+    """One short user request: who answered, after how many failovers, when it was over."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 8,
+        "stream": stream,
+    }
+    sent = time.monotonic()
+    user = {"X-Priority": "user"}  # the story is background: a slot of its link is the user's
+    async with session.stream("POST", "/v1/chat/completions", json=body, headers=user) as reply:
+        lines = [line async for line in reply.aiter_lines() if line]
+    return {
+        "status": reply.status_code,
+        "backend": reply.headers.get("x-backend"),
+        "failovers": int(reply.headers.get("x-failovers", -1)),
+        "seconds": round(time.monotonic() - sent, 2),
+        "ended_at": time.monotonic(),
+        **(read_stream(lines) if stream else {"done": True, "errors": []}),
+    }
+
+
+async def long_stream(session: httpx.AsyncClient, seen: dict[str, Any]) -> None:
+    """A story streamed past the fallback's window; `seen` counts its text chunks as they come,
+    and notes where the migration comment fell among them."""
+    body = {
+        "model": "coding",
+        "messages": [{"role": "user", "content": LONG_STORY}],
+        # Room to go on past the kills (they take seconds), and little more for the fallback.
+        "max_tokens": LONG_STREAM_CHUNKS + 900,
+        "ignore_eos": True,  # vLLM's: the story may not end before the kill
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    seen.update(chunks=0, lines=[], migrated_after=None)
+    background = {"X-Priority": "background"}
+    async with session.stream(
+        "POST", "/v1/chat/completions", json=body, headers=background
+    ) as reply:
+        seen["status"] = reply.status_code
+        async for line in reply.aiter_lines():
+            if not line:
+                continue
+            seen["lines"].append(line)
+            if line.startswith(": gps-migrated"):
+                seen["migrated_after"] = seen["chunks"]
+            elif line.startswith("data: {") and '"content"' in line:
+                seen["chunks"] += sum(
+                    bool(c.get("delta", {}).get("content"))
+                    for c in json.loads(line[len("data: ") :]).get("choices", [])
+                )
+
+
+async def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def test_dead_backends_cost_no_wait_and_a_long_stream_goes_on_in_the_fallbacks_window(
+    gateway: str, http: httpx.Client
+) -> None:
+    """Two deaths in a row. A story streams from coding past the fallback's whole window.
+    Orchestrator's only replica is killed while idle: requests for it, sent at once and after
+    Serve saw it gone, are answered by the next link before its replacement runs. Then, while
+    orchestrator is still being replaced, coding's replica is killed mid-story: the story
+    passes over orchestrator (no replica) and goes on on the CPU fallback, fitted to its
+    window, to [DONE]."""
+    orchestrator = Replacement(f"model:{ORCHESTRATOR}")
+    story: dict[str, Any] = {}
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+        async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=600) as session:
+            streaming = asyncio.create_task(long_stream(session, story))
+            await until(lambda: story.get("chunks", 0) >= LONG_STREAM_CHUNKS, 900, "the story")
+            status = await asyncio.to_thread(backends, http)
+            assert status[ORCHESTRATOR]["in_flight"] == 0, "orchestrator is not idle"
+            victim = replica_pid(f"model:{ORCHESTRATOR}")
+            assert victim is not None
+            engines = engine_processes(victim)
+            watching = asyncio.create_task(orchestrator.watch())
+            os.kill(victim, signal.SIGKILL)
+            # At once (Serve may not know yet), then once Serve saw the replica gone.
+            early = list(
+                await asyncio.gather(
+                    answer(session, "orchestrator", False), answer(session, "orchestrator", True)
+                )
+            )
+            await until(lambda: orchestrator.gone_at is not None, 120, "Serve to see it gone")
+            late = list(
+                await asyncio.gather(
+                    *(answer(session, "orchestrator", s) for s in (False, True, False, True))
+                )
+            )
+            assert orchestrator.running_at is None, "replaced before the second death"
+            assert not streaming.done(), "the story ended before its replica was killed"
+            second = replica_pid(f"model:{CODING}")
+            assert second is not None
+            engines += engine_processes(second)
+            story["killed_after"] = story["chunks"]
+            os.kill(second, signal.SIGKILL)
+            await streaming
+            watching.cancel()
+        return early, late, survivors(engines)
+
+    early, late, left = asyncio.run(scenario())
+    replaced_at = orchestrator.running_at or float("inf")
+    print(  # the figures behind the assertions (pytest -s)
+        "answers:", [(r["backend"], r["failovers"], r["seconds"]) for r in (*early, *late)],
+        f"story: {story['killed_after']} chunks at the kill, {story['chunks']} in all",
+    )  # fmt: skip
+    for reply in (*early, *late):
+        assert reply["status"] == 200, reply
+        assert reply["backend"] != ORCHESTRATOR, reply
+        assert reply["done"], reply
+        assert not reply["errors"], reply
+        # Answered while the replacement was loading: none waited for it.
+        assert reply["ended_at"] < replaced_at, reply
+    # Once Serve's handle knew, orchestrator was passed over without a try.
+    assert [r["failovers"] for r in late] == [0] * len(late)
+    assert all(r["failovers"] <= 1 for r in early)
+
+    lines = story["lines"]
+    stream = read_stream(lines)
+    assert story["status"] == 200
+    assert stream["done"], lines[-3:]
+    assert not stream["errors"], stream["errors"]
+    assert len(stream["ids"]) == 1, "the migrated story changed its id"
+    notes = [x for x in lines if x.startswith(": gps-migrated")]
+    assert notes == [f": gps-migrated from={CODING} to=cpu-fallback"], notes
+    assert story["chunks"] > story["migrated_after"], "no text after the kill"
+    [usage] = [e["usage"] for e in map(_event, lines) if e.get("usage")]
+    # Every token the client received, counted once (one per chunk in both engines' streams).
+    assert usage["completion_tokens"] >= story["chunks"]
+    assert usage["completion_tokens"] <= story["chunks"] + 8
+    assert left == []
+    wait_recovered(http, ORCHESTRATOR)
+    wait_recovered(http, CODING)
+
+
+def _event(line: str) -> dict[str, Any]:
+    if not line.startswith("data: {"):
+        return {}
+    event: dict[str, Any] = json.loads(line[len("data: ") :])
+    return event

@@ -84,6 +84,9 @@ def test_an_autoscaled_backend_is_built_with_the_policy_and_its_load_settings() 
     fixed = llm_config_for(config, Backend(role=Role.ORCHESTRATOR, pool="local")).deployment_config
     assert fixed["num_replicas"] == 1
     assert "autoscaling_config" not in fixed
+    # Serve checks every engine replica often: the check is how it learns one died.
+    for deployment in (options, fixed):
+        assert deployment["health_check_period_s"] == config.router.replica_health_check_period_s
 
 
 def ctx(target: int, now: float, running: int | None = None) -> SimpleNamespace:

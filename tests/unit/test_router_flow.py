@@ -93,6 +93,7 @@ class FakeBackend:
         self.embedding_calls = 0
         self.counter_readings: list[tuple[str, EngineCounters]] = []
         self.counter_calls = 0
+        self.routable: int | None = None  # Serve's handle's replica count; None: it cannot tell
 
     def chat(self, request: ChatCompletionRequest) -> FakeStream:
         self.calls += 1
@@ -108,6 +109,9 @@ class FakeBackend:
     def embeddings(self, request: EmbeddingCompletionRequest) -> FakeStream:
         self.embedding_calls += 1
         return self.chat(request)
+
+    def routable_replicas(self) -> int | None:
+        return self.routable
 
     async def check_health(self) -> None:
         self.probes += 1
@@ -363,6 +367,51 @@ def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() ->
     assert not continued.add_generation_prompt
     assert continued.max_tokens == 8 - 2
     assert migrated._value.get() == before + 1
+
+
+def test_a_long_stream_goes_on_on_a_smaller_window_with_its_newest_text() -> None:
+    """The answer so far is longer than the fallback's whole window; the link between them has
+    no replica (Serve is replacing it): the fallback continues, fitted, to [DONE]."""
+    words = [f" w{i}" for i in range(1200)]  # ~1,200 tokens by the estimate; the window: 512
+    coding = FakeBackend(
+        lambda _: [
+            [sse("first", {"role": "assistant", "content": ""})],
+            [sse("first", {"content": w}) for w in words],
+            RayError("died mid-way"),
+        ]
+    )
+    orchestrator = FakeBackend(ok)
+    orchestrator.routable = 0
+    usage = {"prompt_tokens": 300, "completion_tokens": 2, "total_tokens": 302}
+    fallback = FakeBackend(
+        lambda _: [
+            [sse("fb", {"role": "assistant", "content": ""}), sse("fb", {"content": " more"})],
+            [sse("fb", {"content": "."}), sse("fb", usage=usage)],
+            ["data: [DONE]\n\n"],
+        ]
+    )
+    config = make_config(fallback_window=512)
+    handles = {"coding@local": coding, "orchestrator@local": orchestrator, "cpu-fallback": fallback}
+    router = make_router(config, handles)
+    request = job().request.model_copy(update={"max_tokens": 1500})
+    routed, *items = asyncio.run(collect(router, replace(job(), request=request)))
+    lines = [line for item in items for line in item]
+
+    assert routed.backend == "coding@local"
+    assert lines[-1] == "data: [DONE]\n\n"
+    assert not any('"error"' in x for x in lines)
+    assert any(x.startswith(": gps-migrated from=coding@local to=cpu-fallback") for x in lines)
+    assert orchestrator.calls == 0
+    chunks = chunks_of(lines)
+    assert chunks[-1]["usage"]["completion_tokens"] == len(words) + 2
+    [continued] = fallback.requests
+    *prompt, answer = continued.messages
+    assert prompt == [{"role": "user", "content": "hi"}]
+    assert answer["role"] == "assistant"
+    assert answer["content"].startswith("[The start of this answer was omitted")
+    assert answer["content"].endswith("".join(words[-50:]))
+    assert continued.continue_final_message
+    assert continued.max_tokens <= int(512 * 0.6)
 
 
 def test_a_link_that_refuses_to_continue_is_passed_over_without_blame() -> None:
@@ -658,6 +707,76 @@ def test_a_backend_without_a_running_replica_takes_no_work_until_a_probe_passes(
 
     assert asyncio.run(scenario()) == ["orchestrator@local", "coding@local"]
     assert coding.probes == 1
+
+
+def test_a_backend_whose_handle_holds_no_replica_is_passed_over_at_once() -> None:
+    """Serve's handle says the only replica is gone (its replacement loading) before any health
+    check ran and before any request failed: no job is sent there to wait for it."""
+    coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
+    router = make_router(make_config(), two(coding, orchestrator))
+
+    async def scenario() -> list[Any]:
+        coding.routable = 0
+        seen = [await served_by(router), await served_by(router)]
+        seen.append((await router.status())["backends"]["coding@local"]["routable_replicas"])
+        coding.routable = 1  # the replacement is in the handle's set: work goes back at once
+        seen.append(await served_by(router))
+        return seen
+
+    assert asyncio.run(scenario()) == ["orchestrator@local"] * 2 + [0, "coding@local"]
+    assert coding.calls == 1
+
+
+def test_a_job_queued_for_a_slot_when_the_replica_dies_fails_over_without_being_sent() -> None:
+    """The job chose the link while it ran and waited for its slot; the replica died meanwhile."""
+    coding = FakeBackend(lambda _: [["a"], ["b"]], step_s=0.05)
+    orchestrator = FakeBackend(ok)
+    router = make_router(make_config(cap=1), two(coding, orchestrator))
+
+    async def scenario() -> tuple[str, list[Any]]:
+        first = asyncio.create_task(collect(router, job()))
+        await asyncio.sleep(0.01)  # the first holds coding's only slot
+        second = asyncio.create_task(served_by(router))
+        await asyncio.sleep(0.01)  # the second waits for it
+        coding.routable = 0
+        return await second, await first
+
+    second, first = asyncio.run(scenario())
+    assert (second, first[0].backend) == ("orchestrator@local", "coding@local")
+    assert coding.calls == 1
+
+
+def test_a_job_held_in_an_emptied_handle_stops_waiting_and_fails_over() -> None:
+    """Sent to a replica that died as it was sent: Serve retries the call into a handle that
+    now holds no replica, where it would wait for the replacement. It moves on instead."""
+    coding = FakeBackend(ok, step_s=30.0)  # its first item never comes in this test
+    orchestrator = FakeBackend(ok)
+    clock = FakeClock()
+    router = make_router(make_config(), two(coding, orchestrator), clock=clock)
+
+    async def scenario() -> tuple[Any, list[bool]]:
+        waiting = asyncio.create_task(collect(router, job()))
+        await asyncio.sleep(0.05)  # sent; waiting for its first item
+        coding.routable = 0  # the handle dropped the dead replica
+        router.check_replicas_once()
+        await asyncio.sleep(0.05)
+        still = [waiting.done()]  # within the grace: a replacement may just be arriving
+        clock.now += 1.0
+        router.check_replicas_once()
+        routed = (await asyncio.wait_for(waiting, 5))[0]
+        return routed, still
+
+    routed, still = asyncio.run(scenario())
+    assert still == [False]
+    assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
+    assert coding.streams[0].cancelled  # its place in the handle's queue given up
+
+
+def test_an_unknown_replica_count_never_takes_a_link_out() -> None:
+    coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
+    router = make_router(make_config(), two(coding, orchestrator))
+    coding.routable = None
+    assert asyncio.run(served_by(router)) == "coding@local"
 
 
 def test_a_dead_only_replica_stays_out_past_its_cooldown_until_a_probe_passes() -> None:
