@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test unit integration e2e chaos placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
+.PHONY: install model run test check unit integration e2e chaos placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -123,20 +123,15 @@ chaos: $(INSTALLED) $(MODEL)
 stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
-# Sessions of their own after the shared app's: placement and recovery run three-node clusters,
-# autoscale, monitoring and batch one-node clusters of their own,
-# rayup a `ray up` cluster, stop starts and stops whole apps with `serve run`.
+# The main session (unit, integration, and e2e + chaos on one shared app), then sessions of their
+# own: placement and recovery run three-node clusters, autoscale, monitoring and batch one-node
+# clusters of their own, rayup a `ray up` cluster, stop starts and stops whole apps with
+# `serve run` (tests/suites.py; each suite's time is printed at the end).
 test: lint $(MODEL) $(PROMTOOL)
-	$(VENV)/bin/pytest tests -q --durations=25 --ignore=tests/placement --ignore=tests/stop \
-		--ignore=tests/recovery --ignore=tests/rayup --ignore=tests/autoscale \
-		--ignore=tests/monitoring --ignore=tests/batch
-	$(VENV)/bin/pytest tests/placement -q -s
-	$(VENV)/bin/pytest tests/autoscale -q -s
-	$(VENV)/bin/pytest tests/monitoring -q -s
-	$(VENV)/bin/pytest tests/batch -q -s
-	$(VENV)/bin/pytest tests/recovery -q -s
-	$(VENV)/bin/pytest tests/rayup -q -s
-	$(VENV)/bin/pytest tests/stop -q -s
+	$(PY) tests/suites.py
+
+# The inner loop: lint and the unit tests, no cluster (a few minutes).
+check: lint unit
 
 # Every benchmark runs even when an earlier one misses its target; the exit status says if any did.
 bench: $(INSTALLED) $(MODEL)
