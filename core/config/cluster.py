@@ -31,19 +31,34 @@ __all__ = ["ClusterConfig"]
 
 
 class ClusterConfig(Frozen):
-    pools: tuple[PoolConfig, ...] = Field(min_length=1)
-    models: tuple[ModelConfig, ...] = Field(min_length=1)
-    fallback: FallbackConfig
-    chains: Annotated[dict[Role, tuple[str, ...]], AfterValidator(frozen_dict)] = Field(
-        default_factory=FrozenDict
+    """The whole file: pools, models, the CPU fallback, chains, keys and each part's settings."""
+
+    pools: tuple[PoolConfig, ...] = Field(
+        min_length=1, description="Sets of Ray nodes models are placed on."
     )
-    api_keys: tuple[ApiKeyConfig, ...] = ()
-    placement: PlacementConfig = PlacementConfig()
-    gateway: GatewayConfig = GatewayConfig()
-    router: RouterConfig = RouterConfig()
-    depth: DepthConfig = DepthConfig()
-    cluster_manager: ClusterManagerConfig = ClusterManagerConfig()
-    batches: BatchConfig = BatchConfig()
+    models: tuple[ModelConfig, ...] = Field(min_length=1, description="One model per role.")
+    fallback: FallbackConfig = Field(description="The CPU replica every chain ends on.")
+    chains: Annotated[dict[Role, tuple[str, ...]], AfterValidator(frozen_dict)] = Field(
+        default_factory=FrozenDict,
+        description="Each role's failover chain of backends (role@pool), ending on "
+        "cpu-fallback; a link may be another text role's backend. Default: the role on each of "
+        "its pools, then cpu-fallback. An embedding chain lists embedding backends only.",
+    )
+    api_keys: tuple[ApiKeyConfig, ...] = Field(
+        (), description="Client keys (stored hashed). Empty: auth is off, and the app says so."
+    )
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="Moving models between pools by free VRAM."
+    )
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="The front door.")
+    router: RouterConfig = Field(
+        default_factory=RouterConfig, description="Admission, breakers and failover."
+    )
+    depth: DepthConfig = Field(default_factory=DepthConfig, description="`model: auto`'s router.")
+    cluster_manager: ClusterManagerConfig = Field(
+        default_factory=ClusterManagerConfig, description="Dead pools drained and replaced."
+    )
+    batches: BatchConfig = Field(default_factory=BatchConfig, description="The Batch API.")
     # Set by the loader: where relative model paths are resolved from.
     base_dir: Path = Path(".")
 

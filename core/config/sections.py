@@ -53,14 +53,22 @@ DEFAULT_CAPS: Mapping[Role, int] = {
 class PoolConfig(Frozen):
     """A set of Ray nodes carrying the custom resource `pool_<name>`."""
 
-    name: Name
-    kind: PoolKind
+    name: Name = Field(description="The pool's name; its nodes carry the Ray resource pool_<name>.")
+    kind: PoolKind = Field(
+        description="local (this site's GPUs), mesh (nodes joined by hand) or cloud."
+    )
     priority: int = Field(0, ge=0, description="Lower is preferred; local pools usually 0.")
-    # Memory of one GPU on the pool's nodes: lets the config guard check GPU models' weights and
-    # KV cache before they start (`python -m cluster.config check`). None: not checked.
-    gpu_memory_gb: float | None = Field(None, gt=0)
-    # What replaces the pool's nodes when they die (core/config/recovery.py).
-    provisioner: ProvisionerConfig = NoProvisioner()
+    gpu_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="Memory of one GPU on the pool's nodes: lets the config guard check GPU "
+        "models' weights and KV cache before they start. None: not checked.",
+    )
+    provisioner: ProvisionerConfig = Field(
+        default_factory=NoProvisioner,
+        description="What replaces the pool's nodes when they die: none (drained and reported "
+        "only), ray_autoscaler, {type: command, ...} or {type: terraform, ...}.",
+    )
 
     @property
     def resource(self) -> str:
@@ -71,18 +79,28 @@ class ToolsConfig(Frozen):
     """Tool calling for one model, mapped onto vLLM's own options (`tool_call_parser`,
     `enable_auto_tool_choice`, `chat_template`)."""
 
-    # vLLM's name for the format the model writes tool calls in: hermes, llama3_json, mistral,
-    # qwen3_xml, pythonic, ... (`vllm serve --help=tool-call-parser` lists them).
-    parser: str = Field(pattern=r"^[a-z0-9][a-z0-9_]*$", max_length=40)
-    # `tool_choice: auto` (the model decides): what IDE agents send on nearly every call.
-    auto_choice: bool = True
-    # Every call's arguments held to its tool's JSON schema while decoding, as if each tool
-    # said `strict: true` (vLLM's `tool_strict_level: parameter`); off, only a tool that says
-    # so is held, and a forced call fixes its name but not its arguments.
-    strict: bool = False
-    # A chat template that renders `tools` and tool results, for models whose own does not
-    # (a path, relative to the config file).
-    chat_template: str | None = None
+    parser: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_]*$",
+        max_length=40,
+        description="vLLM's name for the format the model writes tool calls in (its "
+        "tool_call_parser): hermes, llama3_json, mistral, qwen3_xml, pythonic, ...",
+    )
+    auto_choice: bool = Field(
+        True,
+        description="Allow `tool_choice: auto` (the model decides; what IDE agents send on "
+        "nearly every call): vLLM's enable_auto_tool_choice.",
+    )
+    strict: bool = Field(
+        False,
+        description="Hold every call's arguments to its tool's JSON schema while decoding, as "
+        "if each tool said strict: true; off, only tools that say so are held, and a forced "
+        "call fixes its name but not its arguments.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A chat template file (relative to the config) that renders tools and tool "
+        "results, for a model whose own ignores them; used for every request of the model.",
+    )
 
 
 class AutoscalingConfig(Frozen):
@@ -90,22 +108,39 @@ class AutoscalingConfig(Frozen):
     router's queue and the engines' KV cache, read once a second, in the same Serve autoscaling
     policy that carries out placement."""
 
-    min_replicas: int = Field(1, ge=1)
-    max_replicas: int = Field(ge=1)
-    # Waiting requests per replica the router may hold before one more replica is worth it.
-    target_queue_per_replica: float = Field(2.0, gt=0)
-    # KV cache usage (0..1, the highest any replica reports) that adds a replica while
-    # requests wait, however short the queue.
-    kv_high: float = Field(0.85, gt=0, le=1)
-    upscale_delay_s: float = Field(10.0, ge=0)
-    downscale_delay_s: float = Field(120.0, ge=0)
-    # Idle this long (nothing waiting or running): zero replicas, the GPU given back. None:
-    # never below min_replicas.
-    scale_to_zero_after_s: float | None = Field(None, ge=10)  # routers' posts stay fresh 10 s
-    # A request for a backend at zero: "wait" in its queue while one replica starts (up to
-    # wake_timeout_s, then 503), or "next_link" of its chain (the replica still wakes).
-    when_asleep: Literal["wait", "next_link"] = "wait"
-    wake_timeout_s: float = Field(300.0, gt=0)
+    min_replicas: int = Field(1, ge=1, description="The fewest replicas while awake.")
+    max_replicas: int = Field(ge=1, description="The most replicas load may bring.")
+    target_queue_per_replica: float = Field(
+        2.0,
+        gt=0,
+        description="Waiting requests per replica the router may hold before one more "
+        "replica is worth it.",
+    )
+    kv_high: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="KV cache usage (0..1, the highest any replica reports) that adds a "
+        "replica while requests wait, however short the queue.",
+    )
+    upscale_delay_s: float = Field(10.0, ge=0, description="Load must call for more this long.")
+    downscale_delay_s: float = Field(120.0, ge=0, description="Load must call for fewer this long.")
+    # At least 10 s: routers post their load every second and a post stays fresh 10 s.
+    scale_to_zero_after_s: float | None = Field(
+        None,
+        ge=10,
+        description="Idle this long (nothing waiting or running): zero replicas, the GPU given "
+        "back. None: never below min_replicas.",
+    )
+    when_asleep: Literal["wait", "next_link"] = Field(
+        "wait",
+        description="A request for a backend at zero: wait in its queue while one replica "
+        "starts (up to wake_timeout_s, then 503), or go to the next link of its chain (the "
+        "replica still wakes).",
+    )
+    wake_timeout_s: float = Field(
+        300.0, gt=0, description="The longest a request waits for a wake."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
@@ -125,23 +160,67 @@ class AutoscalingConfig(Frozen):
 class ModelConfig(Frozen):
     """One model serving one role, deployable on the listed pools (the first is its home)."""
 
-    role: Role
-    source: str = Field(min_length=1, description="Local path (./, ../, /, ~) or hub id.")
-    aliases: tuple[ModelName, ...] = ()
-    context_window: int = Field(ge=256)
-    engine_kwargs: EngineKwargs = Field(default_factory=FrozenDict)
-    device: Literal["cpu", "gpu"] = "gpu"
-    # CPU engines: logical CPUs one replica reserves (its engine runs OMP_NUM_THREADS threads).
-    cpus_per_replica: float = Field(1.0, gt=0)
-    env_vars: EnvVars = Field(default_factory=FrozenDict)
-    placement_priority: Literal["P0", "P1", "P2", "P3"] = "P1"
-    pools: tuple[Name, ...] = Field(min_length=1)
-    replicas: int = Field(1, ge=1)
-    max_concurrency: int | None = None
-    # None: a request with tools is refused with a 400 that names this key.
-    tools: ToolsConfig | None = None
-    # None: `replicas` is the count (placement still moves them between pools).
-    autoscaling: AutoscalingConfig | None = None
+    role: Role = Field(
+        description="The role it serves: orchestrator, reasoning, vision, coding or embedding "
+        "(which runs vLLM's pooling runner)."
+    )
+    source: str = Field(
+        min_length=1,
+        description="A local path (./, ../, /, ~; relative to the config file) or a hub id.",
+    )
+    aliases: tuple[ModelName, ...] = Field(
+        (),
+        description="More names clients may send; each names one model and may not shadow a "
+        "role or auto.",
+    )
+    context_window: int = Field(
+        ge=256,
+        description="vLLM's max_model_len; the config guard checks it against the model's "
+        "maximum position and the KV cache.",
+    )
+    engine_kwargs: EngineKwargs = Field(
+        default_factory=FrozenDict,
+        description="vLLM engine arguments, passed through ray.serve.llm (the config guard "
+        "reads dtype, kv_cache_dtype, quantization, gpu_memory_utilization, "
+        "tensor_parallel_size, max_num_seqs, block_size, num_gpu_blocks_override, "
+        "kv_cache_memory_bytes).",
+    )
+    device: Literal["cpu", "gpu"] = Field("gpu", description="Which vLLM engine runs it.")
+    cpus_per_replica: float = Field(
+        1.0,
+        gt=0,
+        description="CPU engines: logical CPUs one replica reserves (its engine runs "
+        "OMP_NUM_THREADS threads).",
+    )
+    env_vars: EnvVars = Field(
+        default_factory=FrozenDict,
+        description="The replica's environment (e.g. VLLM_CPU_KVCACHE_SPACE).",
+    )
+    placement_priority: Literal["P0", "P1", "P2", "P3"] = Field(
+        "P1", description="P0 is never offloaded from its home pool; P3 is offloaded first."
+    )
+    pools: tuple[Name, ...] = Field(
+        min_length=1,
+        description="Pools it may run on, preferred first; it is deployed on the first (its home).",
+    )
+    replicas: int = Field(
+        1, ge=1, description="Replicas per backend (with autoscaling: the count it starts with)."
+    )
+    max_concurrency: int | None = Field(
+        None,
+        description="The router's cap on the backend at `replicas` replicas. None: orchestrator "
+        "24, reasoning 8, vision 4, coding 6, embedding 16.",
+    )
+    tools: ToolsConfig | None = Field(
+        None,
+        description="Tool calling. None: a request that may call a tool is a 400 "
+        "tools_not_supported.",
+    )
+    autoscaling: AutoscalingConfig | None = Field(
+        None,
+        description="Replica counts from load. None: `replicas` is the count (placement still "
+        "moves them between pools).",
+    )
 
     @property
     def cap(self) -> int:
@@ -177,29 +256,47 @@ class ModelConfig(Frozen):
 class FallbackConfig(Frozen):
     """The CPU replica every chain ends on: it has no GPU memory to run out of."""
 
-    engine: Literal["ollama", "llama_cpp", "auto"] = "auto"
-    source: str = Field(min_length=1, description="GGUF path, or an Ollama model name to pull.")
-    context_window: int = Field(2048, ge=256)
-    max_concurrency: int = 8
+    engine: Literal["ollama", "llama_cpp", "auto"] = Field(
+        "auto", description="auto prefers Ollama where its binary is on the node, else llama.cpp."
+    )
+    source: str = Field(
+        min_length=1,
+        description="A .gguf path (relative to the config), or for Ollama a model name to pull.",
+    )
+    context_window: int = Field(2048, ge=256, description="Its window, in tokens.")
+    max_concurrency: int = Field(8, description="The router's cap on it.")
     pool: Name | None = Field(None, description="CPU pool to run on; none means the head node.")
-    # Exact counts need the model's own tokenizer: a Hugging Face path or hub id. By default the
-    # GGUF's embedded tokenizer and chat template; an Ollama model name is counted by estimate.
-    tokenizer: str | None = None
-    # Tool calling on the fallback. llama.cpp: `parser: hermes` only (the server reads the calls
-    # back from its text), with `chat_template` where the GGUF's own ignores `tools`. Ollama reads
-    # calls with the template of its model; the parser names no more than the format.
-    tools: ToolsConfig | None = None
-    threads: int = Field(2, ge=1, description="CPU threads the engine computes with")
-    # Memory tiering (llama.cpp): layers offloaded to the node's GPU, the rest stay in RAM, for
-    # a model too big for the VRAM left. 0 on CPU nodes; -1 offloads all. Needs a CUDA build of
-    # llama-cpp-python on that node; the CPU build ignores it.
-    n_gpu_layers: int = Field(0, ge=-1)
-    num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray")
-    # Ollama: the model created from the GGUF (or pulled, when source is a model name), how
-    # long Ollama keeps it loaded after a request, and where it stores models.
-    ollama_model: ModelName = "gps-fallback"
-    keep_alive: str = Field("1h", pattern=r"^-?[0-9]+(ms|s|m|h)?$")
-    ollama_models_dir: str | None = None
+    tokenizer: str | None = Field(
+        None,
+        description="What to count with exactly (a Hugging Face path or hub id). None: the "
+        "GGUF's own tokenizer and chat template; an Ollama model name is counted by estimate.",
+    )
+    tools: ToolsConfig | None = Field(
+        None,
+        description="Tool calling: llama.cpp reads hermes calls back from the text (with "
+        "chat_template where the GGUF's own ignores tools); Ollama reads calls with its model's "
+        "template (no chat_template).",
+    )
+    threads: int = Field(2, ge=1, description="CPU threads the engine computes with.")
+    n_gpu_layers: int = Field(
+        0,
+        ge=-1,
+        description="llama.cpp: layers offloaded to the node's GPU, the rest in RAM (0: none; "
+        "-1: all). Needs a CUDA build of llama-cpp-python there.",
+    )
+    num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray.")
+    ollama_model: ModelName = Field(
+        "gps-fallback",
+        description="Ollama: the model created from the GGUF (or pulled, when source is a name).",
+    )
+    keep_alive: str = Field(
+        "1h",
+        pattern=r"^-?[0-9]+(ms|s|m|h)?$",
+        description="Ollama: how long it keeps the model loaded after a request.",
+    )
+    ollama_models_dir: str | None = Field(
+        None, description="Ollama: where it stores models (None: Ollama's default)."
+    )
 
     @property
     def is_gguf_file(self) -> bool:
@@ -238,20 +335,28 @@ class FallbackConfig(Frozen):
 class ApiKeyConfig(Frozen):
     """A client key, stored only as its SHA-256 (`python -m cluster.keys hash KEY`)."""
 
-    name: Name
-    sha256: str
-    priority: PriorityClass = PriorityClass.USER
-    max_priority: PriorityClass = PriorityClass.USER
-    # Limits, enforced at admission across every ingress replica (policy/key_limits.py):
-    # requests and tokens (prompt + completion) per sliding minute, requests in progress, and
-    # tokens per calendar period in UTC. None: no limit.
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    max_parallel: int | None = Field(None, ge=1)
-    budget_tokens: int | None = Field(None, ge=1)
-    budget_period: Literal["day", "week", "month"] = "month"
-    # May read every key's usage (`GET /v1/keys/usage`).
-    admin: bool = False
+    name: Name = Field(description="Who holds the key (logs and usage name it so).")
+    sha256: str = Field(
+        description="The key's SHA-256, 64 hex digits, never the key itself "
+        "(`python -m cluster.keys hash KEY` or `... new`)."
+    )
+    priority: PriorityClass = Field(
+        PriorityClass.USER, description="The class of its requests without X-Priority."
+    )
+    max_priority: PriorityClass = Field(
+        PriorityClass.USER, description="The highest class X-Priority may claim with it."
+    )
+    # Limits are enforced at admission across every ingress replica (policy/key_limits.py).
+    rpm: int | None = Field(None, ge=1, description="Requests per sliding minute (None: no limit).")
+    tpm: int | None = Field(
+        None, ge=1, description="Tokens (prompt + completion) per sliding minute."
+    )
+    max_parallel: int | None = Field(None, ge=1, description="Requests in progress at once.")
+    budget_tokens: int | None = Field(None, ge=1, description="Tokens per budget_period.")
+    budget_period: Literal["day", "week", "month"] = Field(
+        "month", description="The calendar period of budget_tokens, in UTC."
+    )
+    admin: bool = Field(False, description="May read every key's usage (GET /v1/keys/usage).")
 
     @field_validator("sha256", mode="before")
     @classmethod
@@ -278,15 +383,29 @@ class ApiKeyConfig(Frozen):
 class PlacementConfig(Frozen):
     """VRAM thresholds for the placement actor (hysteresis: restore_above > offload_below)."""
 
-    interval_s: float = Field(15.0, gt=0)
-    offload_below_gb: float = Field(6.0, ge=0)
-    restore_above_gb: float = Field(12.0, ge=0)
-    cooldown_s: float = Field(120.0, ge=0)
-    min_away_s: float = Field(60.0, ge=0)
-    # A move's target must be running and healthy within this long, or the move is abandoned
-    # (the source keeps serving); the source's in-flight requests get this long to finish.
-    move_timeout_s: float = Field(600.0, gt=0)
-    drain_timeout_s: float = Field(120.0, gt=0)
+    interval_s: float = Field(15.0, gt=0, description="Between readings of free VRAM.")
+    offload_below_gb: float = Field(
+        6.0, ge=0, description="Free VRAM on a pool below which its lowest priority model leaves."
+    )
+    restore_above_gb: float = Field(
+        12.0, ge=0, description="Free VRAM on its home pool above which a model comes back."
+    )
+    cooldown_s: float = Field(120.0, ge=0, description="Between two moves.")
+    min_away_s: float = Field(
+        60.0, ge=0, description="The least a model stays away before it returns."
+    )
+    move_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A move's target must be running and healthy within this long, or the "
+        "move is abandoned (the source keeps serving).",
+    )
+    drain_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="The routers get this long to switch to the target, and the source's "
+        "queued and in-flight requests this long to finish.",
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Self:
@@ -301,8 +420,10 @@ class PlacementConfig(Frozen):
 class DepthRoute(Frozen):
     """Where one depth goes: a role, and the share of that role's window it may use."""
 
-    role: Role
-    context_share: float = Field(1.0, gt=0, le=1)
+    role: Role = Field(description="The role this depth goes to.")
+    context_share: float = Field(
+        1.0, gt=0, le=1, description="The share of that role's window a request may use."
+    )
 
 
 DEFAULT_DEPTH_ROUTES = {
@@ -324,12 +445,17 @@ class DepthConfig(Frozen):
     """
 
     routes: Annotated[dict[Depth, DepthRoute], AfterValidator(_all_depth_routes)] = Field(
-        default_factory=lambda: _all_depth_routes({})
+        default_factory=lambda: _all_depth_routes({}),
+        description="Each depth's route (quick, balanced, deep, exhaustive); those not given "
+        "keep theirs: quick and balanced to the orchestrator (quick with a quarter of its "
+        "window), deep and exhaustive to reasoning.",
     )
-    quick_max_words: int = Field(25, ge=0)
-    deep_min_words: int = Field(250, ge=1)
-    deep_min_questions: int = Field(3, ge=1)
-    exhaustive_min_words: int = Field(1500, ge=1)
+    quick_max_words: int = Field(25, ge=0, description="At most this many words: quick.")
+    deep_min_words: int = Field(250, ge=1, description="At least this many words: deep.")
+    deep_min_questions: int = Field(3, ge=1, description="At least this many questions: deep.")
+    exhaustive_min_words: int = Field(
+        1500, ge=1, description="At least this many words: exhaustive."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -343,28 +469,47 @@ class DepthConfig(Frozen):
 
 
 class GatewayConfig(Frozen):
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """The front door: request limits, default class, replicas, where it runs."""
+
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="The largest request body (413 past it)."
+    )
     # A chat request nests about 6 deep (body, messages, message, content, part, image_url) and a
     # tool's JSON schema a few more; past 64 it is an attack or a bug. The bound keeps parsing,
     # pydantic, pickling and chat templates far from Python's recursion limit (about 1000).
-    max_json_depth: int = Field(64, ge=8, le=512)
+    max_json_depth: int = Field(
+        64, ge=8, le=512, description="The deepest nesting a request body may have (400 past it)."
+    )
     # Each message costs fitting and template work before an engine sees it; a body limit alone
     # lets 8 MiB of empty messages through. 10k is far past any real conversation.
-    max_messages: int = Field(10_000, ge=1)
-    default_priority: PriorityClass = PriorityClass.USER
-    ingress_replicas: int = Field(1, ge=1)
-    # Each router replica enforces its share of every cap (cap // replicas), so the sum holds
-    # without shared state; one replica keeps queues globally ordered (see README).
-    router_replicas: int = Field(1, ge=1)
-    # The router in each ingress replica's process instead of a deployment of its own: one Serve
-    # hop fewer per request, which is what keeps the gateway within 10% of bare ray.serve.llm at
-    # 32 clients (bench/overhead.py); each ingress replica then enforces cap // ingress_replicas
-    # and `router_replicas` is unused. False gives the router its own deployment.
-    router_in_ingress: bool = True
-    # Where the ingress, router, placement actor and cluster manager run: nodes carrying this
-    # Ray resource (start them with `--resources='{"gateway": 1}'`); none means the head node.
-    # Never a pool's resource: a node that can die must not take the front door with it.
-    resource: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    max_messages: int = Field(
+        10_000, ge=1, description="The most messages a request may hold (400 past it)."
+    )
+    default_priority: PriorityClass = Field(
+        PriorityClass.USER, description="The class of a request with no key and no X-Priority."
+    )
+    ingress_replicas: int = Field(1, ge=1, description="Ingress replicas (each runs a router).")
+    router_replicas: int = Field(
+        1,
+        ge=1,
+        description="Router replicas when the router has a deployment of its own "
+        "(router_in_ingress: false); each enforces cap // replicas of every backend.",
+    )
+    # One Serve hop fewer per request is what keeps the gateway within 10% of bare
+    # ray.serve.llm at 32 clients (bench/overhead.py).
+    router_in_ingress: bool = Field(
+        True,
+        description="The router in each ingress replica's process (each enforcing cap // "
+        "ingress_replicas); false gives the router a deployment of its own.",
+    )
+    resource: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The Ray resource of the nodes the ingress, router, placement actor, "
+        "cluster manager and (without fallback.pool) the CPU fallback run on; none means the "
+        "head node. Never a pool's resource: a node that can die must not take the front door "
+        "with it.",
+    )
 
     @property
     def router_shares(self) -> int:
@@ -397,52 +542,89 @@ def _all_engine_priorities(value: dict[PriorityClass, int]) -> FrozenDict:
 class RouterConfig(Frozen):
     """Admission, breakers and failover in the router deployment."""
 
-    max_queue: int = Field(64, ge=0, description="waiting requests per backend")
-    # The share of each backend's cap a class may fill; what is left is headroom for the
-    # classes above it, so interactive work never waits behind a full load of batch work.
+    max_queue: int = Field(64, ge=0, description="Waiting requests per backend.")
+    # What a class leaves of the cap is headroom for the classes above it, so interactive work
+    # never waits behind a full load of batch work.
     class_shares: Annotated[
         dict[PriorityClass, Annotated[float, Field(gt=0, le=1)]],
         AfterValidator(_all_class_shares),
-    ] = Field(default_factory=lambda: _all_class_shares({}))
-    queue_timeout_s: float = Field(30.0, gt=0)
-    aging_s: float = Field(10.0, gt=0, description="a waiter gains one class per aging_s")
-    retry_after_s: int = Field(2, ge=1)
-    breaker_failures: int = Field(3, ge=1)
-    breaker_cooldown_s: float = Field(10.0, gt=0)
-    half_open_probes: int = Field(1, ge=1)
-    kv_cache_high: float = Field(0.88, gt=0, le=1)
-    kv_cache_resume_factor: float = Field(0.9, gt=0, lt=1)
-    kv_poll_interval_s: float = Field(1.0, gt=0)
-    kv_stale_after_s: float = Field(10.0, gt=0)
+    ] = Field(
+        default_factory=lambda: _all_class_shares({}),
+        description="The share of each backend's cap a class may fill (user 1.0, agent 0.75, "
+        "background 0.5; at least one slot each); user must be 1.0 and shares may not grow "
+        "down the classes.",
+    )
+    queue_timeout_s: float = Field(30.0, gt=0, description="The longest wait for a slot (429).")
+    aging_s: float = Field(10.0, gt=0, description="A waiter gains one class per aging_s.")
+    retry_after_s: int = Field(2, ge=1, description="Retry-After on a 429 for load.")
+    breaker_failures: int = Field(3, ge=1, description="Consecutive faults that open a breaker.")
+    breaker_cooldown_s: float = Field(
+        10.0, gt=0, description="Open this long before a probe request may pass (half-open)."
+    )
+    half_open_probes: int = Field(1, ge=1, description="Requests let through while half-open.")
+    kv_cache_high: float = Field(
+        0.88, gt=0, le=1, description="KV cache usage above which a backend gets no new work."
+    )
+    kv_cache_resume_factor: float = Field(
+        0.9, gt=0, lt=1, description="It takes work again below kv_cache_high times this."
+    )
+    kv_poll_interval_s: float = Field(1.0, gt=0, description="Between KV usage readings.")
+    kv_stale_after_s: float = Field(
+        10.0, gt=0, description="A reading older than this counts as pressure."
+    )
     # Serve's status costs the controller and us ~0.2 s of CPU a read: read it often only while
     # some backend is in trouble (tripped, down, recovering), seldom while all are well.
-    health_interval_s: float = Field(5.0, gt=0)
-    health_idle_interval_s: float = Field(30.0, gt=0)
-    first_token_timeout_s: float = Field(120.0, gt=0)
-    stream_idle_timeout_s: float = Field(120.0, gt=0)
+    health_interval_s: float = Field(
+        5.0, gt=0, description="Between health reads while some backend is in trouble."
+    )
+    health_idle_interval_s: float = Field(
+        30.0, gt=0, description="Between health reads while all are well."
+    )
+    first_token_timeout_s: float = Field(
+        120.0, gt=0, description="A backend with no first token for this long has failed."
+    )
+    stream_idle_timeout_s: float = Field(
+        120.0, gt=0, description="A stream silent for this long has failed."
+    )
     # How often Serve's controller checks each vLLM replica: the check is what tells it a
     # replica died (a SIGKILL, an OOM kill). Until then Serve's handles may still route to the
     # dead replica and hold requests; Serve's default is 10 s. A check is an in-memory look at
     # the engine (vLLM's check_health): cheap at 2 s. Three failed checks in a row stop a
     # replica (6 s at 2 s).
     replica_health_check_period_s: float = Field(
-        2.0, gt=0, description="Serve's health-check period of every vLLM replica"
+        2.0,
+        gt=0,
+        description="How often Serve checks each vLLM replica (its own default is 10 s, which "
+        "the CPU fallback keeps): the check is how Serve learns a replica died, and until then "
+        "its handles may still route there. Three failed checks in a row stop a replica.",
     )
-    # The class reaches the engine: every vLLM backend runs vLLM's priority scheduler, each
-    # request carrying its class's number from `engine_priorities` (lower runs first; where
-    # the KV cache runs out the engine preempts the highest number, latest arrival, first).
-    # The CPU fallback serves the lowest number first too. Off: FCFS, every request at 0.
-    engine_priority: bool = True
-    # A backend that may run more than one replica picks one per request by prefix and session
-    # (deployments/replica_router.py, over Ray Serve LLM's PrefixCacheAffinityRouter): the
-    # replica holding the conversation, unless it is `prefix_imbalance` requests busier than
-    # the least loaded one. Off: Serve's power-of-two choice.
-    prefix_routing: bool = True
-    prefix_imbalance: int = Field(2, ge=0)
+    engine_priority: bool = Field(
+        True,
+        description="The class reaches the engine: vLLM's priority scheduler on every vLLM "
+        "backend, each request at its class's number (engine_priorities; lower runs first, and "
+        "where the KV cache runs out the highest is preempted first); the CPU fallback serves "
+        "the lowest first too. Off: FCFS, every request at 0.",
+    )
+    prefix_routing: bool = Field(
+        True,
+        description="A backend that may run more than one replica picks one per request by "
+        "session and prefix (over Ray Serve LLM's PrefixCacheAffinityRouter). Off: Serve's "
+        "power-of-two choice.",
+    )
+    prefix_imbalance: int = Field(
+        2,
+        ge=0,
+        description="How many requests busier than the least loaded replica a conversation's "
+        "or prefix's replica may be before the request goes elsewhere.",
+    )
     engine_priorities: Annotated[
         dict[PriorityClass, Annotated[int, Field(ge=-(2**31), lt=2**31)]],
         AfterValidator(_all_engine_priorities),
-    ] = Field(default_factory=lambda: _all_engine_priorities({}))
+    ] = Field(
+        default_factory=lambda: _all_engine_priorities({}),
+        description="Each class's number at the engine (user 0, agent 1, background 2); never "
+        "falling down the classes.",
+    )
 
     def engine_priority_of(self, cls: PriorityClass) -> int:
         """The number a request of `cls` carries to its engine."""
@@ -478,24 +660,41 @@ class RouterConfig(Frozen):
 class BatchConfig(Frozen):
     """The OpenAI Batch API: where its state lives, what a file may hold, how lines run."""
 
-    # Batch state (SQLite) and files, relative to the config file. One service writes it; on a
-    # multi-node gateway, put it on storage every gateway node mounts (NFS, EFS) and set
-    # `shared_storage`, so the service restarted on another node finds it.
-    directory: Path = Path(".batches")
+    directory: Path = Field(
+        Path(".batches"),
+        description="Batch state (SQLite) and files, relative to the config file. On a "
+        "multi-node gateway: storage every gateway node mounts (NFS, EFS), with "
+        "shared_storage, so the service restarted on another node finds it.",
+    )
     # SQLite's WAL keeps its index in memory shared by processes on one host, which a network
     # filesystem cannot give: there the rollback journal (one writer, as here, is all it needs).
-    shared_storage: bool = False
-    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)  # OpenAI's limit for batch input
-    max_lines: int = Field(50_000, ge=1)  # OpenAI's limit
-    max_line_bytes: int = Field(1024 * 1024, ge=1024)
-    # A chunk is this many rounds of what the role's backends run at background priority at
-    # once: committed together, the most a crash can make the service run again. Its last
-    # lines run with slots idle (the next chunk waits for its commit): about 1/(2 x rounds)
-    # of the throughput, 12% at 4 rounds (bench/batch.py measured 0.83 of the anchor), 3% at 16.
-    chunk_rounds: int = Field(16, ge=1)
-    max_chunk: int = Field(256, ge=1)
-    # Pause before trying again a line the gateway refused for its load (429, 503) or could
-    # not be reached for, when the answer names no Retry-After.
-    retry_pause_s: float = Field(2.0, gt=0)
-    # What `completion_window` may be: hours or days ("24h" is OpenAI's only one).
-    completion_windows: tuple[Annotated[str, Field(pattern=r"^[1-9][0-9]*[hd]$")], ...] = ("24h",)
+    shared_storage: bool = Field(
+        False,
+        description="The directory is on a network filesystem: SQLite's rollback journal "
+        "instead of WAL.",
+    )
+    max_file_bytes: int = Field(
+        200 * 1024 * 1024, ge=1024, description="The largest input file (OpenAI's limit)."
+    )
+    max_lines: int = Field(50_000, ge=1, description="The most lines a file may hold (OpenAI's).")
+    max_line_bytes: int = Field(1024 * 1024, ge=1024, description="The longest line.")
+    # A chunk's last lines run with slots idle (the next chunk waits for its commit): about
+    # 1/(2 x rounds) of the throughput, 12% at 4 rounds (bench/batch.py measured 0.83 of the
+    # anchor), 3% at 16.
+    chunk_rounds: int = Field(
+        16,
+        ge=1,
+        description="A committed chunk is this many rounds of what the role's backends run at "
+        "background priority at once: the most a crash can make the service run again.",
+    )
+    max_chunk: int = Field(256, ge=1, description="The most lines in one chunk.")
+    retry_pause_s: float = Field(
+        2.0,
+        gt=0,
+        description="Before trying again a line the gateway refused for its load (429, 503) or "
+        "could not be reached for, when the answer names no Retry-After.",
+    )
+    completion_windows: tuple[Annotated[str, Field(pattern=r"^[1-9][0-9]*[hd]$")], ...] = Field(
+        ("24h",),
+        description="What completion_window may be, in hours or days (24h is OpenAI's only).",
+    )
