@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from autoscale.pool_states import MANAGER_NAME, manager_actor_name
-from autoscale.ports import Clock, SystemClock
 from autoscale.probe import NodeSnapshot, RayNodes
 from autoscale.provisioners import (
     Provisioner,
@@ -36,6 +35,7 @@ from autoscale.provisioners import (
     StandingRequest,
     provisioner_for,
 )
+from core.clock import Clock, SystemClock
 from core.config import ClusterConfig
 from policy import pool_health
 from policy.pool_health import EventType, PoolFacts, PoolRecord, PoolState, ProvisionOutcome

@@ -2,31 +2,18 @@
 
 The real adapters sit beside the I/O they wrap (`probe.ProbeReadings`, `policy.KvReplicaScaler`,
 `saved.KvPlacementStore`, `serve_status.ServeDeploymentStatus`, `pool_states.ManagerPoolHealth`,
-`SystemClock` here); unit tests
-pass fakes, so a whole move runs without Ray on a clock they turn by hand.
+`core.clock.SystemClock`); unit tests pass fakes, so a whole move runs without Ray on a clock
+they turn by hand.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from autoscale.saved import SavedPlacements
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float:
-        """For deadlines, cooldowns and ages."""
-        ...
-
-    def wall(self) -> float:
-        """For the move records: they are read off this actor, against other clocks."""
-        ...
-
-    async def sleep(self, seconds: float) -> None: ...
+from core.clock import Clock
 
 
 class VramReadings(Protocol):
@@ -80,14 +67,3 @@ class PlacerPorts:
     store: PlacementStore
     clock: Clock
     pools: PoolHealth = field(default_factory=AllPoolsUp)
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)

@@ -8,13 +8,12 @@ A background health check may `reset()` a breaker whose backend has recovered.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "Clock", "Transition"]
+from core.clock import Now
 
-Clock = Callable[[], float]
+__all__ = ["BreakerPolicy", "BreakerState", "CircuitBreaker", "Transition"]
 
 
 class BreakerState(StrEnum):
@@ -41,7 +40,7 @@ class Transition:
 @dataclass
 class CircuitBreaker:
     policy: BreakerPolicy
-    clock: Clock
+    clock: Now
     _state: BreakerState = BreakerState.CLOSED
     _consecutive_failures: int = 0
     _opened_at: float = 0.0

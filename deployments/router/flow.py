@@ -19,6 +19,7 @@ from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
+from core.clock import Clock
 from core.config import ClusterConfig
 from core.errors import ErrorCode
 from core.topology import Target
@@ -28,7 +29,6 @@ from deployments.router import metrics
 from deployments.router.faults import BackendFault, Continuing, MidStreamFault, stream_error_event
 from deployments.router.link import Link
 from deployments.router.placement_sync import PlacementSync
-from deployments.router.ports import Clock
 from deployments.router.serving import Serving
 from policy.context.continuation_fit import fit_continuation
 from policy.context.embed_fit import EmbedFit, fit_inputs

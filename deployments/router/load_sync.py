@@ -18,10 +18,11 @@ import logging
 from collections.abc import Callable, Mapping
 
 from autoscale.policy import ScalingNews
+from core.clock import Clock
 from deployments.router import metrics
 from deployments.router.faults import describe
 from deployments.router.link import Link
-from deployments.router.ports import BackendLoad, Clock, DeploymentStatuses, LoadBoard
+from deployments.router.ports import BackendLoad, DeploymentStatuses, LoadBoard
 
 logger = logging.getLogger("ray.serve")
 

@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from autoscale.broadcast import SYNC_INTERVAL_S, PlacementView
+from core.clock import Clock
 from core.config import ClusterConfig
 from core.types import Role
 from deployments.router import metrics
 from deployments.router.faults import describe
 from deployments.router.link import Link
-from deployments.router.ports import Clock, PlacementSource
+from deployments.router.ports import PlacementSource
 from policy.breaker import BreakerState
 from policy.links import Health
 

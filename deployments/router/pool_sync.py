@@ -12,10 +12,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from core.clock import Clock
 from deployments.router import metrics
 from deployments.router.faults import describe
 from deployments.router.link import Link
-from deployments.router.ports import Clock, PoolSource
+from deployments.router.ports import PoolSource
 
 logger = logging.getLogger("ray.serve")
 

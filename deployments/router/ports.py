@@ -6,8 +6,6 @@ unit tests pass fakes, so a Router runs without Ray or a tokenizer.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,6 +18,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 
 from autoscale.broadcast import PlacementView
 from autoscale.policy import ScalingNews
+from core.clock import Clock
 from core.config import ClusterConfig
 from policy.context.tokens import TokenCounter
 from policy.engine_counters import EngineCounters
@@ -115,20 +114,6 @@ class LoadBoard(Protocol):
     async def publish(self, load: Mapping[str, BackendLoad]) -> None:
         """This replica's load, by backend deployment name."""
         ...
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from autoscale.broadcast import PlacementView
 from autoscale.cluster_manager import ensure_cluster_manager
 from autoscale.placer import ensure_placer, placement_matters
 from autoscale.policy import publish_load, read_scaled
+from core.clock import SystemClock
 from core.config import ClusterConfig
 from deployments.router.handle_replicas import routable_replicas
 from deployments.router.ports import (
@@ -32,7 +33,6 @@ from deployments.router.ports import (
     DeploymentFacts,
     DeploymentKey,
     RouterPorts,
-    SystemClock,
 )
 from policy.context.counters import counters_for
 from policy.engine_counters import EngineCounters

@@ -9,11 +9,12 @@ import logging
 from collections.abc import Callable, Mapping
 
 from autoscale.policy import ScalingNews
+from core.clock import Clock
 from core.config import RouterConfig
 from deployments.router import metrics
 from deployments.router.faults import describe
 from deployments.router.link import REPLICA_POLL_S, Link
-from deployments.router.ports import Clock, DeploymentFacts, DeploymentStatuses
+from deployments.router.ports import DeploymentFacts, DeploymentStatuses
 from policy.links import Health
 
 logger = logging.getLogger("ray.serve")

@@ -166,6 +166,9 @@ class FakeClock:
     def monotonic(self) -> float:
         return self.now
 
+    def wall(self) -> float:
+        return 1_800_000_000 + self.now
+
     async def sleep(self, seconds: float) -> None:
         """A background loop's round ends here for good: each loop runs exactly one."""
         self.sleeps.append(seconds)
