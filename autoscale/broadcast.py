@@ -18,44 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-SYNC_INTERVAL_S = 0.5  # a router replica's pull; a move waits about this long for every ack
+from core.wire import PlacementView
+
 # A replica silent this long is gone (restarted, scaled down): three times a sync's own timeout,
 # so a slow replica still counts. The actor also waits this long after (re)starting before it
 # moves anything, so every router replica has reported to it.
 STALE_AFTER_S = 15.0
-
-
-@dataclass(frozen=True)
-class PlacementView:
-    """Where each role's new work goes (`placements`: role -> backend) and which backends take
-    none (`parked`: at zero replicas on purpose, or draining on the way there)."""
-
-    version: int
-    placements: Mapping[str, str]
-    parked: frozenset[str]
-    moves: tuple[dict[str, Any], ...] = ()
-    # Placement rounds that ended in an error since the actor started: the routers expose it
-    # as gps_loop_errors_total{loop="placement"} (the actor has no /metrics of its own).
-    loop_errors: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "placements": dict(self.placements),
-            "parked": sorted(self.parked),
-            "moves": list(self.moves),
-            "loop_errors": self.loop_errors,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PlacementView:
-        return cls(
-            int(data["version"]),
-            dict(data["placements"]),
-            frozenset(data["parked"]),
-            tuple(data.get("moves", ())),
-            int(data.get("loop_errors", 0)),
-        )
 
 
 @dataclass(frozen=True)

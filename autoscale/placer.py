@@ -33,17 +33,18 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from autoscale.broadcast import STALE_AFTER_S, SYNC_INTERVAL_S, Broadcast
+from autoscale.broadcast import STALE_AFTER_S, Broadcast
 from autoscale.metrics import LOOP_ERRORS
-from autoscale.policy import KvReplicaScaler
 from autoscale.pool_states import ManagerPoolHealth
 from autoscale.ports import PlacerPorts
 from autoscale.probe import ProbeReadings
 from autoscale.saved import KvPlacementStore, SavedPlacements, config_fingerprint
+from autoscale.serve_scaling import KvReplicaScaler
 from autoscale.serve_status import ServeDeploymentStatus
 from core.clock import SystemClock
 from core.config import ClusterConfig
 from core.types import DEPLOYMENT_PREFIX, Role
+from core.wire import SYNC_INTERVAL_S
 from policy import moves
 from policy.placement import History, ModelPlacement, Move, PlacementPolicy, decide
 

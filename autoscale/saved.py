@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autoscale.policy import KV_NAMESPACE
+from autoscale.serve_scaling import KV_NAMESPACE
 
 if TYPE_CHECKING:
     from core.config import ClusterConfig

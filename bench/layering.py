@@ -1,8 +1,8 @@
 """How the code is laid out: the largest module, function lengths, imports against the layers.
 
-`python -m bench.layering` prints the figures issue 14 asks for. Layers (../shared/DESIGN.md
-section 1), inner to outer: core (vocabulary, config, topology, wire, errors), policy (pure
-decisions), deployments and autoscale (adapters), cluster and bench (composition root and
+`python -m bench.layering` prints the figures issue 14 asks for. Layers (docs/design.md, layers
+and the import rule), inner to outer: core (vocabulary, config, topology, wire, errors), policy
+(pure decisions), deployments and autoscale (adapters), cluster and bench (composition root and
 tools). An import runs against the layering when an inner package imports an outer one, or a
 pure package (core, policy) imports Ray, Serve or an HTTP framework.
 """

@@ -35,7 +35,8 @@ PORT = 18100
 INSIDE_APP = "inside"  # the same gateway with the router in the ingress (router_in_ingress)
 OPEN_APP = "open"  # that one with no keys: auth and limits off
 CONCURRENCY_REQUESTS = {1: 40, 8: 160, 32: 320}
-# Same prompt, exactly 8 output tokens on both sides (ignore_eos), as in DESIGN.md's anchor.
+# Same prompt, exactly 8 output tokens on both sides (ignore_eos), as the anchor was first
+# measured (docs/design.md).
 BODY = {
     "model": "orchestrator",
     "messages": [{"role": "user", "content": "Count from one to ten."}],

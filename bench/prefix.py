@@ -10,7 +10,7 @@ so both start with cold caches:
 
 - the anchor: `router.prefix_routing: false`, Serve's power-of-two choice;
 - `router.prefix_routing: true`: the session's replica (`X-Session-Id`, one per conversation),
-  else the prefix router's (deployments/replica_router.py).
+  else the prefix router's (deployments/engine/replica_choice.py).
 
 Measured: time to first token (p50, p99) over every turn, and the prefix-cache hit rate (hit
 over queried prompt tokens, the engines' own counts, read from both replicas). Target: TTFT p50
@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from bench import stack
-from deployments.llm_server import ObservedLLMServer
+from deployments.engine.llm_server import ObservedLLMServer
 from policy.engine_counters import EngineCounters
 
 CONFIG = Path(__file__).with_name("prefix.yaml")

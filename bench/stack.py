@@ -72,7 +72,7 @@ def start(
         num_cpus=LOGICAL_CPUS,
         resources=local_pool_resources(config),
     )
-    # The proxy must be up before the engines load (DESIGN.md section 6).
+    # The proxy must be up before the engines load (docs/design.md, environment facts).
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     return config
 
@@ -82,7 +82,7 @@ def deploy_anchor(
 ) -> dict[str, DeploymentHandle]:
     """Bare ray.serve.llm over the home backends (or those named); their replica handles.
     `server_cls` is ray.serve.llm's server class, or ours where a bench reads the engines'
-    counts (deployments/llm_server.py)."""
+    counts (deployments/engine/llm_server.py)."""
     backends = [b for b in config.home_backends if not names or b.name in names]
     llm_configs = [
         llm_config_for(config, b, placed=False).model_copy(update={"server_cls": server_cls})

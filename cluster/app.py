@@ -21,8 +21,8 @@ from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import RayStartError, ensure_ray
 from core.config import ClusterConfig, ConfigError, load_config
 from core.types import FALLBACK_BACKEND
-from deployments.front_options import front_actor_options
-from deployments.ingress import build_ingress
+from deployments.ingress.app import build_ingress
+from deployments.ingress.front_options import front_actor_options
 from deployments.router import ServeRouter
 
 

@@ -10,17 +10,17 @@ from ray.serve.deployment import Application
 from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
 from autoscale.placer import placement_matters
-from autoscale.policy import ReplicaPolicy, policy_kwargs
+from autoscale.serve_scaling import ReplicaPolicy, policy_kwargs
 from core.config import ClusterConfig, ModelConfig
 from core.topology import RESOURCE_SLIVER, Backend
 from core.types import DEPLOYMENT_PREFIX
+from deployments.engine.llm_server import ObservedLLMServer
+from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
+from deployments.engine.replica_choice import ROUTER_PATH
 from deployments.fallback.replica import CpuFallback, FallbackSettings
-from deployments.llm_server import ObservedLLMServer
-from deployments.parent_death import ENV as PARENT_DEATH_ENV
-from deployments.replica_router import ROUTER_PATH
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
-# replicas a node takes (DESIGN.md section 5).
+# replicas a node takes (docs/design.md, pools and placement).
 POOL_RESOURCE_SLIVER = RESOURCE_SLIVER
 
 
@@ -87,7 +87,7 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
             **tool_engine_kwargs(config, model),
         },
         "deployment_config": options,
-        # The engine's processes die with the replica (deployments/parent_death.py).
+        # The engine's processes die with the replica (deployments/engine/parent_death.py).
         "runtime_env": {"env_vars": {**model.env_vars, PARENT_DEATH_ENV: "1"}},
     }
     if model.device == "cpu":

@@ -32,6 +32,9 @@ with `# yaml-language-server: $schema=<path to that file>`.
 
 Keys given as `a.b` are nested mappings; `a[]` is a list of mappings. A key left out takes its
 default; a key not listed here is refused.
+
+One setting comes from the environment instead: `GPU_POOL_SERVE_API_KEYS`, `key[:class],...`,
+keys added at start beside `api_keys` (hashed in memory, never written anywhere).
 """
 
 # Sections in the file's reading order, then any nested model they use.

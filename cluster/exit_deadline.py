@@ -8,7 +8,7 @@ So the first Ctrl-C also starts a deadline: if the process is still alive when i
 prints every thread's stack (what the next such hang needs to be understood) and exits.
 
 That exit leaves nothing behind: a head this process started is torn down by Ray's reaper when
-its driver dies, and every engine dies with its replica (deployments/parent_death.py). On a
+its driver dies, and every engine dies with its replica (deployments/engine/parent_death.py). On a
 cluster it only joined, the app may still be running there, and the message says how to stop it.
 """
 

@@ -25,7 +25,8 @@ follows the status (`error_type_for`), `code` is one of `ErrorCode`. The tree, b
     └── 500 internal_error   a bug in the gateway: logged with its trace, never shown
 
 In-process, a failure travels as an exception until an adapter turns it into one of these:
-`ApiError` (ingress: raised by the request checks, rendered by deployments/error_response.py),
+`ApiError` (ingress: raised by the request checks, rendered by
+deployments/ingress/error_response.py),
 `Refusal` (router -> ingress, core/wire.py), vLLM's `ErrorResponse` (engine -> router), which
 `policy.engine_errors` reads as an `EngineError` and judges `Fault.CLIENT` or `Fault.BACKEND`.
 """

@@ -15,7 +15,7 @@ from core.types import AUTO_MODEL, DEPLOYMENT_PREFIX, FALLBACK_BACKEND, Role
 
 if TYPE_CHECKING:
     from core.config.cluster import ClusterConfig
-    from core.config.sections import AutoscalingConfig, ToolsConfig
+    from core.config.serving import AutoscalingConfig, ToolsConfig
 
 __all__ = [
     "HEAD_NODE_RESOURCE",

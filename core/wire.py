@@ -1,12 +1,16 @@
-"""What the deployments send each other (plain, picklable values).
+"""What the deployments and actors send each other (plain, picklable values).
 
-Ingress -> router: a `ChatJob`; router -> ingress: `Routed` then the answer, or a `Refusal`.
+Ingress -> router: a `ChatJob`; router -> ingress: a `Reply`, the `Opening` of the answer (where
+it is served and its first item; a stream's other batches follow) or a `Refusal`.
 Router -> engine: vLLM's own request, carrying the prompt count the router fitted it with
 (`with_prompt_count`), so the engine's replica never tokenizes the prompt a second time.
+Placement actor -> routers: a `PlacementView`, pulled every `SYNC_INTERVAL_S`
+(autoscale/broadcast.py). Serve's scaling policy -> routers: `ScalingNews`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -16,10 +20,15 @@ from core.types import PriorityClass, Role
 
 __all__ = [
     "PROMPT_COUNT_FIELD",
+    "SYNC_INTERVAL_S",
     "ChatJob",
+    "Opening",
+    "PlacementView",
     "PromptCount",
     "Refusal",
+    "Reply",
     "Routed",
+    "ScalingNews",
     "is_completion",
     "is_embedding",
     "take_prompt_count",
@@ -103,3 +112,62 @@ class Refusal:
     code: str
     message: str
     retry_after_s: int | None = None
+
+
+@dataclass(frozen=True)
+class Opening:
+    """How the router's answer to a job begins: where it is served and its first item (a whole
+    response, or a stream's first batch of SSE lines; an engine's error response for a
+    client's mistake). The router's reply to a job is an `Opening` or a `Refusal`."""
+
+    routed: Routed
+    first: Any
+
+
+Reply = Opening | Refusal
+
+
+SYNC_INTERVAL_S = 0.5  # a router replica's pull; a move waits about this long for every ack
+
+
+@dataclass(frozen=True)
+class PlacementView:
+    """Where each role's new work goes (`placements`: role -> backend) and which backends take
+    none (`parked`: at zero replicas on purpose, or draining on the way there)."""
+
+    version: int
+    placements: Mapping[str, str]
+    parked: frozenset[str]
+    moves: tuple[dict[str, Any], ...] = ()
+    # Placement rounds that ended in an error since the actor started: the routers expose it
+    # as gps_loop_errors_total{loop="placement"} (the actor has no /metrics of its own).
+    loop_errors: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "placements": dict(self.placements),
+            "parked": sorted(self.parked),
+            "moves": list(self.moves),
+            "loop_errors": self.loop_errors,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlacementView:
+        return cls(
+            int(data["version"]),
+            dict(data["placements"]),
+            frozenset(data["parked"]),
+            tuple(data.get("moves", ())),
+            int(data.get("loop_errors", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class ScalingNews:
+    """The load's last decision on a deployment, for the routers' metrics and reports."""
+
+    seq: int
+    replicas: int
+    direction: str
+    reason: str

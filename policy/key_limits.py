@@ -18,7 +18,7 @@ one it did not use is given back and uncounted; one never heard of again (its re
 expires after `SPARE_HOLD_S`. Near a limit every decision is one request, exact.
 
 Pure: facts and a clock in, decisions out. The shared store that keeps the meters is
-deployments/key_ledger.py.
+deployments/keys/ledger.py.
 """
 
 from __future__ import annotations

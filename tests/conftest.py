@@ -81,7 +81,7 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
     # "local": a fresh cluster of our own, whatever address a dead one left in /tmp/ray.
     ray.init(address="local", namespace="serve", resources=local_pool_resources(config))
     # The proxy must be up before the engines load: on 2 cores it otherwise misses its
-    # readiness checks and dies (DESIGN.md section 6).
+    # readiness checks and dies (docs/design.md, environment facts).
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     backends = {
         b.name: build_backend(config, b) for b in config.home_backends if b.name != SWITCHED_BACKEND

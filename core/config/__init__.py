@@ -24,22 +24,24 @@ from core.config.recovery import (
     RayAutoscalerProvisioner,
     TerraformProvisioner,
 )
-from core.config.sections import (
+from core.config.serving import (
     DEFAULT_CAPS,
-    DEFAULT_CLASS_SHARES,
-    DEFAULT_DEPTH_ROUTES,
-    ApiKeyConfig,
     AutoscalingConfig,
-    BatchConfig,
-    DepthConfig,
-    DepthRoute,
     FallbackConfig,
-    GatewayConfig,
     ModelConfig,
     PlacementConfig,
     PoolConfig,
-    RouterConfig,
     ToolsConfig,
+)
+from core.config.traffic import (
+    DEFAULT_CLASS_SHARES,
+    DEFAULT_DEPTH_ROUTES,
+    ApiKeyConfig,
+    BatchConfig,
+    DepthConfig,
+    DepthRoute,
+    GatewayConfig,
+    RouterConfig,
 )
 
 __all__ = [

@@ -11,7 +11,7 @@ from core.types import AUTO_MODEL, FALLBACK_BACKEND, Role
 
 if TYPE_CHECKING:
     from core.config.cluster import ClusterConfig
-    from core.config.sections import ToolsConfig
+    from core.config.serving import ToolsConfig
 
 __all__ = ["cross_section_problems"]
 

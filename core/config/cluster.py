@@ -11,18 +11,20 @@ from core import topology
 from core.config.base import Frozen, FrozenDict, frozen_dict
 from core.config.checks import cross_section_problems
 from core.config.recovery import ClusterManagerConfig
-from core.config.sections import (
+from core.config.serving import (
+    FallbackConfig,
+    ModelConfig,
+    PlacementConfig,
+    PoolConfig,
+    ToolsConfig,
+)
+from core.config.traffic import (
     ApiKeyConfig,
     BatchConfig,
     DepthConfig,
     DepthRoute,
-    FallbackConfig,
     GatewayConfig,
-    ModelConfig,
-    PlacementConfig,
-    PoolConfig,
     RouterConfig,
-    ToolsConfig,
 )
 from core.topology import Backend, Target
 from core.types import Depth, Role

@@ -24,7 +24,13 @@ from deployments.batch.store import BatchStore
 
 logger = logging.getLogger("ray.serve")
 
-__all__ = ["BatchActor", "ServeGateway", "batch_actor_name", "ensure_batch_actor"]
+__all__ = [
+    "BatchActor",
+    "ServeGateway",
+    "batch_actor_name",
+    "ensure_batch_actor",
+    "replica_batch_actor",
+]
 
 # What the ingress may call on the service (the rest of it is the actor's own business).
 CALLS = frozenset(
@@ -149,3 +155,14 @@ def _digest_of(service: Any) -> str | None:
     except Exception as error:  # noqa: BLE001 - restarting, or busy past the timeout
         logger.warning("batch service: no config digest now: %r", error)
         return None
+
+
+def replica_batch_actor(config: ClusterConfig) -> Any:
+    """The batch service of the app this Serve replica belongs to, started by the first
+    replica to need it."""
+    import ray
+    from ray import serve
+
+    app_name = serve.get_replica_context().app_name
+    namespace = ray.get_runtime_context().namespace
+    return ensure_batch_actor(config, app_name, namespace, config.gateway_resources)

@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from core.config import BatchConfig
 from core.errors import ApiError, ErrorCode
-from deployments.auth import KeyRing
-from deployments.body import DIGITS, read_body
+from deployments.ingress.auth import KeyRing
+from deployments.ingress.body import DIGITS, read_body
 from policy.request import parse_object
 
 logger = logging.getLogger("ray.serve")

@@ -4,8 +4,8 @@ deployments.fallback.orphan_guard PARENT_PID -- COMMAND [ARGS...]`.
 A supervised engine (llama.cpp's server, `ollama serve`) must never outlive the fallback
 replica: when Ray kills the replica with SIGKILL (`ray stop --force`, a node going down) no code
 of ours runs, and an engine left behind holds the memory the next replica needs. The kernel's
-parent-death signal (`deployments.parent_death`) does it without any code in the parent: it is
-set here, survives `exec`, and sends SIGKILL to the command when its parent goes.
+parent-death signal (`deployments.engine.parent_death`) does it without any code in the
+parent: it is set here, survives `exec`, and sends SIGKILL to the command when its parent goes.
 
 Linux delivers the signal when the *thread* that forked the child exits: the replica forks its
 engines from its event-loop thread, which lives as long as the replica does.
@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from deployments.parent_death import die_with_parent
+from deployments.engine.parent_death import die_with_parent
 
 
 def guarded(

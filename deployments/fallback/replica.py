@@ -25,6 +25,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 
 from core.errors import ErrorCode
+from deployments.engine.quiet_polls import quiet_polls
 from deployments.fallback.engine import (
     FallbackEngine,
     Finish,
@@ -40,7 +41,6 @@ from deployments.fallback.openai_format import (
     error_response,
 )
 from deployments.fallback.turns import PriorityTurns
-from deployments.quiet_polls import quiet_polls
 from policy.context.prompt_fit import COMPLETION_DEFAULT_MAX_TOKENS
 from policy.request.tools import calls_tools
 

@@ -25,15 +25,15 @@ in through `ports.RouterPorts`; `ServeRouter` is the Router with Serve's own (`s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from autoscale.broadcast import PlacementView
 from core.config import ClusterConfig
-from core.wire import ChatJob, Refusal, Routed
+from core.wire import ChatJob, Opening, PlacementView, Refusal, Reply
 from deployments.router import metrics
 from deployments.router.faults import stream_error_event
 from deployments.router.flow import Flow
@@ -75,21 +75,27 @@ class Router:
         self._flow = Flow(config, self._links, self._placement, ports.counters, clock)
         self._loops: list[asyncio.Task[None]] = []
 
-    async def chat(self, job: ChatJob) -> AsyncGenerator[Any, None]:
-        """[Routed, items...] or [Refusal]; once a stream has begun, a refusal is an SSE error."""
+    async def chat(self, job: ChatJob) -> AsyncGenerator[Reply | list[Any], None]:
+        """The `Reply` (an `Opening` or a `Refusal`), then a stream's other batches of SSE
+        lines; once an answer has begun, a refusal is an SSE error event."""
         self._start_loops()
         await self._placement.first_sync()
-        streaming = False
-        async for item in self._flow.walk(job):
-            if streaming and isinstance(item, Refusal):
-                item = stream_error_event(f"The answer could not be continued: {item.message}")
-            streaming = streaming or isinstance(item, Routed)
-            yield item
+        async with contextlib.aclosing(self._flow.walk(job)) as items:
+            head = await anext(items)
+            if isinstance(head, Refusal):
+                yield head
+                return
+            first = _continued(await anext(items, None))
+            yield Opening(head, first)
+            async for item in items:
+                yield _continued(item)
 
-    async def chat_once(self, job: ChatJob) -> list[Any]:
-        """`chat` for a whole (non-streaming) answer, in one call: [Routed, response] or
-        [Refusal]."""
-        return [item async for item in self.chat(job)]
+    async def chat_once(self, job: ChatJob) -> Reply:
+        """`chat` for a whole (non-streaming) answer, in one call."""
+        async with contextlib.aclosing(self.chat(job)) as items:
+            reply = await anext(items)
+        assert isinstance(reply, Opening | Refusal)
+        return reply
 
     async def status(self) -> dict[str, Any]:
         """Per-backend state from Serve's own status, with breaker, queue and KV pressure."""
@@ -169,6 +175,13 @@ class Router:
             # A fresh context each: a task copies the current one, and Serve ties handle calls
             # made in it to the request that started the loops, cancelling them with it.
             self._loops = [asyncio.create_task(c, context=contextvars.Context()) for c in loops]
+
+
+def _continued(item: Any) -> Any:
+    """An item of an answer that has begun: a refusal there is an SSE error event."""
+    if isinstance(item, Refusal):
+        return stream_error_event(f"The answer could not be continued: {item.message}")
+    return item
 
 
 class ServeRouter(Router):

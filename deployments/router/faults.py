@@ -17,7 +17,8 @@ from policy.engine_errors import EngineError, sse_error
 from policy.stream_migration import Partial, StreamTape
 
 # Faults: the backend's, never the client's. Our own cancellation is neither. Handles on Serve's
-# gRPC data plane (deployments.front_options) raise AioRpcError for what Ray calls fail with.
+# gRPC data plane (deployments.ingress.front_options) raise AioRpcError for what Ray calls
+# fail with.
 BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
 # A replica gone: ActorDiedError over Ray actor calls, ActorUnavailableError over gRPC.
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError)

@@ -2,8 +2,8 @@
 
 Once a second each router replica posts, for every autoscaled backend, the requests waiting in
 its queue, those in flight and the engine's last KV-cache usage (`LoadBoard`); the Serve
-autoscaling policy sums the replicas' posts and decides the count (autoscale/policy.py). Every
-few seconds the router reads Serve's running replica counts, so each autoscaled backend's
+autoscaling policy sums the replicas' posts and decides the count (autoscale/serve_scaling.py).
+Every few seconds the router reads Serve's running replica counts, so each autoscaled backend's
 slots follow its replicas (`per_replica_cap` each). Once a second it reads the policy's last
 decision and counts the new ones. While that decision is a sleep the backend's link is asleep:
 it takes nothing new, and its posts say so, which the policy waits for before it takes the
@@ -17,8 +17,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from autoscale.policy import ScalingNews
 from core.clock import Clock
+from core.wire import ScalingNews
 from deployments.router import metrics
 from deployments.router.faults import describe
 from deployments.router.link import Link

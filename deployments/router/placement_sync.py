@@ -11,10 +11,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from autoscale.broadcast import SYNC_INTERVAL_S, PlacementView
 from core.clock import Clock
 from core.config import ClusterConfig
 from core.types import Role
+from core.wire import SYNC_INTERVAL_S, PlacementView
 from deployments.router import metrics
 from deployments.router.faults import describe
 from deployments.router.link import Link

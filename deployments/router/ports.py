@@ -16,10 +16,9 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     EmbeddingCompletionRequest,
 )
 
-from autoscale.broadcast import PlacementView
-from autoscale.policy import ScalingNews
 from core.clock import Clock
 from core.config import ClusterConfig
+from core.wire import PlacementView, ScalingNews
 from policy.context.tokens import TokenCounter
 from policy.engine_counters import EngineCounters
 
@@ -109,7 +108,7 @@ class BackendLoad:
 
 class LoadBoard(Protocol):
     """Where router replicas post their load for the autoscaling policy
-    (autoscale/policy.py)."""
+    (autoscale/serve_scaling.py)."""
 
     async def publish(self, load: Mapping[str, BackendLoad]) -> None:
         """This replica's load, by backend deployment name."""

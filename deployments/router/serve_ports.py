@@ -20,12 +20,12 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from autoscale.broadcast import PlacementView
 from autoscale.cluster_manager import ensure_cluster_manager
 from autoscale.placer import ensure_placer, placement_matters
-from autoscale.policy import publish_load, read_scaled
+from autoscale.serve_scaling import publish_load, read_scaled
 from core.clock import SystemClock
 from core.config import ClusterConfig
+from core.wire import PlacementView
 from deployments.router.handle_replicas import routable_replicas
 from deployments.router.ports import (
     BackendLoad,

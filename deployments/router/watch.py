@@ -8,9 +8,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from autoscale.policy import ScalingNews
 from core.clock import Clock
 from core.config import RouterConfig
+from core.wire import ScalingNews
 from deployments.router import metrics
 from deployments.router.faults import describe
 from deployments.router.link import REPLICA_POLL_S, Link

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.llm_server import ObservedLLMServer
+from deployments.engine.llm_server import ObservedLLMServer
 
 
 class OomSwitchLLMServer(ObservedLLMServer):

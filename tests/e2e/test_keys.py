@@ -17,8 +17,8 @@ from ray import serve
 
 from cluster.app import build_gateway
 from core.config import ApiKeyConfig, ClusterConfig, GatewayConfig, hash_key
-from deployments.key_ledger import SNAPSHOT_S, ensure_key_ledger, ledger_actor_name
-from deployments.key_metering import FLUSH_S
+from deployments.keys.ledger import SNAPSHOT_S, ensure_key_ledger, ledger_actor_name
+from deployments.keys.metering import FLUSH_S
 from policy.key_limits import KeyLimits
 
 APP = "limits"

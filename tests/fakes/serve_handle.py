@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.wire import ChatJob, Routed
+from core.wire import ChatJob, Opening, Routed
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import ChatShaper
 
@@ -59,14 +59,16 @@ class EngineLikeRouter:
         options = job.request.stream_options
         return ChatShaper("orchestrator", bool(options and options.include_usage))
 
-    async def _once(self, job: ChatJob) -> list[Any]:
+    async def _once(self, job: ChatJob) -> Opening:
         shaper = self._shaper(job)
-        return [_routed(), shaper.whole("Hi.", Finish("stop", PROMPT, COMPLETION))]
+        return Opening(_routed(), shaper.whole("Hi.", Finish("stop", PROMPT, COMPLETION)))
 
     def _stream(self, job: ChatJob) -> Any:
         shaper = self._shaper(job)
         closing = shaper.closing(Finish("stop", PROMPT, COMPLETION))
-        return ItemStream([_routed(), [*shaper.opening("Hi."), *closing, "data: [DONE]\n\n"]])
+        return ItemStream(
+            [Opening(_routed(), [*shaper.opening("Hi."), *closing, "data: [DONE]\n\n"])]
+        )
 
 
 def _routed() -> Routed:

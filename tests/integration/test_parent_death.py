@@ -1,5 +1,5 @@
 """Spawned engine processes die with a parent killed by SIGKILL, the way vLLM's EngineCore and
-its worker must die with their replica (deployments/parent_death.py)."""
+its worker must die with their replica (deployments/engine/parent_death.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from deployments.parent_death import ENV, installed
+from deployments.engine.parent_death import ENV, installed
 
 # A stand-in for a replica: it spawns a child (EngineCore) that spawns a grandchild (Worker),
 # as vLLM does, prints their pids and waits to be killed.
@@ -70,7 +70,7 @@ def _hook_installed() -> None:
     if not installed():
         pytest.fail(
             "the parent-death hook is not installed: `make install` (or "
-            "`python -m deployments.parent_death install`) writes it"
+            "`python -m deployments.engine.parent_death install`) writes it"
         )
 
 

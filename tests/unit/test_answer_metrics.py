@@ -15,8 +15,9 @@ from starlette.responses import StreamingResponse
 
 from core.config import load_config
 from core.errors import ApiError
-from deployments import metrics
-from deployments.ingress import Ingress
+from core.wire import Opening
+from deployments.ingress import metrics
+from deployments.ingress.app import Ingress
 from tests.fakes import serve_handle
 
 TESTS = Path(__file__).parents[1]
@@ -102,7 +103,7 @@ def test_stream_timing_spreads_a_batch_gap_over_its_chunks() -> None:
 
 def test_an_answer_refused_by_the_engine_counts_under_its_backend(ingress: Ingress) -> None:
     class Refusing(serve_handle.EngineLikeRouter):
-        async def _once(self, job: Any) -> list[Any]:
+        async def _once(self, job: Any) -> Opening:
             from ray.llm._internal.serve.core.configs.openai_api_models import (
                 ErrorInfo,
                 ErrorResponse,
@@ -111,7 +112,7 @@ def test_an_answer_refused_by_the_engine_counts_under_its_backend(ingress: Ingre
             error = ErrorResponse(
                 error=ErrorInfo(message="bad", type="invalid_request_error", code=400)
             )
-            return [serve_handle._routed(), error]
+            return Opening(serve_handle._routed(), error)
 
     refusing = keyless(Refusing())
     labels = {"backend": BACKEND, "priority": "user", "status": "400"}
@@ -140,9 +141,8 @@ def test_a_streamed_error_event_from_the_router_counts_as_502(ingress: Ingress) 
     class Breaking(serve_handle.EngineLikeRouter):
         def _stream(self, job: Any) -> Any:
             error = 'data: {"error": {"message": "gone", "type": "server_error"}}\n\n'
-            return serve_handle.ItemStream(
-                [serve_handle._routed(), ['data: {"id": "x"}\n\n'], [error, "data: [DONE]\n\n"]]
-            )
+            opening = Opening(serve_handle._routed(), ['data: {"id": "x"}\n\n'])
+            return serve_handle.ItemStream([opening, [error, "data: [DONE]\n\n"]])
 
     labels = {"backend": BACKEND, "priority": "user", "status": "502"}
     before = sample("gps_request_seconds_count", **labels)

@@ -1,4 +1,4 @@
-"""Unit tests for deployments/auth.py (keys, priority claims) and core/errors.py."""
+"""Unit tests for deployments/ingress/auth.py (keys, priority claims) and core/errors.py."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from core.config import ApiKeyConfig, hash_key
 from core.errors import ApiError
 from core.types import PriorityClass
-from deployments.auth import Caller, KeyRing, claimed_priority
-from deployments.error_response import error_response
+from deployments.ingress.auth import Caller, KeyRing, claimed_priority
+from deployments.ingress.error_response import error_response
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 

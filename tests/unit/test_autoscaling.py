@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from autoscale import policy as replica_policy
-from autoscale.policy import ReplicaPolicy, ScalingNews, policy_kwargs
+from autoscale import serve_scaling as replica_policy
+from autoscale.serve_scaling import ReplicaPolicy, policy_kwargs
 from cluster.backends import llm_config_for
 from core.config import ConfigError, parse_config
 from core.topology import Backend
 from core.types import FALLBACK_BACKEND, Role
-from core.wire import Refusal, Routed
+from core.wire import Refusal, Routed, ScalingNews
 from deployments.router import Router
 from deployments.router.link import build_links
 from deployments.router.load_sync import LoadSync

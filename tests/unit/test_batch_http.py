@@ -13,17 +13,17 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from fastapi import FastAPI, Request
-from starlette.responses import Response
+from fastapi import FastAPI
 
 from core.config import BatchConfig
 from core.errors import ApiError
 from core.types import PriorityClass
-from deployments.auth import KeyRing
 from deployments.batch.http import BatchApi
 from deployments.batch.service import BatchService
 from deployments.batch.store import BatchStore
-from deployments.error_response import error_response
+from deployments.ingress.auth import KeyRing
+from deployments.ingress.error_response import error_response
+from deployments.ingress.files_routes import files_routes, use_batch_api
 from tests.unit.test_batch_service import FakeGateway, jsonl, line
 
 
@@ -39,19 +39,11 @@ class LocalActor:
 
 
 def batch_app(api: BatchApi) -> FastAPI:
+    """The ingress's own Files and Batch routes, on an app of their own."""
     app = FastAPI()
     app.exception_handler(ApiError)(lambda _, error: error_response(error))
-
-    async def upload(request: Request) -> Response:
-        return await api.upload(request)
-
-    app.post("/v1/files")(upload)
-    app.get("/v1/files/{file_id}")(api.file)
-    app.get("/v1/files/{file_id}/content")(api.content)
-    app.post("/v1/batches")(api.create)
-    app.get("/v1/batches")(api.batches)
-    app.get("/v1/batches/{batch_id}")(api.batch)
-    app.post("/v1/batches/{batch_id}/cancel")(api.cancel)
+    app.include_router(files_routes)
+    use_batch_api(app, api)
     return app
 
 

@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import Request
 
 from core.errors import ApiError
-from deployments.body import read_body
+from deployments.ingress.body import read_body
 
 
 def request(body: bytes, length: str | None) -> Request:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from autoscale.broadcast import STALE_AFTER_S, Broadcast, PlacementView
+from autoscale.broadcast import STALE_AFTER_S, Broadcast
+from core.wire import PlacementView
 
 BACKENDS = ("reasoning@local", "reasoning@cloud", "coding@local")
 

@@ -182,9 +182,7 @@ def test_configured_chain_replaces_the_default(tmp_path: Path) -> None:
 def test_relative_paths_resolve_against_the_config_directory(tmp_path: Path) -> None:
     config = load_dict(tmp_path, base())
     assert config.resolve_path("./models/orc") == str(tmp_path.resolve() / "models" / "orc")
-    assert config.resolve_path("../shared/m.gguf") == str(
-        tmp_path.resolve().parent / "shared/m.gguf"
-    )
+    assert config.resolve_path("../gguf/m.gguf") == str(tmp_path.resolve().parent / "gguf/m.gguf")
 
 
 def test_absolute_and_home_paths_ignore_the_config_directory(tmp_path: Path) -> None:

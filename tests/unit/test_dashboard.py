@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from deployments import metrics as ingress_metrics
-from deployments.key_ledger import KeyLedger, MemorySnapshots
+from deployments.ingress import metrics as ingress_metrics
+from deployments.keys.ledger import KeyLedger, MemorySnapshots
 from deployments.router import metrics as router_metrics
 from policy.key_limits import Settlement
 

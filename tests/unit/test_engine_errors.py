@@ -31,8 +31,8 @@ from vllm.exceptions import (
 from vllm.renderers.chat_utils import ChatTemplateResolutionError
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from deployments.ingress import _engine_error
-from deployments.llm_server import ObservedLLMServer, judged
+from deployments.engine.llm_server import ObservedLLMServer, judged
+from deployments.ingress.answers import engine_error as _engine_error
 from policy.engine_errors import (
     EngineError,
     Fault,

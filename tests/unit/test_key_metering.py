@@ -1,5 +1,5 @@
 """Keys with limits through the ingress: 429s with OpenAI's headers, real usage booked, the
-usage endpoint for admins only. The ledger runs in process (deployments/key_ledger.py's
+usage endpoint for admins only. The ledger runs in process (deployments/keys/ledger.py's
 LocalLedger, the same decisions the actor makes); the router is a fake that answers with the
 usage an engine would report."""
 
@@ -17,12 +17,12 @@ from starlette.responses import Response, StreamingResponse
 
 from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config
 from core.errors import ApiError
-from core.wire import ChatJob
-from deployments import key_metering
-from deployments.ingress import Ingress
-from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
-from deployments.key_metering import FLUSH_S, SPARE_TTL_S, key_limits
-from deployments.overhead_header import OVERHEAD_HEADER
+from core.wire import ChatJob, Opening
+from deployments.ingress.app import Ingress
+from deployments.ingress.overhead_header import OVERHEAD_HEADER
+from deployments.keys import metering as key_metering
+from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
+from deployments.keys.metering import FLUSH_S, SPARE_TTL_S, key_limits
 from policy.key_limits import Settlement
 from tests.fakes import serve_handle
 
@@ -144,10 +144,9 @@ def test_max_parallel_holds_while_requests_are_in_progress(
     release = asyncio.Event()
 
     class SlowRouter(serve_handle.EngineLikeRouter):
-        async def _once(self, job: ChatJob) -> list[Any]:
+        async def _once(self, job: ChatJob) -> Opening:
             await release.wait()
-            answered: list[Any] = await super()._once(job)
-            return answered
+            return await super()._once(job)
 
     ingress = Ingress(config, SlowRouter(), lambda: ledger)
 

@@ -19,7 +19,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from ray.serve.llm import LLMServer
 
 from core.wire import PROMPT_COUNT_FIELD, PromptCount, take_prompt_count, with_prompt_count
-from deployments.llm_server import ObservedLLMServer
+from deployments.engine.llm_server import ObservedLLMServer
 from policy.oom import OOM_CODE
 
 CAPACITY = 1000  # tokens of KV cache

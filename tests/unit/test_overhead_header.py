@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from deployments.overhead_header import OVERHEAD_HEADER, OverheadHeader
+from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader
 
 
 async def plain(_: Request) -> Response:

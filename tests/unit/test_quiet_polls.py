@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from deployments.quiet_polls import quiet_polls
+from deployments.engine.quiet_polls import quiet_polls
 
 
 @pytest.fixture

@@ -28,13 +28,13 @@ from starlette.testclient import TestClient
 
 from core.config import GatewayConfig, load_config
 from core.errors import ApiError
-from core.wire import ChatJob, Routed
-from deployments import ingress as ingress_module
+from core.wire import ChatJob, Opening, Routed
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import DONE, ChatShaper
-from deployments.ingress import Ingress, _parse_json
-from deployments.jobs import validate_chat
-from deployments.key_ledger import KeyLedger, LocalLedger, MemorySnapshots
+from deployments.ingress import app as ingress_module
+from deployments.ingress.app import Ingress, _parse_json
+from deployments.ingress.jobs import validate_chat
+from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from policy.context.tokens import CharEstimateCounter, message_text
 from policy.request import embedding_inputs, nesting_exceeds
 from policy.request.completion import single_prompt
@@ -89,15 +89,14 @@ class CheckingRouter:
         routed = Routed("orchestrator@local", 4, prompt, False, 0, False, False)
         return routed, ChatShaper(job.request.model or "auto", include_usage=True)
 
-    async def _once(self, job: ChatJob) -> list[Any]:
+    async def _once(self, job: ChatJob) -> Opening:
         routed, shaper = self._check(job)
-        return [routed, shaper.whole("Hi.", Finish("stop", 1, 1))]
+        return Opening(routed, shaper.whole("Hi.", Finish("stop", 1, 1)))
 
     def _stream(self, job: ChatJob) -> Any:
         routed, shaper = self._check(job)
-        return serve_handle.ItemStream(
-            [routed, [*shaper.opening("Hi."), *shaper.closing(Finish("stop", 1, 1))]]
-        )
+        lines = [*shaper.opening("Hi."), *shaper.closing(Finish("stop", 1, 1))]
+        return serve_handle.ItemStream([Opening(routed, lines)])
 
 
 def http_request(body: bytes, headers: dict[str, str]) -> Request:

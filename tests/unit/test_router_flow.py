@@ -23,11 +23,9 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorResponse,
 )
 
-from autoscale.broadcast import PlacementView
-from autoscale.policy import ScalingNews
 from core.config import ClusterConfig, parse_config
 from core.types import PriorityClass, Role
-from core.wire import ChatJob, Refusal, Routed
+from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed, ScalingNews
 from deployments.router import Router, RouterPorts
 from deployments.router.in_process import InProcessRouter
 from deployments.router.metrics import BACKEND_FAULTS, REGISTRY, STREAM_MIGRATIONS
@@ -265,7 +263,16 @@ def job(role: Role = Role.CODING, priority: PriorityClass = PriorityClass.USER) 
 
 
 async def collect(router: Router, chat_job: ChatJob) -> list[Any]:
-    return [item async for item in router.chat(chat_job)]
+    """The router's answer as a list: [Routed, first, more...] or [Refusal]."""
+    return flat([item async for item in router.chat(chat_job)])
+
+
+def flat(items: list[Any]) -> list[Any]:
+    """An `Opening` as the backend it names and its first item."""
+    out: list[Any] = []
+    for item in items:
+        out += [item.routed, item.first] if isinstance(item, Opening) else [item]
+    return [item for item in out if item is not None]
 
 
 async def served_by(router: Router, chat_job: ChatJob | None = None) -> str:
@@ -1106,7 +1113,7 @@ def test_the_router_in_the_ingress_process_answers_the_ingress_calls() -> None:
     whole = job()
     whole = replace(whole, request=whole.request.model_copy(update={"stream": False}))
 
-    async def scenario() -> tuple[list[Any], list[Any], list[Any]]:
+    async def scenario() -> tuple[Any, list[Any], Any]:
         once = await in_process.chat_once.remote(whole)
         stream = in_process.options(stream=True).chat.remote(job())
         opening = [await anext(stream), await anext(stream)]
@@ -1116,12 +1123,13 @@ def test_the_router_in_the_ingress_process_answers_the_ingress_calls() -> None:
         return once, opening, again
 
     once, opening, again = asyncio.run(scenario())
-    assert isinstance(once[0], Routed)
-    assert once[0].backend == "coding@local"
-    assert isinstance(opening[0], Routed)
-    assert opening[1] == ["data: 0\n\n"]
-    assert isinstance(again[0], Routed)
-    assert again[0].backend == "coding@local"
+    assert isinstance(once, Opening)
+    assert once.routed.backend == "coding@local"
+    assert isinstance(opening[0], Opening)
+    assert opening[0].first == ["data: 0\n\n"]
+    assert opening[1] == ["data: 1\n\n"]
+    assert isinstance(again, Opening)
+    assert again.routed.backend == "coding@local"
     assert coding.running == 0  # every engine stream ended or was closed
     assert router.held() == {"coding@local": 0, "orchestrator@local": 0}
 

@@ -30,7 +30,7 @@ from ray.serve.llm import LLMServer
 
 from core.errors import ErrorCode
 from core.wire import PromptCount, is_embedding, take_prompt_count
-from deployments.quiet_polls import quiet_polls
+from deployments.engine.quiet_polls import quiet_polls
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
 from policy.kv_room import KvRoom, admits

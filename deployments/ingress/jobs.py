@@ -1,6 +1,6 @@
 """A request's job: the role it goes to (or the depth router's choice for `auto`), its priority
 class, and its body as vLLM's request type, every mistake in it a 400 (or 404) with OpenAI error
-JSON. The same for HTTP requests and batch lines (deployments/ingress.py)."""
+JSON. The same for HTTP requests and batch lines (deployments/ingress/app.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode
 from core.types import Role
 from core.wire import ChatJob
-from deployments.auth import Caller, claimed_priority
+from deployments.ingress.auth import Caller, claimed_priority
 from policy.context.tokens import message_text
 from policy.depth import DepthDecision, UnknownDepth, classify
 from policy.request import (

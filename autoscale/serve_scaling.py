@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from core.config import ModelConfig
+from core.wire import ScalingNews
 from policy.load_scaling import (
     LoadReport,
     LoadScalingPolicy,
@@ -118,16 +119,6 @@ def read_load(app: str, deployment: str, now: float) -> list[LoadReport]:
 
 def scaled_key(app: str, deployment: str) -> bytes:
     return f"scaled/{app}/{deployment}".encode()
-
-
-@dataclass(frozen=True)
-class ScalingNews:
-    """The load's last decision on a deployment, for the routers' metrics and reports."""
-
-    seq: int
-    replicas: int
-    direction: str
-    reason: str
 
 
 def publish_scaled(app: str, deployment: str, news: ScalingNews) -> None:

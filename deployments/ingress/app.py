@@ -21,29 +21,35 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorResponse,
 )
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode
 from core.types import Depth, PriorityClass
-from core.wire import ChatJob, Refusal, Routed, is_embedding
-from deployments import metrics
-from deployments.auth import PRIORITY_HEADER, Caller, KeyRing
+from core.wire import ChatJob, Refusal, Reply, Routed, is_embedding
+from deployments.batch.actor import replica_batch_actor
 from deployments.batch.http import BatchApi
-from deployments.body import read_body
-from deployments.error_response import error_response
-from deployments.front_options import front_actor_options
-from deployments.jobs import SESSION_HEADER, Jobs, with_session
-from deployments.key_ledger import LedgerClient, RayLedger, ensure_key_ledger
-from deployments.key_metering import Admission, KeyMetering, StreamUsage
-from deployments.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
+from deployments.ingress import metrics
+from deployments.ingress.answers import (
+    engine_error,
+    refusal_error,
+    relay_sse,
+    routing_headers,
+    wants_usage,
+)
+from deployments.ingress.auth import PRIORITY_HEADER, Caller, KeyRing
+from deployments.ingress.body import read_body
+from deployments.ingress.error_response import install_error_handlers
+from deployments.ingress.files_routes import files_routes, use_batch_api
+from deployments.ingress.front_options import front_actor_options
+from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
+from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
+from deployments.keys.ledger import LedgerClient, replica_key_ledger
+from deployments.keys.metering import Admission, KeyMetering, StreamUsage
 from deployments.router.in_process import InProcessRouter
 from policy.admission import class_limits
 from policy.depth import DEPTH_HEADER, DepthDecision
-from policy.engine_errors import EngineError, Fault, readable_message, response_fault
-from policy.oom import OOM_CODE
 from policy.request import (
     parse_object,
 )
@@ -57,34 +63,8 @@ JobBuilder = Callable[
 
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 app.add_middleware(OverheadHeader)
-
-# What Starlette itself refuses (routing), as OpenAI error codes.
-HTTP_ERROR_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
-# Error types our replicas set that clients see as the error's code (the fallback's too).
-PASSED_THROUGH_CODES = frozenset(
-    {OOM_CODE, ErrorCode.BACKEND_UNAVAILABLE, ErrorCode.CONTEXT_LENGTH_EXCEEDED}
-)
-
-
-@app.exception_handler(ApiError)
-async def _api_error(_: Request, error: Exception) -> Response:
-    assert isinstance(error, ApiError)
-    return error_response(error)
-
-
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(_: Request, error: Exception) -> Response:
-    assert isinstance(error, StarletteHTTPException)
-    code = HTTP_ERROR_CODES.get(error.status_code, ErrorCode.INVALID_REQUEST)
-    return error_response(ApiError(error.status_code, code, str(error.detail)))
-
-
-@app.exception_handler(Exception)
-async def _unexpected(_: Request, error: Exception) -> Response:
-    logger.exception("unexpected error in the ingress")
-    return error_response(
-        ApiError(500, ErrorCode.INTERNAL_ERROR, "The gateway hit an internal error.")
-    )
+app.include_router(files_routes)
+install_error_handlers(app)
 
 
 class Ingress:
@@ -111,13 +91,16 @@ class Ingress:
         self._jobs = Jobs(config)
         self._router = router
         self._router_stream = router.options(stream=True)  # cached: each .options() costs
-        self._metering = KeyMetering(config.api_keys, ledger or (lambda: _ledger(config)))
+        self._metering = KeyMetering(
+            config.api_keys, ledger or (lambda: replica_key_ledger(config.gateway_resources))
+        )
         self._batches = BatchApi(
             self._keys,
-            functools.cache(batch_service or (lambda: _batch_service(config))),
+            functools.cache(batch_service or (lambda: replica_batch_actor(config))),
             config.batches,
             config.gateway.max_json_depth,
         )
+        use_batch_api(app, self._batches)  # the Files and Batch routes (files_routes.py)
         if start_batches:
             self._batches.start()
         if not self._keys.enabled:
@@ -175,45 +158,6 @@ class Ingress:
                 "Only an admin key (api_keys[].admin: true) may read the keys' usage.",
             )
         return JSONResponse({"object": "key_usage", **await self._metering.usage()})
-
-    # The Batch API (deployments/batch): files and batches, run at background priority
-    # through `batch_answer` below.
-
-    @app.post("/v1/files")
-    async def upload_file(self, request: Request) -> Response:
-        return await self._batches.upload(request)
-
-    @app.get("/v1/files")
-    async def list_files(self, request: Request) -> Response:
-        return await self._batches.files(request)
-
-    @app.get("/v1/files/{file_id}")
-    async def get_file(self, request: Request, file_id: str) -> Response:
-        return await self._batches.file(request, file_id)
-
-    @app.delete("/v1/files/{file_id}")
-    async def delete_file(self, request: Request, file_id: str) -> Response:
-        return await self._batches.delete_file(request, file_id)
-
-    @app.get("/v1/files/{file_id}/content")
-    async def file_content(self, request: Request, file_id: str) -> Response:
-        return await self._batches.content(request, file_id)
-
-    @app.post("/v1/batches")
-    async def create_batch(self, request: Request) -> Response:
-        return await self._batches.create(request)
-
-    @app.get("/v1/batches")
-    async def list_batches(self, request: Request) -> Response:
-        return await self._batches.batches(request)
-
-    @app.get("/v1/batches/{batch_id}")
-    async def get_batch(self, request: Request, batch_id: str) -> Response:
-        return await self._batches.batch(request, batch_id)
-
-    @app.post("/v1/batches/{batch_id}/cancel")
-    async def cancel_batch(self, request: Request, batch_id: str) -> Response:
-        return await self._batches.cancel(request, batch_id)
 
     async def batch_answer(self, endpoint: str, body: dict[str, Any], owner: str) -> dict[str, Any]:
         """One batch line, answered as an HTTP request to `endpoint` would be, as `owner`'s
@@ -322,7 +266,7 @@ class Ingress:
         usage = None
         streamed = not is_embedding(job.request) and bool(job.request.stream)
         if streamed:
-            usage = StreamUsage(_wants_usage(job.request))
+            usage = StreamUsage(wants_usage(job.request))
         try:
             admission = await self._metering.admit(job.caller)
         except ApiError as error:  # over the key's limits: counted, under no backend
@@ -360,31 +304,27 @@ class Ingress:
         started: float,
         served: _Served,
     ) -> Response:
-        first: Any = None
+        reply: Reply
         if usage is not None:
-            stream: DeploymentResponseGenerator[Any] = self._router_stream.chat.remote(job)
-            routed = await anext(stream)
-            if isinstance(routed, Routed):
-                first = await anext(stream)
+            stream: DeploymentResponseGenerator[Any] | None = self._router_stream.chat.remote(job)
+            assert stream is not None
+            reply = await anext(stream)
         else:
             # One unary call: a whole answer needs none of the streaming machinery's per-item
             # round trips (bench/overhead.py).
             stream = None
-            routed, *rest = await self._router.chat_once.remote(job)
-            first = next(iter(rest), None)
-        if isinstance(routed, Refusal):
-            raise _refusal_error(routed)
-        assert isinstance(routed, Routed)
+            reply = await self._router.chat_once.remote(job)
+        if isinstance(reply, Refusal):
+            raise refusal_error(reply)
+        routed, first = reply.routed, reply.first
         served.backend = routed.backend
         metrics.observe_routing(routed, depth.depth.value if depth else None)
-        if isinstance(first, Refusal):
-            raise _refusal_error(first)
         # Streaming answers come in batches (lists); an engine error may be the first item of one.
         leading = first[0] if isinstance(first, list) and first else first
         if isinstance(leading, ErrorResponse):
-            raise _engine_error(leading)
+            raise engine_error(leading)
         headers = {
-            **_routing_headers(routed, job.priority, depth),
+            **routing_headers(routed, job.priority, depth),
             **admission.headers,
             OVERHEAD_HEADER: milliseconds(time.perf_counter() - started - routed.engine_wait_s),
         }
@@ -399,7 +339,7 @@ class Ingress:
             metrics.observe_answer(routed.backend, job.priority.value, 200, seconds)
             return Response(body, media_type="application/json", headers=headers)
         timing = metrics.StreamTiming(routed.backend, job.priority.value, started)
-        relay = _relay_sse(first, stream, usage, timing)
+        relay = relay_sse(first, stream, usage, timing)
         return StreamingResponse(
             self._settled(relay, admission, usage, routed, timing),
             media_type="text/event-stream",
@@ -434,108 +374,6 @@ class _Served:
     """Which backend a job reached, for the metrics of an answer that failed after it."""
 
     backend: str = metrics.NO_BACKEND
-
-
-def _routing_headers(
-    routed: Routed, priority: PriorityClass, depth: DepthDecision | None
-) -> dict[str, str]:
-    headers = {
-        "X-Backend": routed.backend,
-        "X-Priority": priority.value,
-        "X-Max-Tokens": str(routed.max_tokens),
-        "X-Context-Fitted": "true" if routed.context_fitted else "false",
-        "X-Context-Dropped-Messages": str(routed.dropped_messages),
-        "X-Failovers": str(routed.failovers),
-    }
-    if depth is not None:
-        headers["X-Depth"] = depth.depth.value
-        headers["X-Depth-Reason"] = depth.reason
-    return headers
-
-
-def _refusal_error(refusal: Refusal) -> ApiError:
-    headers = {}
-    if refusal.retry_after_s is not None:
-        headers["Retry-After"] = str(refusal.retry_after_s)
-    return ApiError(refusal.status, refusal.code, refusal.message, headers=headers)
-
-
-def _engine_error(response: ErrorResponse) -> ApiError:
-    info = response.error
-    error = EngineError(info.code, info.type, info.message, info.param)
-    if response_fault(error) is Fault.CLIENT:  # whatever an engine rejects as invalid: 400
-        if "context length" in info.message.lower():
-            code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
-        else:
-            code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.INVALID_REQUEST
-        return ApiError(400, code, readable_message(info.message), param=info.param)
-    status = info.code if isinstance(info.code, int) and info.code >= 500 else 502
-    code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.BACKEND_ERROR
-    return ApiError(status, code, info.message)
-
-
-def _sse_text(part: Any, usage: StreamUsage) -> str:
-    """An SSE line as is; an engine error after the stream began becomes an SSE error event."""
-    if isinstance(part, ErrorResponse):
-        error = _engine_error(part)
-        return f"data: {json.dumps(error.body())}\n\n"
-    return usage.filter(str(part))
-
-
-async def _relay_sse(
-    first: list[str],
-    stream: DeploymentResponseGenerator[Any],
-    usage: StreamUsage,
-    timing: metrics.StreamTiming,
-) -> AsyncIterator[str]:
-    """Relay the engine's SSE lines; cancel the whole chain if the client goes away."""
-    done = False
-    try:
-        item: Any = first
-        while True:
-            text = "".join(_sse_text(part, usage) for part in item)
-            done = done or text.rstrip().endswith("data: [DONE]")
-            if any(isinstance(part, ErrorResponse) for part in item) or _ERROR_EVENT in text:
-                timing.failed()
-            timing.relayed(len(item))
-            yield text
-            item = await anext(stream, None)
-            if item is None:
-                break
-        if not done:
-            yield "data: [DONE]\n\n"
-        timing.completed()
-    finally:
-        stream.cancel()
-
-
-# How the router's and our own SSE error events begin (deployments/router/faults.py).
-_ERROR_EVENT = 'data: {"error"'
-
-
-def _wants_usage(request: Any) -> bool:
-    options = request.stream_options
-    return bool(options and options.include_usage)
-
-
-def _ledger(config: ClusterConfig) -> RayLedger:
-    """The app's key ledger (started by the first replica to need it)."""
-    import ray
-
-    app_name = serve.get_replica_context().app_name
-    namespace = ray.get_runtime_context().namespace
-    return ensure_key_ledger(app_name, namespace, config.gateway_resources)
-
-
-def _batch_service(config: ClusterConfig) -> Any:
-    """The app's batch service (started by the first replica to need it)."""
-    import ray
-
-    from deployments.batch.actor import ensure_batch_actor
-
-    app_name = serve.get_replica_context().app_name
-    namespace = ray.get_runtime_context().namespace
-    return ensure_batch_actor(config, app_name, namespace, config.gateway_resources)
 
 
 def build_ingress(

@@ -355,4 +355,15 @@ __all__ = [
     "SnapshotStore",
     "ensure_key_ledger",
     "ledger_actor_name",
+    "replica_key_ledger",
 ]
+
+
+def replica_key_ledger(resources: Mapping[str, float]) -> RayLedger:
+    """The key ledger of the app this Serve replica belongs to, started by the first replica
+    to need it."""
+    import ray
+    from ray import serve
+
+    app_name = serve.get_replica_context().app_name
+    return ensure_key_ledger(app_name, ray.get_runtime_context().namespace, resources)

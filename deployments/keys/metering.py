@@ -1,6 +1,6 @@
 """The ingress's side of per-key limits: admit through the shared ledger, settle real usage.
 
-Every request of a key with limits is admitted by the app's key ledger (deployments/key_ledger.py)
+Every request of a key with limits is admitted by the app's key ledger (deployments/keys/ledger.py)
 after its body passed the schema checks (a malformed request costs no quota); a key without
 limits needs no decision and skips that round trip. Every keyed request is settled with
 the engine's own `usage` when it ends: the whole answer's, or a stream's last chunk. Streams are
@@ -37,7 +37,7 @@ from typing import Any
 
 from core.config import ApiKeyConfig
 from core.errors import ApiError, ErrorCode
-from deployments.key_ledger import LedgerClient
+from deployments.keys.ledger import LedgerClient
 from policy.key_limits import (
     MAX_GRANT,
     BudgetPeriod,

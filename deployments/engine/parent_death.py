@@ -10,7 +10,7 @@ needs) until someone finds it.
 
 The kernel's parent-death signal does it with no code in the dying parent: a process that set
 PR_SET_PDEATHSIG gets SIGKILL when its parent exits. vLLM does not set it, so a one-line `.pth`
-file in the environment's site-packages (`python -m deployments.parent_death install`; `make
+file in the environment's site-packages (`python -m deployments.engine.parent_death install`; `make
 install` runs it) arms it at interpreter start in every multiprocessing child of a process
 whose environment carries `GPS_ENGINE_PDEATHSIG=1`: our LLM deployments set it for their
 replicas, and spawned children inherit it. The Ray worker itself is not a multiprocessing child
@@ -37,7 +37,7 @@ PTH_NAME = "gps_engine_parent_death.pth"
 # .pth lines that start with `import` are executed at every interpreter start: keep it cheap.
 PTH_LINE = (
     "import os; os.environ.get('GPS_ENGINE_PDEATHSIG') == '1' and "
-    "__import__('deployments.parent_death').parent_death.arm_if_spawned()\n"
+    "__import__('deployments.engine.parent_death').engine.parent_death.arm_if_spawned()\n"
 )
 
 
@@ -79,4 +79,4 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["check"]:
         raise SystemExit(0 if installed() else f"{PTH_NAME} is not installed")
     else:
-        raise SystemExit("usage: python -m deployments.parent_death install|check")
+        raise SystemExit("usage: python -m deployments.engine.parent_death install|check")

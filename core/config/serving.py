@@ -1,0 +1,358 @@
+"""What serves: pools of Ray nodes, the models on them (tools, autoscaling), the CPU fallback
+every chain ends on, and how models move between pools. Each section is validated on its own
+(cross-section checks: checks.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from core.config.base import EngineKwargs, EnvVars, Frozen, FrozenDict, ModelName, Name
+from core.config.recovery import NoProvisioner, ProvisionerConfig
+from core.types import PoolKind, Role
+
+__all__ = [
+    "DEFAULT_CAPS",
+    "AutoscalingConfig",
+    "FallbackConfig",
+    "ModelConfig",
+    "PlacementConfig",
+    "PoolConfig",
+    "ToolsConfig",
+]
+
+
+# Per-backend concurrency caps from the design, used when a model sets none.
+DEFAULT_CAPS: Mapping[Role, int] = {
+    Role.ORCHESTRATOR: 24,
+    Role.REASONING: 8,
+    Role.VISION: 4,
+    Role.CODING: 6,
+    Role.EMBEDDING: 16,
+}
+
+
+class PoolConfig(Frozen):
+    """A set of Ray nodes carrying the custom resource `pool_<name>`."""
+
+    name: Name = Field(description="The pool's name; its nodes carry the Ray resource pool_<name>.")
+    kind: PoolKind = Field(
+        description="local (this site's GPUs), mesh (nodes joined by hand) or cloud."
+    )
+    priority: int = Field(0, ge=0, description="Lower is preferred; local pools usually 0.")
+    gpu_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        description="Memory of one GPU on the pool's nodes: lets the config guard check GPU "
+        "models' weights and KV cache before they start. None: not checked.",
+    )
+    provisioner: ProvisionerConfig = Field(
+        default_factory=NoProvisioner,
+        description="What replaces the pool's nodes when they die: none (drained and reported "
+        "only), ray_autoscaler, {type: command, ...} or {type: terraform, ...}.",
+    )
+
+    @property
+    def resource(self) -> str:
+        return f"pool_{self.name}"
+
+
+class ToolsConfig(Frozen):
+    """Tool calling for one model, mapped onto vLLM's own options (`tool_call_parser`,
+    `enable_auto_tool_choice`, `chat_template`)."""
+
+    parser: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_]*$",
+        max_length=40,
+        description="vLLM's name for the format the model writes tool calls in (its "
+        "tool_call_parser): hermes, llama3_json, mistral, qwen3_xml, pythonic, ... Setting "
+        "vLLM's own tool options in engine_kwargs instead is refused.",
+    )
+    auto_choice: bool = Field(
+        True,
+        description="Allow `tool_choice: auto` (the model decides; what IDE agents send on "
+        "nearly every call): vLLM's enable_auto_tool_choice.",
+    )
+    strict: bool = Field(
+        False,
+        description="Hold every call's arguments to its tool's JSON schema while decoding, as "
+        "if each tool said strict: true; off, only tools that say so are held, and a forced "
+        "call fixes its name but not its arguments.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A chat template file (relative to the config) that renders tools and tool "
+        "results, for a model whose own ignores them; used for every request of the model.",
+    )
+
+
+class AutoscalingConfig(Frozen):
+    """Replica counts from load (policy/load_scaling.py), on the pool placement chose: the
+    router's queue and the engines' KV cache, read once a second, in the same Serve autoscaling
+    policy that carries out placement."""
+
+    min_replicas: int = Field(1, ge=1, description="The fewest replicas while awake.")
+    max_replicas: int = Field(ge=1, description="The most replicas load may bring.")
+    target_queue_per_replica: float = Field(
+        2.0,
+        gt=0,
+        description="Waiting requests per replica the router may hold before one more "
+        "replica is worth it.",
+    )
+    kv_high: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="KV cache usage (0..1, the highest any replica reports) that adds a "
+        "replica while requests wait, however short the queue.",
+    )
+    upscale_delay_s: float = Field(10.0, ge=0, description="Load must call for more this long.")
+    downscale_delay_s: float = Field(120.0, ge=0, description="Load must call for fewer this long.")
+    # At least 10 s: routers post their load every second and a post stays fresh 10 s.
+    scale_to_zero_after_s: float | None = Field(
+        None,
+        ge=10,
+        description="Idle this long (nothing waiting or running): zero replicas, the GPU given "
+        "back. None: never below min_replicas.",
+    )
+    when_asleep: Literal["wait", "next_link"] = Field(
+        "wait",
+        description="A request for a backend at zero: wait in its queue while one replica "
+        "starts (up to wake_timeout_s, then 503), or go to the next link of its chain (the "
+        "replica still wakes).",
+    )
+    wake_timeout_s: float = Field(
+        300.0, gt=0, description="The longest a request waits for a wake."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
+        asleep_keys = self.model_fields_set & {"when_asleep", "wake_timeout_s"}
+        if asleep_keys and self.scale_to_zero_after_s is None:
+            raise ValueError(
+                f"{' and '.join(sorted(asleep_keys))} apply to a backend asleep at zero: set "
+                "scale_to_zero_after_s too"
+            )
+        return self
+
+
+class ModelConfig(Frozen):
+    """One model serving one role, deployable on the listed pools (the first is its home)."""
+
+    role: Role = Field(
+        description="The role it serves: orchestrator, reasoning, vision, coding or embedding. "
+        "An embedding model runs vLLM's pooling runner (a *ForCausalLM model with last-token "
+        "pooling); for `dimensions` on a Matryoshka model whose config does not say so, set "
+        "engine_kwargs.hf_overrides: {is_matryoshka: true}."
+    )
+    source: str = Field(
+        min_length=1,
+        description="A local path (./, ../, /, ~; relative to the config file) or a hub id.",
+    )
+    aliases: tuple[ModelName, ...] = Field(
+        (),
+        description="More names clients may send; each names one model and may not shadow a "
+        "role or auto.",
+    )
+    context_window: int = Field(
+        ge=256,
+        description="vLLM's max_model_len; the config guard checks it against the model's "
+        "maximum position and the KV cache.",
+    )
+    engine_kwargs: EngineKwargs = Field(
+        default_factory=FrozenDict,
+        description="vLLM engine arguments, passed through ray.serve.llm (the config guard "
+        "reads dtype, kv_cache_dtype, quantization, gpu_memory_utilization, "
+        "tensor_parallel_size, max_num_seqs, block_size, num_gpu_blocks_override, "
+        "kv_cache_memory_bytes).",
+    )
+    device: Literal["cpu", "gpu"] = Field("gpu", description="Which vLLM engine runs it.")
+    cpus_per_replica: float = Field(
+        1.0,
+        gt=0,
+        description="CPU engines: logical CPUs one replica reserves (its engine runs "
+        "OMP_NUM_THREADS threads).",
+    )
+    env_vars: EnvVars = Field(
+        default_factory=FrozenDict,
+        description="The replica's environment (e.g. VLLM_CPU_KVCACHE_SPACE).",
+    )
+    placement_priority: Literal["P0", "P1", "P2", "P3"] = Field(
+        "P1", description="P0 is never offloaded from its home pool; P3 is offloaded first."
+    )
+    pools: tuple[Name, ...] = Field(
+        min_length=1,
+        description="Pools it may run on, preferred first; it is deployed on the first (its home).",
+    )
+    replicas: int = Field(
+        1, ge=1, description="Replicas per backend (with autoscaling: the count it starts with)."
+    )
+    max_concurrency: int | None = Field(
+        None,
+        description="The router's cap on the backend at `replicas` replicas. None: orchestrator "
+        "24, reasoning 8, vision 4, coding 6, embedding 16.",
+    )
+    tools: ToolsConfig | None = Field(
+        None,
+        description="Tool calling. None: a request that may call a tool is a 400 "
+        "tools_not_supported.",
+    )
+    autoscaling: AutoscalingConfig | None = Field(
+        None,
+        description="Replica counts from load. None: `replicas` is the count (placement still "
+        "moves them between pools).",
+    )
+
+    @property
+    def cap(self) -> int:
+        """The router's cap on the backend at `replicas` replicas."""
+        return self.max_concurrency if self.max_concurrency is not None else DEFAULT_CAPS[self.role]
+
+    @property
+    def per_replica_cap(self) -> int:
+        """What one replica takes at once: the cap over `replicas`, rounded down so the
+        starting count never takes more than the cap (autoscaling keeps it per replica)."""
+        return max(1, self.cap // self.replicas)
+
+    @property
+    def max_replicas(self) -> int:
+        return self.autoscaling.max_replicas if self.autoscaling else self.replicas
+
+    @model_validator(mode="after")
+    def _replicas_within_autoscaling(self) -> Self:
+        scaling = self.autoscaling
+        if scaling and not scaling.min_replicas <= self.replicas <= scaling.max_replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) is the count a backend starts with: it must be "
+                f"within autoscaling's min_replicas ({scaling.min_replicas}) and max_replicas "
+                f"({scaling.max_replicas})"
+            )
+        return self
+
+    @property
+    def home_pool(self) -> str:
+        return self.pools[0]
+
+
+class FallbackConfig(Frozen):
+    """The CPU replica every chain ends on: it has no GPU memory to run out of."""
+
+    engine: Literal["ollama", "llama_cpp", "auto"] = Field(
+        "auto", description="auto prefers Ollama where its binary is on the node, else llama.cpp."
+    )
+    source: str = Field(
+        min_length=1,
+        description="A .gguf path (relative to the config), or for Ollama a model name to pull.",
+    )
+    context_window: int = Field(2048, ge=256, description="Its window, in tokens.")
+    max_concurrency: int = Field(8, description="The router's cap on it.")
+    pool: Name | None = Field(None, description="CPU pool to run on; none means the head node.")
+    tokenizer: str | None = Field(
+        None,
+        description="What to count with exactly (a Hugging Face path or hub id). None: the "
+        "GGUF's own tokenizer and chat template; an Ollama model name is counted by estimate.",
+    )
+    tools: ToolsConfig | None = Field(
+        None,
+        description="Tool calling: llama.cpp reads hermes calls back from the text (with "
+        "chat_template where the GGUF's own ignores tools; with one, engine auto chooses "
+        "llama.cpp); Ollama reads calls with its model's template (no chat_template). A forced "
+        "tool_choice holds the answer to the call's JSON schema (a llama.cpp grammar, Ollama's "
+        "format); a stream of a request with tools is sent when the answer is whole.",
+    )
+    threads: int = Field(2, ge=1, description="CPU threads the engine computes with.")
+    n_gpu_layers: int = Field(
+        0,
+        ge=-1,
+        description="llama.cpp: layers offloaded to the node's GPU, the rest in RAM (0: none; "
+        "-1: all). Needs a CUDA build of llama-cpp-python there.",
+    )
+    num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray.")
+    ollama_model: ModelName = Field(
+        "gps-fallback",
+        description="Ollama: the model created from the GGUF (or pulled, when source is a name).",
+    )
+    keep_alive: str = Field(
+        "1h",
+        pattern=r"^-?[0-9]+(ms|s|m|h)?$",
+        description="Ollama: how long it keeps the model loaded after a request.",
+    )
+    ollama_models_dir: str | None = Field(
+        None, description="Ollama: where it stores models (None: Ollama's default)."
+    )
+
+    @property
+    def is_gguf_file(self) -> bool:
+        return self.source.endswith(".gguf")
+
+    @model_validator(mode="after")
+    def _tools_can_be_read_back(self) -> Self:
+        if self.tools is not None and self.tools.chat_template is not None:
+            if self.engine == "ollama":
+                raise ValueError(
+                    "tools.chat_template: a Jinja template is for llama.cpp; Ollama renders with "
+                    "its model's own template (leave chat_template out, or use engine llama_cpp)"
+                )
+            if not self.is_gguf_file:
+                raise ValueError(
+                    "tools.chat_template: llama.cpp renders it and serves a GGUF file; point "
+                    "source at a .gguf file or leave chat_template out"
+                )
+        if self.tools is not None and self.engine != "ollama" and self.tools.parser != "hermes":
+            raise ValueError(
+                f"tools.parser {self.tools.parser!r}: the llama.cpp fallback reads tool calls "
+                "in the Hermes format only (`parser: hermes`, with a template that asks for it)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_has_a_model(self) -> Self:
+        if self.engine == "llama_cpp" and not self.is_gguf_file:
+            raise ValueError(
+                f"source {self.source!r}: the llama_cpp engine serves a GGUF file; give the path "
+                "of a .gguf file, or use engine ollama to pull a model by name"
+            )
+        return self
+
+
+class PlacementConfig(Frozen):
+    """VRAM thresholds for the placement actor (hysteresis: restore_above > offload_below)."""
+
+    interval_s: float = Field(15.0, gt=0, description="Between readings of free VRAM.")
+    offload_below_gb: float = Field(
+        6.0, ge=0, description="Free VRAM on a pool below which its lowest priority model leaves."
+    )
+    restore_above_gb: float = Field(
+        12.0, ge=0, description="Free VRAM on its home pool above which a model comes back."
+    )
+    cooldown_s: float = Field(120.0, ge=0, description="Between two moves.")
+    min_away_s: float = Field(
+        60.0, ge=0, description="The least a model stays away before it returns."
+    )
+    move_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A move's target must be running and healthy within this long, or the "
+        "move is abandoned (the source keeps serving).",
+    )
+    drain_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="The routers get this long to switch to the target, and the source's "
+        "queued and in-flight requests this long to finish.",
+    )
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Self:
+        if self.restore_above_gb <= self.offload_below_gb:
+            raise ValueError(
+                f"restore_above_gb ({self.restore_above_gb}) must be greater than "
+                f"offload_below_gb ({self.offload_below_gb}), or models would flap between pools"
+            )
+        return self
