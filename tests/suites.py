@@ -21,10 +21,10 @@ OWN_CLUSTERS = ("placement", "autoscale", "monitoring", "batch", "recovery", "ra
 SUITES: dict[str, list[str]] = {
     "main": [
         "tests",
-        "--durations=25",
+        "--durations=40",
         *(f"--ignore=tests/{name}" for name in OWN_CLUSTERS),
     ],
-    **{name: [f"tests/{name}", "-s"] for name in OWN_CLUSTERS},
+    **{name: [f"tests/{name}", "-s", "--durations=10"] for name in OWN_CLUSTERS},
 }
 
 

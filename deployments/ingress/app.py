@@ -100,7 +100,7 @@ class Ingress:
             config.batches,
             config.gateway.max_json_depth,
         )
-        use_batch_api(app, self._batches)  # the Files and Batch routes (files_routes.py)
+        use_batch_api(self._batches)  # the Files and Batch routes (files_routes.py)
         if start_batches:
             self._batches.start()
         if not self._keys.enabled:

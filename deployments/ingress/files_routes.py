@@ -1,13 +1,18 @@
 """OpenAI's Files and Batch API routes (/v1/files, /v1/batches) on the ingress's FastAPI app.
 
 Each hands its request to the replica's `BatchApi` (deployments/batch/http.py), which the
-ingress keeps in the app's state (`use_batch_api`); batch lines come back to the ingress's own
+ingress registers here (`use_batch_api`); batch lines come back to the ingress's own
 `batch_answer` through Serve's handle, at background priority.
+
+The API is held in this module, not in `app.state`: Serve runs a replica's copy of the FastAPI
+app (unpickled from the `serve.ingress` class), so the module-level `app` the ingress sees in
+its `__init__` is not the `request.app` a route gets. The module is imported by reference in
+the replica's process, one ingress per process, so both see this one holder.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from deployments.batch.http import BatchApi
@@ -17,14 +22,17 @@ __all__ = ["files_routes", "use_batch_api"]
 files_routes = APIRouter()
 
 
-def use_batch_api(app: FastAPI, api: BatchApi) -> None:
-    """Serve the Files and Batch routes of `app` with `api`."""
-    app.state.batch_api = api
+_held: list[BatchApi] = []
+
+
+def use_batch_api(api: BatchApi) -> None:
+    """Serve the Files and Batch routes of this process's ingress with `api`."""
+    _held[:] = [api]
 
 
 def _api(request: Request) -> BatchApi:
-    api: BatchApi = request.app.state.batch_api
-    return api
+    del request  # the routes' signature; the API is the process's own (see the docstring)
+    return _held[0]
 
 
 @files_routes.post("/v1/files")

@@ -14,6 +14,8 @@ import httpx2
 import openai
 import pytest
 from fastapi import FastAPI
+from ray import cloudpickle
+from ray.serve._private.utils import ensure_serialization_context
 
 from core.config import BatchConfig
 from core.errors import ApiError
@@ -39,12 +41,15 @@ class LocalActor:
 
 
 def batch_app(api: BatchApi) -> FastAPI:
-    """The ingress's own Files and Batch routes, on an app of their own."""
+    """The ingress's own Files and Batch routes, on an app of their own, served as Serve serves
+    an ingress's app: a cloudpickled copy of it (so nothing set on the original reaches it)."""
     app = FastAPI()
     app.exception_handler(ApiError)(lambda _, error: error_response(error))
     app.include_router(files_routes)
-    use_batch_api(app, api)
-    return app
+    use_batch_api(api)
+    ensure_serialization_context()  # Serve's own reducers (serve.ingress does the same)
+    served: FastAPI = cloudpickle.loads(cloudpickle.dumps(app))
+    return served
 
 
 def test_the_sdk_uploads_runs_pages_and_downloads_a_batch(tmp_path: Path) -> None:
