@@ -2,8 +2,11 @@
 
 Each test runs the real entry point (`serve run cluster.app:build config=...`) in a process
 group of its own, as a terminal would, waits until it serves, notes every engine process (vLLM's
-EngineCore and workers, the fallback's llama.cpp server), stops the app, and then finds none of
-them alive. A session of its own (`make test` runs it after the others): it starts and stops
+EngineCore and workers or the test engine's stand-in for them, the fallback's llama.cpp server),
+stops the app, and then finds none of them alive. The Ctrl-C tests run the test engine
+(app.yaml): Ray's teardown, the parent-death hook and the exit deadline are their subject; the
+replica-shutdown test runs real vLLM (app.vllm.yaml), whose EngineCore only our replica's own
+shutdown stops. A session of its own (`make test` runs it after the others): it starts and stops
 whole Ray clusters.
 """
 
@@ -23,7 +26,8 @@ import pytest
 
 from cluster.exit_deadline import DEADLINE_S as EXIT_DEADLINE_S
 
-CONFIG = Path(__file__).with_name("app.yaml")
+CONFIG = Path(__file__).with_name("app.yaml")  # the test engine
+VLLM_CONFIG = Path(__file__).with_name("app.vllm.yaml")
 BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:8000"
 READY_TIMEOUT_S = 420  # one vLLM CPU engine and the fallback: about a minute here
@@ -33,6 +37,7 @@ SHUTDOWN = (
     "ray.init(address='auto', namespace='serve'); serve.shutdown()"
 )
 ENGINE_MARKERS = ("VLLM::", "EngineCore", "deployments.fallback.llama_server")
+TINY_ENGINE = "TINY::EngineCore"  # tests/fakes/tiny_engine_core.py
 
 
 def engine_processes() -> list[psutil.Process]:
@@ -66,12 +71,12 @@ def ray_stop() -> None:
     subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
 
 
-def serve_run(log: Path) -> subprocess.Popen[bytes]:
+def serve_run(log: Path, config: Path = CONFIG) -> subprocess.Popen[bytes]:
     """`serve run` as a terminal's foreground job, its output in `log` (see `tail`)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     with log.open("wb") as out:
         return subprocess.Popen(
-            [str(BIN / "serve"), "run", "cluster.app:build", f"config={CONFIG}"],
+            [str(BIN / "serve"), "run", "cluster.app:build", f"config={config}"],
             env=env,
             start_new_session=True,  # its own process group, as a terminal's foreground job
             stdout=out,
@@ -92,8 +97,11 @@ def kill_group(app: subprocess.Popen[bytes]) -> None:
     app.wait(timeout=60)
 
 
-def wait_serving(app: subprocess.Popen[bytes], log: Path) -> list[psutil.Process]:
-    """Wait until the app answers, and return its engine processes (there must be some)."""
+def wait_serving(
+    app: subprocess.Popen[bytes], log: Path, engine: str = TINY_ENGINE
+) -> list[psutil.Process]:
+    """Wait until the app answers, and return its engine processes: the fallback's and the
+    model's (`engine` in a process title)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         assert app.poll() is None, f"serve run exited with {app.returncode}:\n{tail(log)}"
@@ -108,7 +116,7 @@ def wait_serving(app: subprocess.Popen[bytes], log: Path) -> list[psutil.Process
     engines = engine_processes()
     titles = " ".join(" ".join(p.cmdline()) for p in engines)
     assert "llama_server" in titles, titles
-    assert "VLLM::" in titles, titles
+    assert engine in titles, titles
     return engines
 
 
@@ -171,9 +179,9 @@ def test_serve_shutdown_on_a_running_cluster_leaves_no_engine(
     )
     assert head.returncode == 0, head.stderr.decode()[-500:]
     log = tmp_path / "serve-run.log"
-    app = serve_run(log)  # joins the running cluster
+    app = serve_run(log, VLLM_CONFIG)  # joins the running cluster
     try:
-        engines = wait_serving(app, log)
+        engines = wait_serving(app, log, "VLLM::")
         # What `serve shutdown` does, through the Python API: the CLI goes through the
         # dashboard, which wants a token on a cluster started with `ray start`.
         shutdown = subprocess.run(

@@ -1,0 +1,212 @@
+"""A test engine for the suites whose subject is the control plane (placement moves, pool
+recovery, autoscaling, `ray up`): it speaks ray.serve.llm's `LLMEngine` interface, so the
+production `ObservedLLMServer` replica, Serve's handles, the router and the ingress all run as
+they do over vLLM, but it starts in well under a second instead of a minute or two on this
+machine's two cores, and needs none of them while it answers.
+
+Chosen per model by Ray's own seam: `env_vars: {RAYLLM_VLLM_ENGINE_CLS: <this class's path>}` in
+a test config (ray.serve.llm reads it when the replica builds its engine). Never where the
+engine path is tested: contract, context fitting, OOM, chaos, fuzz, capacity, monitoring's KV
+alert and the stop suite keep real vLLM.
+
+What it does, so the suites see a replica that behaves like one:
+- answers chat and completions with `max_tokens` words (16 when unset), one every
+  `TINY_ENGINE_TOKEN_S` seconds (default 0.02), streamed as vLLM streams them (`data: {json}`
+  chunks, usage when asked for, `[DONE]`), or whole;
+- runs at most `engine_kwargs.max_num_seqs` requests at once (vLLM's default 256), the others
+  wait, as they wait in vLLM's scheduler, so queue-driven autoscaling sees a queue;
+- embeds text as a fixed-size vector derived from its hash;
+- starts a child process titled `TINY::EngineCore` (tiny_engine_core.py) the way vLLM starts
+  its EngineCore, and stops it from `_engine_client.shutdown()` as ObservedLLMServer stops
+  vLLM's, so "the replica's engine is gone" means what it means with vLLM;
+- reports no KV-cache readings (ObservedLLMServer then runs without its memory guard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    EmbeddingResponse,
+)
+from ray.llm._internal.serve.core.engine.protocol import LLMEngine
+
+DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's
+EMBEDDING_SIZE = 64
+TOKEN_S_ENV = "TINY_ENGINE_TOKEN_S"
+
+
+def _prompt_tokens(text: str) -> int:
+    return max(1, len(text) // 4)  # about a token per four characters, as in English text
+
+
+def _chat_text(request: Any) -> str:
+    parts = []
+    for message in request.messages:
+        content = message.get("content") if isinstance(message, dict) else message.content
+        parts.append(content if isinstance(content, str) else json.dumps(content))
+    return "\n".join(parts)
+
+
+class _Core:
+    """The EngineCore stand-in, stopped as ObservedLLMServer stops vLLM's (`shutdown()`)."""
+
+    def __init__(self) -> None:
+        from tests.fakes import tiny_engine_core
+
+        self._process = multiprocessing.get_context("spawn").Process(
+            target=tiny_engine_core.run, name="TinyEngineCore", daemon=True
+        )
+        self._process.start()
+
+    def shutdown(self) -> None:
+        self._process.kill()
+        self._process.join(timeout=5)
+
+
+class TinyEngine(LLMEngine):  # type: ignore[misc]
+    def __init__(self, llm_config: Any) -> None:
+        self._model = llm_config.model_id
+        self._max_num_seqs = int(llm_config.engine_kwargs.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS))
+        self._token_s = float(os.environ.get(TOKEN_S_ENV, "0.02"))
+        self._slots: asyncio.Semaphore | None = None
+        self._engine_client: _Core | None = None  # the name ObservedLLMServer shuts down
+
+    async def start(self) -> None:
+        self._slots = asyncio.Semaphore(self._max_num_seqs)  # on the replica's loop
+        # On this thread, as vLLM does: the parent-death signal follows the starting thread.
+        self._engine_client = _Core()
+
+    def routing_stats(self) -> dict[str, Any]:
+        return {}
+
+    async def resolve_lora(self, lora_model: Any) -> None:
+        pass
+
+    async def check_health(self) -> None:
+        pass
+
+    async def reset_prefix_cache(self) -> None:
+        pass  # it keeps no cache
+
+    async def transcriptions(
+        self, request: Any, raw_request_info: Any = None
+    ) -> AsyncGenerator[Any, None]:
+        raise NotImplementedError("no audio in the control-plane suites")
+        yield  # an async generator, as the interface declares
+
+    async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
+        async for item in self._generate(request, _chat_text(request), chat=True):
+            yield item
+
+    async def completions(
+        self, request: Any, raw_request_info: Any = None
+    ) -> AsyncGenerator[Any, None]:
+        prompt = request.prompt if isinstance(request.prompt, str) else json.dumps(request.prompt)
+        async for item in self._generate(request, prompt, chat=False):
+            yield item
+
+    async def embeddings(
+        self, request: Any, raw_request_info: Any = None
+    ) -> AsyncGenerator[Any, None]:
+        inputs = request.input if isinstance(request.input, list) else [request.input]
+        data = [
+            {"object": "embedding", "index": i, "embedding": _vector(json.dumps(text))}
+            for i, text in enumerate(inputs)
+        ]
+        tokens = sum(_prompt_tokens(json.dumps(text)) for text in inputs)
+        yield EmbeddingResponse.model_validate(
+            {
+                "id": f"embd-{uuid.uuid4().hex}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": self._model,
+                "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def _generate(
+        self, request: Any, prompt: str, *, chat: bool
+    ) -> AsyncGenerator[Any, None]:
+        assert self._slots is not None, "start() first"
+        wanted = getattr(request, "max_completion_tokens", None) or request.max_tokens
+        count = int(wanted or DEFAULT_MAX_TOKENS)
+        reason = "length" if wanted else "stop"
+        prompt_tokens = _prompt_tokens(prompt)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": count,
+            "total_tokens": prompt_tokens + count,
+        }
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": self._model,
+        }
+        async with self._slots:
+            if not request.stream:
+                await asyncio.sleep(self._token_s * count)
+                text = "".join(_word(i) for i in range(count))
+                yield _whole(head, text, reason, usage, chat=chat)
+                return
+            for i in range(count):
+                await asyncio.sleep(self._token_s)
+                last = i == count - 1
+                yield _chunk(head, _word(i), reason if last else None, chat=chat)
+            options = getattr(request, "stream_options", None)
+            if options is not None and getattr(options, "include_usage", False):
+                yield _sse({**head, **_object(chat, stream=True), "choices": [], "usage": usage})
+            yield "data: [DONE]\n\n"
+
+
+def _word(i: int) -> str:
+    return f" tiny{i}"
+
+
+def _vector(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [(digest[i % len(digest)] - 128) / 128 for i in range(EMBEDDING_SIZE)]
+
+
+def _object(chat: bool, *, stream: bool) -> dict[str, str]:
+    if chat:
+        return {"object": "chat.completion.chunk" if stream else "chat.completion"}
+    return {"object": "text_completion"}
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _chunk(head: dict[str, Any], text: str, reason: str | None, *, chat: bool) -> str:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
+    if chat:
+        choice["delta"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return _sse({**head, **_object(chat, stream=True), "choices": [choice]})
+
+
+def _whole(
+    head: dict[str, Any], text: str, reason: str, usage: dict[str, int], *, chat: bool
+) -> Any:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+        body = {**head, **_object(chat, stream=False), "choices": [choice], "usage": usage}
+        return ChatCompletionResponse.model_validate(body)
+    choice["text"] = text
+    body = {**head, **_object(chat, stream=False), "choices": [choice], "usage": usage}
+    return CompletionResponse.model_validate(body)
