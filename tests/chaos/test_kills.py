@@ -395,8 +395,8 @@ def test_dead_backends_cost_no_wait_and_a_long_stream_goes_on_in_the_fallbacks_w
     assert usage["completion_tokens"] >= story["chunks"]
     assert usage["completion_tokens"] <= story["chunks"] + 8
     assert left == []
-    wait_recovered(http, ORCHESTRATOR)
-    wait_recovered(http, CODING)
+    # No wait for the replacements: this is the session's last test, and replacement after a
+    # kill (a replica and its breaker back) is what the kill tests above check.
 
 
 def _event(line: str) -> dict[str, Any]:
