@@ -38,7 +38,10 @@ def cluster() -> Iterator[dict[str, str]]:
     local = nodes.add_node(num_cpus=1, resources={"pool_local": 1})
     cloud = nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
     ray.init(address=nodes.address, namespace=NAMESPACE)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    # The front door on the head only, as in tests/recovery: on one machine every node's proxy
+    # shares the port (SO_REUSEPORT), and Serve stops the proxy of a node a move leaves without
+    # replicas, taking the connections the kernel gave it down with it (a stream failed so).
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": PORT})
     ids = {"local": local.node_id, "cloud": cloud.node_id, "head": nodes.head_node.node_id}
     # Before the app starts: both pools with plenty of VRAM, the head with no GPU.
     report_free(ids["local"], 30)
