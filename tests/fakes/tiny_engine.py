@@ -1,13 +1,14 @@
 """A test engine for the suites whose subject is the control plane (placement moves, pool
-recovery, autoscaling, `ray up`): it speaks ray.serve.llm's `LLMEngine` interface, so the
-production `ObservedLLMServer` replica, Serve's handles, the router and the ingress all run as
-they do over vLLM, but it starts in well under a second instead of a minute or two on this
-machine's two cores, and needs none of them while it answers.
+recovery, autoscaling, a batch across a cluster restart, `ray up`, stopping an app with
+Ctrl-C): it speaks ray.serve.llm's `LLMEngine` interface, so the production `ObservedLLMServer`
+replica, Serve's handles, the router and the ingress all run as they do over vLLM, but it
+starts in well under a second instead of half a minute to two minutes on this machine's two
+cores, and needs no CPU of note while it answers.
 
 Chosen per model by Ray's own seam: `env_vars: {RAYLLM_VLLM_ENGINE_CLS: <this class's path>}` in
 a test config (ray.serve.llm reads it when the replica builds its engine). Never where the
 engine path is tested: contract, context fitting, OOM, chaos, fuzz, capacity, monitoring's KV
-alert and the stop suite keep real vLLM.
+alert and the stop suite's replica-shutdown test keep real vLLM.
 
 What it does, so the suites see a replica that behaves like one:
 - answers chat and completions with `max_tokens` words (16 when unset), one every
