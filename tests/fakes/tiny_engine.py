@@ -206,8 +206,8 @@ def _whole(
     choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
-        body = {**head, **_object(chat, stream=False), "choices": [choice], "usage": usage}
-        return ChatCompletionResponse.model_validate(body)
-    choice["text"] = text
+    else:
+        choice["text"] = text
     body = {**head, **_object(chat, stream=False), "choices": [choice], "usage": usage}
-    return CompletionResponse.model_validate(body)
+    response = ChatCompletionResponse if chat else CompletionResponse
+    return response.model_validate(body)
