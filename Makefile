@@ -123,10 +123,10 @@ chaos: $(INSTALLED) $(MODEL)
 stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
-# The main session (unit, integration, and e2e + chaos on one shared app), then sessions of their
-# own: placement and recovery run three-node clusters, autoscale, monitoring and batch one-node
-# clusters of their own, rayup a `ray up` cluster, stop starts and stops whole apps with
-# `serve run` (tests/suites.py; each suite's time is printed at the end).
+# The main session (unit, integration, and e2e + chaos on one shared app) and, beside it, one
+# after another on clusters of their own, placement and recovery (three nodes), autoscale,
+# monitoring and batch; then alone, since they stop every Ray process here, rayup (a `ray up`
+# cluster) and stop (whole apps run with `serve run`). tests/suites.py; times at the end.
 test: lint $(MODEL) $(PROMTOOL)
 	$(PY) tests/suites.py
 

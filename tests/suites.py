@@ -1,23 +1,38 @@
-"""`make test`'s suites, one pytest session each, in order, with each one's time at the end.
+"""`make test`'s suites, one pytest session each, with each one's time at the end.
 
 The main session holds the shared e2e app (unit, integration, e2e, chaos); the others start
 clusters of their own (three-node, `ray up`, whole apps started and stopped), so they cannot
-share its process. The table is printed however the run ends; the exit status is the first
-failing suite's, and no suite runs after it.
+share its process. Most of them wait more than they compute (a test engine, moves, restarts):
+measured on 2 cores, seven of them took 21 min of wall time and 5.4 min of CPU. So they run in a
+lane beside the main session, one after another, each on a Ray cluster of its own (dynamic GCS
+port, its own HTTP port); their output is printed after the main session's. `rayup` and `stop`
+run last and alone: `ray down` and `ray stop --force` end every Ray process on the machine.
 
-    python tests/suites.py [NAME ...]    # all, in order, when no name is given
+Each session gets GPS_TEST_SUITE=<its name> (tests/own_processes.py), so a check that no engine
+is left counts its own cluster's. The table is printed however the run ends; the exit status is
+the first failing suite's, and nothing is started after a failure.
+
+    python tests/suites.py            # all: main beside the lane, then the suites that run alone
+    python tests/suites.py NAME ...   # the named ones, one after another
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [str(ROOT / ".venv" / "bin" / "pytest"), "-q"]
-OWN_CLUSTERS = ("placement", "autoscale", "monitoring", "batch", "recovery", "rayup", "stop")
+SUITE_VARIABLE = "GPS_TEST_SUITE"  # tests/own_processes.py reads it
+BESIDE_MAIN = ("placement", "autoscale", "recovery", "batch", "monitoring")
+ALONE = ("rayup", "stop")
+OWN_CLUSTERS = (*BESIDE_MAIN, *ALONE)
 SUITES: dict[str, list[str]] = {
     "main": [
         "tests",
@@ -28,31 +43,83 @@ SUITES: dict[str, list[str]] = {
 }
 
 
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    seconds: float
+    status: int
+
+
+def run_suite(name: str, output: int | None = None) -> Outcome:
+    """One pytest session; its output to `output` (a file descriptor), else to ours."""
+    env = {**os.environ, SUITE_VARIABLE: name}
+    started = time.monotonic()
+    status = subprocess.run(
+        [*PYTEST, *SUITES[name]], cwd=ROOT, env=env, stdout=output, stderr=output, check=False
+    ).returncode
+    return Outcome(name, time.monotonic() - started, status)
+
+
+def run_in_order(names: tuple[str, ...] | list[str], outcomes: list[Outcome]) -> None:
+    for name in names:
+        outcomes.append(run_suite(name))
+        if outcomes[-1].status != 0:
+            return
+
+
+def run_lane(names: tuple[str, ...], outcomes: list[Outcome], log: Path) -> None:
+    """`names` one after another, their output to `log`; stops at the first failure."""
+    with log.open("w") as sink:
+        for name in names:
+            sink.write(f"\n===== {name} =====\n")
+            sink.flush()
+            outcomes.append(run_suite(name, sink.fileno()))
+            if outcomes[-1].status != 0:
+                return
+
+
+def run_all(outcomes: list[Outcome]) -> None:
+    lane: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="gps-suites-") as folder:
+        log = Path(folder) / "lane.log"
+        beside = threading.Thread(target=run_lane, args=(BESIDE_MAIN, lane, log), daemon=True)
+        beside.start()
+        try:
+            outcomes.append(run_suite("main"))
+            beside.join()
+        finally:
+            outcomes.extend(lane)
+            if log.exists():
+                print(f"\n===== the suites run beside main: {', '.join(BESIDE_MAIN)} =====")
+                print(log.read_text(errors="replace"), flush=True)
+    if all(o.status == 0 for o in outcomes) and len(outcomes) == 1 + len(BESIDE_MAIN):
+        run_in_order(ALONE, outcomes)
+
+
 def main(names: list[str]) -> int:
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         print(f"unknown suites: {', '.join(unknown)}; known: {', '.join(SUITES)}")
         return 2
-    times: list[tuple[str, float, int]] = []
-    status = 0
+    outcomes: list[Outcome] = []
+    started = time.monotonic()
     try:
-        for name in names or list(SUITES):
-            started = time.monotonic()
-            status = subprocess.run([*PYTEST, *SUITES[name]], cwd=ROOT, check=False).returncode
-            times.append((name, time.monotonic() - started, status))
-            if status != 0:
-                break
+        if names:
+            run_in_order(names, outcomes)
+        else:
+            run_all(outcomes)
     finally:
-        _report(times)
-    return status
+        _report(outcomes, time.monotonic() - started, side_by_side=not names)
+    return next((o.status for o in outcomes if o.status != 0), 0)
 
 
-def _report(times: list[tuple[str, float, int]]) -> None:
-    print("\nsuite times:")
-    for name, seconds, status in times:
-        outcome = "ok" if status == 0 else f"FAILED ({status})"
-        print(f"  {name:<11} {seconds / 60:6.1f} min  {outcome}")
-    print(f"  {'total':<11} {sum(s for _, s, _ in times) / 60:6.1f} min")
+def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
+    beside = f" ({', '.join(BESIDE_MAIN)} ran beside main)" if side_by_side else ""
+    print(f"\nsuite times{beside}:")
+    for o in outcomes:
+        outcome = "ok" if o.status == 0 else f"FAILED ({o.status})"
+        print(f"  {o.name:<11} {o.seconds / 60:6.1f} min  {outcome}")
+    print(f"  {'wall':<11} {wall_s / 60:6.1f} min")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from ray import serve
 from bench.multinode import Stream, wait_for
 from cluster.app import build_app
 from core.config import load_config
+from tests.own_processes import ours
 
 CONFIG = Path(__file__).with_name("scaled.yaml")
 PORT = 18700
@@ -40,7 +41,7 @@ KEPT_ASLEEP_S = 20  # several of the router's KV readings (1 s) and load posts
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[None]:
-    ray.init(num_cpus=3, resources={"pool_local": 1}, namespace="serve")
+    ray.init(address="local", num_cpus=3, resources={"pool_local": 1}, namespace="serve")
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(load_config(CONFIG, environ={})), name=APP, route_prefix="/")
     yield
@@ -63,7 +64,7 @@ def engine_processes() -> int:
     count = 0
     for process in psutil.process_iter(["cmdline"]):
         line = " ".join(process.info["cmdline"] or ())
-        count += "EngineCore" in line or line.startswith("VLLM::EngineCore")
+        count += ("EngineCore" in line or line.startswith("VLLM::EngineCore")) and ours(process)
     return count
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import yaml
 
+from tests.own_processes import ours
+
 ROOT = Path(__file__).parents[2]
 CONFIG = Path(__file__).with_name("capacity.yaml")
 
@@ -24,7 +26,7 @@ def engine_processes() -> list[str]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         line = " ".join(process.info["cmdline"] or ())
-        if "EngineCore" in line or "VLLM::" in line:
+        if ("EngineCore" in line or "VLLM::" in line) and ours(process):
             found.append(line)
     return found
 

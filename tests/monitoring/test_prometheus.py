@@ -62,7 +62,7 @@ ANSWER_TOKENS = (30, 55)
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[None]:
-    ray.init(num_cpus=2, resources={"pool_local": 1}, namespace="serve")
+    ray.init(address="local", num_cpus=2, resources={"pool_local": 1}, namespace="serve")
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(load_config(CONFIG, environ={})), name=APP, route_prefix="/")
     yield
