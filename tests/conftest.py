@@ -120,9 +120,11 @@ def http(gateway: str) -> Iterator[httpx.Client]:
         yield session
 
 
-@pytest.fixture(scope="session")
-def bare_llm_url(gateway: str) -> str:
-    """Bare ray.serve.llm (its own OpenAiIngress) over the gateway's orchestrator replicas."""
+@pytest.fixture(scope="module")
+def bare_llm_url(gateway: str) -> Iterator[str]:
+    """Bare ray.serve.llm (its own OpenAiIngress) over the gateway's orchestrator replicas,
+    deleted after the module that asks for it: its replica holds most of a GiB, and suites run
+    beside this session (tests/suites.py)."""
     from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard
     from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress, make_fastapi_ingress
 
@@ -135,4 +137,5 @@ def bare_llm_url(gateway: str) -> str:
         ray_actor_options={"num_cpus": 0},
     ).bind(llm_deployments={"orchestrator": replicas}, model_cards={"orchestrator": card})
     serve.run(bare, name="bare", route_prefix="/bare")
-    return f"{gateway}/bare/v1/chat/completions"
+    yield f"{gateway}/bare/v1/chat/completions"
+    serve.delete("bare")

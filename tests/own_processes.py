@@ -1,6 +1,6 @@
 """Which processes belong to this test session, when `make test` runs sessions side by side.
 
-tests/suites.py gives each pytest session GPS_TEST_SUITE=<its name>. Ray hands the driver's
+tests/suites.py gives each pytest session MAKE_TEST_SUITE=<its name>. Ray hands the driver's
 environment on to the raylet it starts, the raylet to its workers, and a worker to the engine
 processes it spawns, so a process's environment says whose cluster it belongs to. A check that
 "no engine is left" must count its own engines, not those of a suite running beside it.
@@ -12,7 +12,7 @@ import os
 
 import psutil
 
-SUITE_VARIABLE = "GPS_TEST_SUITE"
+SUITE_VARIABLE = "MAKE_TEST_SUITE"
 
 
 def ours(process: psutil.Process) -> bool:

@@ -8,7 +8,7 @@ lane beside the main session, one after another, each on a Ray cluster of its ow
 port, its own HTTP port); their output is printed after the main session's. `rayup` and `stop`
 run last and alone: `ray down` and `ray stop --force` end every Ray process on the machine.
 
-Each session gets GPS_TEST_SUITE=<its name> (tests/own_processes.py), so a check that no engine
+Each session gets MAKE_TEST_SUITE=<its name> (tests/own_processes.py), so a check that no engine
 is left counts its own cluster's. The table is printed however the run ends; the exit status is
 the first failing suite's, and nothing is started after a failure.
 
@@ -29,8 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [str(ROOT / ".venv" / "bin" / "pytest"), "-q"]
-SUITE_VARIABLE = "GPS_TEST_SUITE"  # tests/own_processes.py reads it
-BESIDE_MAIN = ("placement", "autoscale", "recovery", "batch", "monitoring")
+SUITE_VARIABLE = "MAKE_TEST_SUITE"  # tests/own_processes.py reads it
+# Monitoring first: its real engine then overlaps the main session's unit and integration
+# tests, before the shared app holds its engines (measured: 2.5 GB left at the peak otherwise).
+BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch")
 ALONE = ("rayup", "stop")
 OWN_CLUSTERS = (*BESIDE_MAIN, *ALONE)
 SUITES: dict[str, list[str]] = {

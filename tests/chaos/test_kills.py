@@ -233,7 +233,7 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
 # -- Backends that died while idle, and a stream longer than the next link's window ------------
 
 LONG_STORY = "Write a very long story about a lighthouse keeper, the sea and its ships."
-FALLBACK_WINDOW = 2048  # tests/e2e/gateway.yaml: the CPU fallback's context_window
+FALLBACK_WINDOW = 1024  # tests/e2e/gateway.yaml: the CPU fallback's context_window
 # Past the fallback's whole window: the continuation must be fitted to go on there at all.
 LONG_STREAM_CHUNKS = FALLBACK_WINDOW + 100
 

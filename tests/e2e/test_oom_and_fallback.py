@@ -23,7 +23,7 @@ from ray.serve.handle import DeploymentHandle
 
 VISION, CODING, FALLBACK = "vision@local", "coding@local", "cpu-fallback"
 VISION_DEPLOYMENT = f"model:{VISION}"
-FALLBACK_WINDOW = 2048  # fallback.context_window in gateway.yaml
+FALLBACK_WINDOW = 1024  # fallback.context_window in gateway.yaml
 API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
 REPLACED: list[str] = []  # the replica the out-of-memory test broke, for the test after it
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -168,7 +168,7 @@ def test_an_out_of_memory_replica_answers_503_and_the_chain_ends_on_the_fallback
     assert events[-1] == {"done": True}
     assert events[-2]["usage"]["completion_tokens"] <= 8
 
-    # Ten times the fallback's window: fitted again, to the fallback's own (smaller) window.
+    # Twenty times the fallback's window: fitted again, to the fallback's own (smaller) window.
     body = {"model": "vision", "messages": long_conversation(20), "max_tokens": 16}
     reply = http.post("/v1/chat/completions", json=body)
     assert reply.status_code == 200, reply.text

@@ -1,10 +1,12 @@
 """The shipped Prometheus config and alert rules against a real app under real KV pressure.
 
 Debian's `prometheus` (installed by `make test`) runs with deploy/prometheus/prometheus.yml as
-shipped, but for three things a test must change: the gateway's address (this app's port), the
-rule file's path (absolute) and the intervals (1 s, so the rule's minute is 60 samples). Its
-`ray` job reads the targets Ray writes on the head node, as documented. Twenty-four clients ask
-the one backend (33 blocks of 64 tokens, tests/monitoring/pressure.yaml) for answers without a
+shipped, but for four things a test must change: the gateway's address (this app's port), the
+rule file's path (absolute), the intervals (1 s, so the rule's minute is 60 samples) and where
+its `ray` job reads the targets Ray writes on the head node: Ray writes them in its session
+folder and links the documented /tmp/ray path to the newest cluster's, another suite's when
+`make test` runs suites side by side, so the job reads this cluster's own. Twenty-four clients
+ask the one backend (33 blocks of 64 tokens, tests/monitoring/pressure.yaml) for answers without a
 pause: sixteen at a time hold 32 of the engine's 33 blocks, the router reports
 `gps_kv_cache_usage`, and once its minute's average has stayed above 0.88 for 30 s,
 `GpsKvCachePressure` fires for that backend. No request may fail on the way, the engine's own
@@ -75,7 +77,7 @@ def app() -> Iterator[None]:
         gc.collect()
 
 
-def prometheus_config(shipped: dict[str, Any]) -> dict[str, Any]:
+def prometheus_config(shipped: dict[str, Any], ray_targets: Path) -> dict[str, Any]:
     config = dict(shipped)
     config["global"] = {**shipped["global"], "scrape_interval": "1s", "evaluation_interval": "1s"}
     config["rule_files"] = [str(RULES)]
@@ -83,6 +85,10 @@ def prometheus_config(shipped: dict[str, Any]) -> dict[str, Any]:
     for job in shipped["scrape_configs"]:
         if job["job_name"] == "gpu-pool-serve":
             job = {**job, "static_configs": [{"targets": [f"127.0.0.1:{PORT}"]}]}
+        elif job["job_name"] == "ray":
+            [found] = job["file_sd_configs"]
+            assert Path(found["files"][0]).name == ray_targets.name, found
+            job = {**job, "file_sd_configs": [{"files": [str(ray_targets)]}]}
         jobs.append(job)
     config["scrape_configs"] = jobs
     return config
@@ -92,7 +98,10 @@ def prometheus_config(shipped: dict[str, Any]) -> dict[str, Any]:
 def prometheus(app: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("prometheus")
     config = work / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(yaml.safe_load(SHIPPED.read_text()))))
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    ray_targets = session / "prom_metrics_service_discovery.json"
+    shipped = yaml.safe_load(SHIPPED.read_text())
+    config.write_text(yaml.safe_dump(prometheus_config(shipped, ray_targets)))
     checked = subprocess.run(
         ["promtool", "check", "config", str(config)], capture_output=True, text=True, check=False
     )
