@@ -23,7 +23,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from autoscale.pool_states import MANAGER_NAME, manager_actor_name
@@ -35,12 +35,19 @@ from autoscale.provisioners import (
     StandingRequest,
     provisioner_for,
 )
+from autoscale.vram import NodeReading
 from core.clock import Clock, SystemClock
 from core.config import ClusterConfig
 from policy import pool_health
 from policy.pool_health import EventType, PoolFacts, PoolRecord, PoolState, ProvisionOutcome
 
 logger = logging.getLogger("ray.serve")
+
+# Rounds in a row a live node's probe may be late before the node counts as unsound. A probe
+# is one small actor call with a 10 s timeout: on a loaded node (a replica starting beside it)
+# one reply can be late, and a pool declared unhealthy for it is a false alarm to the webhook.
+# A GPU fallen off the bus hangs every read, so it is still caught, one round later.
+PROBE_MISSES_FORGIVEN = 1
 
 
 class NodeSource(Protocol):
@@ -95,6 +102,8 @@ class ClusterManager:
         self._outcomes: dict[str, ProvisionOutcome] = {}
         self._provisioning: dict[str, asyncio.Task[None]] = {}
         self._loop_errors = 0
+        self._last_readings: dict[str, NodeReading] = {}
+        self._probe_misses: dict[str, int] = {}
 
     async def start(self, config: ClusterConfig) -> None:
         """Run the loop (once; with a new config, from fresh records)."""
@@ -121,7 +130,7 @@ class ClusterManager:
             await self._clock.sleep(self._config.cluster_manager.interval_s)
 
     async def run_once(self) -> None:
-        snapshots = await self._ports.nodes.nodes()
+        snapshots = self._forgive_late_probes(await self._ports.nodes.nodes())
         needs_gpu = pools_needing_gpu(self._config)
         now = self._clock.monotonic()
         for pool, record in self._records.items():
@@ -141,6 +150,26 @@ class ClusterManager:
                 self._record_event(pool, event)
             for action in result.actions:
                 self._act(pool, action)
+
+    def _forgive_late_probes(self, snapshots: list[NodeSnapshot]) -> list[NodeSnapshot]:
+        """A live node whose probe did not answer this round keeps its last reading, for
+        `PROBE_MISSES_FORGIVEN` rounds in a row."""
+        kept = []
+        for snapshot in snapshots:
+            node = snapshot.node_id
+            if snapshot.reading is not None or not snapshot.alive:
+                self._probe_misses.pop(node, None)
+                if snapshot.reading is not None:
+                    self._last_readings[node] = snapshot.reading
+                else:
+                    self._last_readings.pop(node, None)
+            else:
+                self._probe_misses[node] = self._probe_misses.get(node, 0) + 1
+                last = self._last_readings.get(node)
+                if last is not None and self._probe_misses[node] <= PROBE_MISSES_FORGIVEN:
+                    snapshot = replace(snapshot, reading=last)
+            kept.append(snapshot)
+        return kept
 
     def _record_event(self, pool: str, event: pool_health.Event) -> None:
         self._seq += 1

@@ -207,6 +207,28 @@ def test_a_hanging_provisioner_never_blocks_a_round_and_is_cancelled(tmp_path: P
     asyncio.run(scenario())
 
 
+def test_a_probe_late_once_is_forgiven_and_late_twice_makes_the_pool_unhealthy(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        mgr, nodes, _, clock, _ = manager(config(tmp_path))
+        nodes.table["c1"] = node("c1", "cloud")
+        await mgr.run_once()
+        nodes.table["c1"] = node("c1", "cloud", reading=False)  # one late reply
+        await rounds(mgr, clock, 1)
+        assert "POOL_UNHEALTHY" not in types(mgr)
+        assert mgr.report()["pools"]["cloud"]["state"] == "healthy"
+        nodes.table["c1"] = node("c1", "cloud")  # it answers again: the count starts over
+        await rounds(mgr, clock, 1)
+        nodes.table["c1"] = node("c1", "cloud", reading=False)
+        await rounds(mgr, clock, 1)
+        assert "POOL_UNHEALTHY" not in types(mgr)
+        await rounds(mgr, clock, 1)  # late twice in a row: distrusted, as a hung GPU's would be
+        assert "probe did not answer" in types_detail(mgr, "POOL_UNHEALTHY")
+
+    asyncio.run(scenario())
+
+
 def types_detail(mgr: ClusterManager, type_: str) -> str:
     return str(next(e["detail"] for e in mgr.report()["events"] if e["type"] == type_))
 
