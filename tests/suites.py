@@ -10,7 +10,8 @@ run last and alone: `ray down` and `ray stop --force` end every Ray process on t
 
 Each session gets MAKE_TEST_SUITE=<its name> (tests/own_processes.py), so a check that no engine
 is left counts its own cluster's. The table is printed however the run ends; the exit status is
-the first failing suite's, and nothing is started after a failure.
+the first failing suite's. A failure ends its own lane (the lane goes on while main runs, and
+main while the lane does); rayup and stop start only when every suite before them passed.
 
     python tests/suites.py            # all: main beside the lane, then the suites that run alone
     python tests/suites.py NAME ...   # the named ones, one after another
