@@ -157,16 +157,16 @@ class ClusterManager:
         kept = []
         for snapshot in snapshots:
             node = snapshot.node_id
-            if snapshot.reading is not None or not snapshot.alive:
+            if snapshot.reading is not None:
+                self._last_readings[node] = snapshot.reading
                 self._probe_misses.pop(node, None)
-                if snapshot.reading is not None:
-                    self._last_readings[node] = snapshot.reading
-                else:
-                    self._last_readings.pop(node, None)
+            elif not snapshot.alive:
+                self._last_readings.pop(node, None)
+                self._probe_misses.pop(node, None)
             else:
-                self._probe_misses[node] = self._probe_misses.get(node, 0) + 1
+                misses = self._probe_misses[node] = self._probe_misses.get(node, 0) + 1
                 last = self._last_readings.get(node)
-                if last is not None and self._probe_misses[node] <= PROBE_MISSES_FORGIVEN:
+                if last is not None and misses <= PROBE_MISSES_FORGIVEN:
                     snapshot = replace(snapshot, reading=last)
             kept.append(snapshot)
         return kept

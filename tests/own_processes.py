@@ -15,6 +15,17 @@ import psutil
 SUITE_VARIABLE = "MAKE_TEST_SUITE"
 
 
+def own_engine_processes() -> list[str]:
+    """The command lines of this session's engine processes: vLLM's (`VLLM::EngineCore`,
+    `VLLM::Worker`) and the test engine's (`TINY::EngineCore`)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or ())
+        if ("EngineCore" in line or "VLLM::" in line) and ours(process):
+            found.append(line)
+    return found
+
+
 def ours(process: psutil.Process) -> bool:
     """True when `process` was started under this session's suite (or neither has one)."""
     try:

@@ -27,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [str(ROOT / ".venv" / "bin" / "pytest"), "-q"]
@@ -64,36 +65,33 @@ def run_suite(name: str, output: int | None = None) -> Outcome:
     return Outcome(name, time.monotonic() - started, status)
 
 
-def run_in_order(names: tuple[str, ...] | list[str], outcomes: list[Outcome]) -> None:
+def run_in_order(
+    names: tuple[str, ...] | list[str], outcomes: list[Outcome], sink: TextIO | None = None
+) -> None:
+    """`names` one after another, their output to `sink` (else ours); stops at a failure."""
     for name in names:
-        outcomes.append(run_suite(name))
-        if outcomes[-1].status != 0:
-            return
-
-
-def run_lane(names: tuple[str, ...], outcomes: list[Outcome], log: Path) -> None:
-    """`names` one after another, their output to `log`; stops at the first failure."""
-    with log.open("w") as sink:
-        for name in names:
+        if sink is not None:
             sink.write(f"\n===== {name} =====\n")
             sink.flush()
-            outcomes.append(run_suite(name, sink.fileno()))
-            if outcomes[-1].status != 0:
-                return
+        outcomes.append(run_suite(name, sink.fileno() if sink is not None else None))
+        if outcomes[-1].status != 0:
+            return
 
 
 def run_all(outcomes: list[Outcome]) -> None:
     lane: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="gps-suites-") as folder:
         log = Path(folder) / "lane.log"
-        beside = threading.Thread(target=run_lane, args=(BESIDE_MAIN, lane, log), daemon=True)
-        beside.start()
-        try:
-            outcomes.append(run_suite("main"))
-            beside.join()
-        finally:
-            outcomes.extend(lane)
-            if log.exists():
+        with log.open("w") as sink:
+            beside = threading.Thread(
+                target=run_in_order, args=(BESIDE_MAIN, lane, sink), daemon=True
+            )
+            beside.start()
+            try:
+                outcomes.append(run_suite("main"))
+                beside.join()
+            finally:
+                outcomes.extend(lane)
                 print(f"\n===== the suites run beside main: {', '.join(BESIDE_MAIN)} =====")
                 print(log.read_text(errors="replace"), flush=True)
     if all(o.status == 0 for o in outcomes) and len(outcomes) == 1 + len(BESIDE_MAIN):

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 import ray
 from ray import serve
@@ -29,7 +28,7 @@ from ray import serve
 from bench.multinode import Stream, wait_for
 from cluster.app import build_app
 from core.config import load_config
-from tests.own_processes import ours
+from tests.own_processes import own_engine_processes
 
 CONFIG = Path(__file__).with_name("scaled.yaml")
 PORT = 18700
@@ -58,14 +57,6 @@ def running_replicas() -> int:
     deployments = serve.status().applications[APP].deployments
     [name] = [d for d in deployments if d.endswith(BACKEND)]
     return int(deployments[name].replica_states.get("RUNNING", 0))
-
-
-def engine_processes() -> int:
-    count = 0
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or ())
-        count += ("EngineCore" in line or line.startswith("VLLM::EngineCore")) and ours(process)
-    return count
 
 
 def metric(name: str, **labels: str) -> float:
@@ -107,7 +98,7 @@ def test_a_queue_brings_a_second_replica_and_idleness_takes_it_away(app: None) -
         for stream in streams:
             stream.__exit__()
     down_s = wait_for(lambda: running_replicas() == 1, 180, "back to one replica")
-    wait_for(lambda: engine_processes() == 1, 60, "the removed replica's engine to exit")
+    wait_for(lambda: len(own_engine_processes()) == 1, 60, "the removed replica's engine to exit")
     wait_for(
         lambda: metric("gps_autoscale_decisions_total", backend=BACKEND, direction="down") >= 1,
         30,
@@ -132,7 +123,7 @@ def cluster_status() -> dict[str, Any]:
 def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: None) -> None:
     """Runs after the test above: the backend has been idle since its clients stopped."""
     slept_s = wait_for(lambda: running_replicas() == 0, 180, "the backend to sleep")
-    wait_for(lambda: engine_processes() == 0, 60, "the sleeping backend's engine to exit")
+    wait_for(lambda: len(own_engine_processes()) == 0, 60, "the sleeping backend's engine to exit")
     wait_for(
         lambda: metric("gps_autoscale_decisions_total", backend=BACKEND, direction="sleep") >= 1,
         30,
@@ -150,7 +141,7 @@ def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: 
     # waits in Serve's handle, which Serve would answer with a replica (its "cold start").
     time.sleep(KEPT_ASLEEP_S)
     assert running_replicas() == 0
-    assert engine_processes() == 0
+    assert len(own_engine_processes()) == 0
     assert metric("gps_autoscale_decisions_total", backend=BACKEND, direction="wake") == 0
 
     body = {
@@ -174,4 +165,4 @@ def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: 
         30,
         "the router to count the wake",
     )
-    assert engine_processes() == 1
+    assert len(own_engine_processes()) == 1

@@ -13,26 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import yaml
 
-from tests.own_processes import ours
+from tests.own_processes import own_engine_processes
 
 ROOT = Path(__file__).parents[2]
 CONFIG = Path(__file__).with_name("capacity.yaml")
 
 
-def engine_processes() -> list[str]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or ())
-        if ("EngineCore" in line or "VLLM::" in line) and ours(process):
-            found.append(line)
-    return found
-
-
 def test_the_capacity_command_measures_the_engine_and_writes_a_fragment(tmp_path: Path) -> None:
-    before = engine_processes()
+    before = own_engine_processes()
     out = tmp_path / "fragment.yaml"
     done = subprocess.run(
         [sys.executable, "-m", "cluster.capacity", "orchestrator", "--config", str(CONFIG),
@@ -63,4 +53,4 @@ def test_the_capacity_command_measures_the_engine_and_writes_a_fragment(tmp_path
         "max_concurrency": 2,  # 80% of 3
         "engine_kwargs": {"max_num_seqs": 2},
     }
-    assert engine_processes() == before
+    assert own_engine_processes() == before
