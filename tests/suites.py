@@ -1,12 +1,12 @@
 """`make test`'s suites, one pytest session each, with each one's time at the end.
 
 The main session holds the shared e2e app (unit, integration, e2e, chaos); the others start
-clusters of their own (three-node, `ray up`, whole apps started and stopped), so they cannot
-share its process. Most of them wait more than they compute (a test engine, moves, restarts):
-measured on 2 cores, seven of them took 21 min of wall time and 5.4 min of CPU. So they run in a
-lane beside the main session, one after another, each on a Ray cluster of its own (dynamic GCS
-port, its own HTTP port); their output is printed after the main session's. `rayup` and `stop`
-run last and alone: `ray down` and `ray stop --force` end every Ray process on the machine.
+clusters or engines of their own (three-node, `ray up`, whole apps started and stopped, the
+capacity command's engine), so they cannot share its process. Most of them wait more than they
+compute (a test engine, moves, restarts): measured on 2 cores, seven of them took 21 min of wall
+time and 5.4 min of CPU. So they run in a lane beside the main session, one after another, each
+on a Ray cluster of its own (dynamic GCS port, its own HTTP port; capacity needs none); their
+output is printed after the main session's. `rayup` and `stop` run last and alone: `ray down` and `ray stop --force` end every Ray process on the machine.
 
 Each session gets MAKE_TEST_SUITE=<its name> (tests/own_processes.py), so a check that no engine
 is left counts its own cluster's. The table is printed however the run ends; the exit status is
@@ -35,7 +35,8 @@ SUITE_VARIABLE = "MAKE_TEST_SUITE"  # tests/own_processes.py reads it
 # Monitoring first: its real engine then overlaps the main session's unit and integration
 # tests, not the shared app's five engines (memory is the limit: 24 GiB here, 2.3-3.3 GB left
 # at the lowest with test-engine suites beside the shared app, docs/benchmarks.md).
-BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch")
+# Capacity (one engine of its own, no Ray) last: the lane ended about six minutes before main.
+BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch", "capacity")
 ALONE = ("rayup", "stop")
 OWN_CLUSTERS = (*BESIDE_MAIN, *ALONE)
 SUITES: dict[str, list[str]] = {
