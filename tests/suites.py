@@ -6,7 +6,8 @@ capacity command's engine), so they cannot share its process. Most of them wait 
 compute (a test engine, moves, restarts): measured on 2 cores, seven of them took 21 min of wall
 time and 5.4 min of CPU. So they run in a lane beside the main session, one after another, each
 on a Ray cluster of its own (dynamic GCS port, its own HTTP port; capacity needs none); their
-output is printed after the main session's. `rayup` and `stop` run last and alone: `ray down` and `ray stop --force` end every Ray process on the machine.
+output is printed after the main session's. `rayup` and `stop` run last and alone: `ray down`
+and `ray stop --force` end every Ray process on the machine.
 
 Each session gets MAKE_TEST_SUITE=<its name> (tests/own_processes.py), so a check that no engine
 is left counts its own cluster's. The table is printed however the run ends; the exit status is
