@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PIP_INSTALL := $(PIP) install -q --no-compile
 INSTALLED := $(VENV)/.installed
-MODEL := .models/SmolLM2-135M-Instruct/.prepared
+DEMO_MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: install model run test check unit integration e2e chaos capacity-test placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
@@ -27,7 +27,7 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGG
 LLAMA_KEY := $(shell echo "$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS) $$(uname -m)" | sha1sum | cut -c1-12)
 LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
 
-model: $(MODEL)
+model: $(DEMO_MODEL)
 
 # Debian's prometheus package: promtool tests the shipped alert rules (tests/unit).
 PROMTOOL := $(shell command -v promtool || echo /usr/bin/promtool)
@@ -63,17 +63,18 @@ $(INSTALLED): pyproject.toml requirements.lock
 	$(PY) -m deployments.engine.parent_death install
 	touch $@
 
-$(MODEL): $(INSTALLED)
+$(DEMO_MODEL): $(INSTALLED)
 	$(PY) -m cluster.models prepare
 
-run: $(INSTALLED) $(MODEL)
+run: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
 
-# What one role's engine really holds: `make capacity ROLE=orchestrator [CONFIG=path.yaml]`
-# (python -m cluster.capacity; run it on a node of the role's pool).
-ROLE ?= orchestrator
-capacity: $(INSTALLED) $(MODEL)
-	$(PY) -m cluster.capacity $(ROLE) $(if $(CONFIG),--config $(CONFIG))
+# What one model's engine really holds: `make capacity MODEL=orchestrator [CONFIG=path.yaml]`
+# (python -m cluster.capacity; MODEL is a model's name, an alias or a role's name; run it on a
+# node of the model's pool). ROLE= is the older spelling.
+MODEL ?= $(or $(ROLE),orchestrator)
+capacity: $(INSTALLED) $(DEMO_MODEL)
+	$(PY) -m cluster.capacity $(MODEL) $(if $(CONFIG),--config $(CONFIG))
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff format --check .
@@ -89,47 +90,47 @@ unit: $(INSTALLED) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/unit -q
 
 # Real tokenizers and engine processes (llama.cpp, a fake `ollama serve`), no Ray.
-integration: $(INSTALLED) $(MODEL)
+integration: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/integration -q
 
 # `python -m cluster.capacity` on a real vLLM CPU engine (its own session in `make test`).
-capacity-test: $(INSTALLED) $(MODEL)
+capacity-test: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/capacity -q -s
 
-e2e: $(INSTALLED) $(MODEL)
+e2e: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/e2e -q
 
 # Its own Ray cluster of three nodes: a pytest session of its own, after the shared e2e app's.
-placement: $(INSTALLED) $(MODEL)
+placement: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/placement -q -s
 
 # Load-driven autoscaling on its own one-node cluster: a queue brings a replica, idleness takes it,
 # longer idleness puts the backend to sleep and a request wakes it.
-autoscale: $(INSTALLED) $(MODEL)
+autoscale: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/autoscale -q -s
 
 # A real Prometheus with the shipped config and rules, scraping an app whose KV cache is held
 # full: the KV alert must fire, then clear.
-monitoring: $(INSTALLED) $(MODEL) $(PROMTOOL)
+monitoring: $(INSTALLED) $(DEMO_MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/monitoring -q -s
 
 # A batch cut off by a whole cluster's restart completes with every line once: its own cluster.
-batch: $(INSTALLED) $(MODEL)
+batch: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/batch -q -s
 
 # A pool's node killed, drained, replaced by the command provisioner, and back: its own cluster.
-recovery: $(INSTALLED) $(MODEL)
+recovery: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/recovery -q -s
 
 # `ray up ray_configs/cluster.local.yaml` on this machine, the app on it, and its autoscaler
 # launching the nodes the cluster manager asks for; `ray down` leaves nothing.
-rayup: $(INSTALLED) $(MODEL)
+rayup: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/rayup -q -s
 
-chaos: $(INSTALLED) $(MODEL)
+chaos: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/chaos -q
 
-stop: $(INSTALLED) $(MODEL)
+stop: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # The main session (unit, integration, and e2e + chaos on one shared app) and, beside it, one
@@ -137,14 +138,14 @@ stop: $(INSTALLED) $(MODEL)
 # clusters of their own, then the capacity command's engine; then alone, since they stop every
 # Ray process here, rayup (a `ray up` cluster) and stop (whole apps run with `serve run`).
 # tests/suites.py; times at the end.
-test: lint $(MODEL) $(PROMTOOL)
+test: lint $(DEMO_MODEL) $(PROMTOOL)
 	$(PY) tests/suites.py
 
 # The inner loop: lint and the unit tests, no cluster (a few minutes).
 check: lint unit
 
 # Every benchmark runs even when an earlier one misses its target; the exit status says if any did.
-bench: $(INSTALLED) $(MODEL)
+bench: $(INSTALLED) $(DEMO_MODEL)
 	@status=0; \
 	$(PY) -m bench.context || status=1; \
 	$(PY) -m bench.overhead || status=1; \

@@ -50,14 +50,14 @@ class Broadcast:
         clock: Callable[[], float],
         version: int = 1,
     ) -> Broadcast:
-        """Each role on its backend in `placements`; every other backend parked (the CPU
-        fallback is not a role's backend: leave it out of `backends`)."""
+        """Each model on its backend in `placements`; every other backend parked (the CPU
+        fallback is not a model's backend: leave it out of `backends`)."""
         parked = frozenset(b for b in backends if b not in placements.values())
         return cls(PlacementView(version, dict(placements), parked), clock)
 
-    def move(self, role: str, source: str, target: str) -> int:
-        """Publish: the role's new work goes to `target`, `source` is parked. The new version."""
-        placements = {**self.view.placements, role: target}
+    def move(self, model: str, source: str, target: str) -> int:
+        """Publish: the model's new work goes to `target`, `source` is parked. The new version."""
+        placements = {**self.view.placements, model: target}
         parked = (self.view.parked - {target}) | {source}
         self.view = PlacementView(self.view.version + 1, placements, parked, self.view.moves)
         return self.view.version

@@ -12,7 +12,7 @@ and gives up if that pool is healthy again before the target is up (`policy.move
    policy scales that deployment alone; nothing else restarts);
 2. wait until they are RUNNING and the deployment HEALTHY (past `move_timeout_s` the move is
    abandoned, the target asked back to zero, and the source keeps serving);
-3. publish the new view (the role's new work goes to the target, the source is parked) and wait
+3. publish the new view (the model's new work goes to the target, the source is parked) and wait
    until every router replica has applied it (past `drain_timeout_s` the view is switched back
    and the move abandoned);
 4. wait until no router replica holds requests on the source, queued or in flight (up to
@@ -43,7 +43,7 @@ from autoscale.serve_scaling import KvReplicaScaler
 from autoscale.serve_status import ServeDeploymentStatus
 from core.clock import SystemClock
 from core.config import ClusterConfig
-from core.types import DEPLOYMENT_PREFIX, Role
+from core.types import DEPLOYMENT_PREFIX
 from core.wire import SYNC_INTERVAL_S
 from policy import moves
 from policy.placement import History, ModelPlacement, Move, PlacementPolicy, decide
@@ -95,7 +95,7 @@ class Placer:
     def _configure(
         self, config: ClusterConfig, saved: SavedPlacements | None = None, version: int = 1
     ) -> None:
-        """Placements (role -> pool) and moves from `saved` (made under this config), or every
+        """Placements (model -> pool) and moves from `saved` (made under this config), or every
         model home; the view starts at `version`."""
         saved_pools, saved_moves = (saved.pools, saved.moves) if saved else ({}, [])
         settings = config.placement
@@ -110,16 +110,16 @@ class Placer:
             settings.move_timeout_s, settings.drain_timeout_s, POLL_S, SYNC_INTERVAL_S / 2
         )
         self._fingerprint = config_fingerprint(config)
-        homes = {m.role.value: m.home_pool for m in config.models}
+        homes = {m.name: m.home_pool for m in config.models}
         self._current = {
-            role: pool
-            for role, pool in {**homes, **saved_pools}.items()
-            if role in homes and pool in config.model_for(Role(role)).pools
+            name: pool
+            for name, pool in {**homes, **saved_pools}.items()
+            if name in homes and pool in config.model_named(name).pools
         }
         now = self._clock.monotonic()
         self._history = History.resumed(homes, self._current, now)
         self._broadcast = Broadcast.starting(
-            {role: f"{role}@{pool}" for role, pool in self._current.items()},
+            {name: f"{name}@{pool}" for name, pool in self._current.items()},
             (b.name for b in config.backends),
             self._clock.monotonic,
             version=version,
@@ -150,8 +150,8 @@ class Placer:
             # A new config starts on its home pools: asks left in the store by an earlier run
             # must not scale the fresh deployments.
             for backend in config.backends:
-                home = backend.pool == config.model_for(backend.role).home_pool
-                replicas = config.model_for(backend.role).replicas if home else 0
+                model = config.model_named(backend.model)
+                replicas = model.replicas if backend.pool == model.home_pool else 0
                 self._ports.replicas.set_replicas(backend.deployment_name, replicas)
         self._save()
         self._task = asyncio.create_task(self._loop())
@@ -195,31 +195,29 @@ class Placer:
             free, self._placements(), self._history, self._clock.monotonic(), self._policy, down
         )
         for hold in decision.holds:
-            logger.info("placement: %s holds (%s): %s", hold.pool, hold.role, hold.reason)
+            logger.info("placement: %s holds (%s): %s", hold.pool, hold.model, hold.reason)
         return [await self._carry_out(move, read_at) for move in decision.moves]
 
     def _placements(self) -> list[ModelPlacement]:
         return [
-            ModelPlacement(
-                m.role.value, int(m.placement_priority[1]), m.pools, self._current[m.role.value]
-            )
+            ModelPlacement(m.name, int(m.placement_priority[1]), m.pools, self._current[m.name])
             for m in self._config.models
         ]
 
     async def _carry_out(self, move: Move, read_at: float) -> dict[str, Any]:
         """Make-before-break (`policy.moves`), step by step; the move's record."""
-        replicas = self._config.model_for(Role(move.role)).replicas
+        replicas = self._config.model_named(move.model).replicas
         plan = moves.MovePlan(
-            move.role,
-            f"{move.role}@{move.source}",
-            f"{move.role}@{move.target}",
+            move.model,
+            f"{move.model}@{move.source}",
+            f"{move.model}@{move.target}",
             replicas,
             evacuation=move.kind == "evacuate",
         )
         record: dict[str, Any] = {
             "at": self._clock.wall(),
             "read_at": read_at,  # when the reading behind this move was taken
-            "role": move.role,
+            "model": move.model,
             "from": plan.source,
             "to": plan.target,
             "kind": move.kind,
@@ -227,7 +225,7 @@ class Placer:
         }
         logger.warning(
             "placement: moving %s from %s to %s (%s)",
-            move.role,
+            move.model,
             plan.source,
             plan.target,
             move.reason,
@@ -270,8 +268,8 @@ class Placer:
         match action:
             case moves.ScaleTo(backend, replicas):
                 self._ports.replicas.set_replicas(DEPLOYMENT_PREFIX + backend, replicas)
-            case moves.Publish(role, serving, parked):
-                self._broadcast.move(role, parked, serving)
+            case moves.Publish(model, serving, parked):
+                self._broadcast.move(model, parked, serving)
                 self._save()  # a restart must publish later versions than this one
             case moves.Wait(seconds):
                 await self._clock.sleep(seconds)
@@ -286,14 +284,14 @@ class Placer:
     ) -> dict[str, Any]:
         record.update(outcome=finish.outcome, seconds=finish.seconds)
         if finish.because is None:
-            self._current[move.role] = move.target
+            self._current[move.model] = move.target
             self._history = self._history.after_move(move, now)
             logger.warning(
-                "placement: %s now on %s (%.1f s)", move.role, plan.target, finish.seconds
+                "placement: %s now on %s (%.1f s)", move.model, plan.target, finish.seconds
             )
         else:
             self._history = self._history.after_abandoned_move(move, now)
-            logger.warning(_ABANDONED_LOGS[finish.because], move.role, plan.target, plan.source)
+            logger.warning(_ABANDONED_LOGS[finish.because], move.model, plan.target, plan.source)
         self._broadcast.record(record)
         self._save()
         return record
@@ -306,8 +304,8 @@ class Placer:
         scaler = self._ports.replicas
         for backend in self._config.backends:
             name = backend.deployment_name
-            if self._current[backend.role.value] == backend.pool:
-                scaler.set_replicas(name, self._config.model_for(backend.role).replicas)
+            if self._current[backend.model] == backend.pool:
+                scaler.set_replicas(name, self._config.model_named(backend.model).replicas)
             elif scaler.asked_replicas(name):
                 leftovers.append(backend)
         if not leftovers:

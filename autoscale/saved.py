@@ -31,7 +31,7 @@ def config_fingerprint(config: ClusterConfig) -> str:
 @dataclass(frozen=True)
 class SavedPlacements:
     config: str  # the fingerprint of the config the placements were made under
-    pools: dict[str, str]  # role -> the pool it serves on
+    pools: dict[str, str]  # model name -> the pool it serves on
     version: int  # the latest view version published
     moves: list[dict[str, Any]] = field(default_factory=list)
 

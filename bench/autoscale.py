@@ -183,7 +183,7 @@ def ours(config: ClusterConfig) -> Side:
 
 def anchor(config: ClusterConfig) -> Side:
     """Bare ray.serve.llm with Serve's default autoscaling policy on the same engine."""
-    scaling = config.model_for(config.backends[0].role).autoscaling
+    scaling = config.model_named(config.backends[0].model).autoscaling
     assert scaling is not None
     [backend] = config.home_backends
     llm_config = llm_config_for(config, backend, placed=False)
@@ -255,7 +255,7 @@ def report(sides: list[Side]) -> bool:
 
 def main() -> int:
     config = stack.start(CONFIG, PORT)
-    scaling = config.model_for(config.backends[0].role).autoscaling
+    scaling = config.model_named(config.backends[0].model).autoscaling
     assert scaling is not None
     down_timeout_s = scaling.downscale_delay_s + 180
     sides = []

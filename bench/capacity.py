@@ -17,7 +17,6 @@ from pathlib import Path
 
 from cluster.capacity import TOLERANCE, measure, table
 from core.config import load_config
-from core.types import Role
 
 CONFIG = Path(__file__).with_name("capacity.yaml")
 REQUEST_TOKENS = 2048
@@ -26,7 +25,7 @@ REQUEST_TOKENS = 2048
 def main() -> int:
     config = load_config(CONFIG)
     started = time.monotonic()
-    result = measure(config, Role.ORCHESTRATOR, request_tokens=REQUEST_TOKENS)
+    result = measure(config, "orchestrator", request_tokens=REQUEST_TOKENS)
     took = time.monotonic() - started
     facts = result.engine
     for line in table(result, 0.8):

@@ -28,7 +28,7 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
     """The backend's LLMConfig. `placed` (and some model may use more than one pool): its
     replica count follows the placement actor, home backends starting with the model's replicas
     and the others at zero; otherwise it is fixed."""
-    model = config.model_for(backend.role)
+    model = config.model_named(backend.model)
     pool_resource = {config.pool(backend.pool).resource: POOL_RESOURCE_SLIVER}
     options: dict[str, Any] = {
         "name": backend.name,
@@ -43,7 +43,7 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         home = backend.pool == model.home_pool or not placement
         scaling = model.autoscaling
         options["autoscaling_config"] = {
-            # Zero: placement parks a role's backends on the pools it left; load puts an idle
+            # Zero: placement parks a model's backends on the pools it left; load puts an idle
             # one to sleep (scale_to_zero_after_s).
             "min_replicas": (
                 0
@@ -59,7 +59,7 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         }
     else:
         options["num_replicas"] = model.replicas
-    if config.router.prefix_routing and model.role.generates and model.max_replicas > 1:
+    if config.router.prefix_routing and model.generates and model.max_replicas > 1:
         slack = config.router.prefix_imbalance
         options["request_router_config"] = {
             "request_router_class": ROUTER_PATH,
@@ -71,15 +71,15 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         }
     llm_config: dict[str, Any] = {
         "model_loading_config": {
-            # The id vLLM answers to; the router rewrites `model` to it.
-            "model_id": backend.role.value,
+            # The id vLLM answers to (the model's name); the router rewrites `model` to it.
+            "model_id": model.name,
             "model_source": config.resolve_path(model.source),
         },
         "engine_kwargs": {
             "max_model_len": model.context_window,
             # An embedding model runs vLLM's pooling runner (which turns a *ForCausalLM into
             # an embedding model with last-token pooling).
-            **({"runner": "pooling"} if not model.role.generates else {}),
+            **({"runner": "pooling"} if not model.generates else {}),
             # Requests carry their class's number (router.engine_priorities); a model's own
             # engine_kwargs may still say otherwise.
             **({"scheduling_policy": "priority"} if config.router.engine_priority else {}),

@@ -1,6 +1,6 @@
-"""Measure what a model's engine really holds: `python -m cluster.capacity ROLE [--config FILE]`.
+"""Measure what a model's engine really holds: `python -m cluster.capacity MODEL [--config FILE]`.
 
-Starts the role's engine as the config starts it (vLLM, in this process's child), reads its KV
+Starts the model's engine as the config starts it (vLLM, in this process's child), reads its KV
 cache geometry (blocks x block size, and the engine's own bytes per token from its KV cache
 spec), then measures with real requests:
 
@@ -40,7 +40,6 @@ from tqdm import tqdm
 from autoscale.vram import GpuReading, NvmlSource
 from cluster.model_files import read_geometry
 from core.config import ClusterConfig, ConfigError, ModelConfig, load_config
-from core.types import Role
 from policy.capacity_search import EdgeSearch, with_margin
 from policy.engine_memory import ModelGeometry, plan_engine
 
@@ -75,7 +74,7 @@ class EngineFacts:
 
 @dataclass
 class Measurement:
-    role: str
+    model: str
     device: str
     engine: EngineFacts
     config_bytes_per_token: int  # from config.json (policy/engine_memory.py)
@@ -100,7 +99,7 @@ class RunResult:
 
 
 class Engine:
-    """One vLLM engine of the role, started in a child process of this one."""
+    """One vLLM engine of the model, started in a child process of this one."""
 
     def __init__(self, engine: Any, facts: EngineFacts) -> None:
         self._engine = engine
@@ -294,17 +293,17 @@ async def _search(
 
 def measure(
     config: ClusterConfig,
-    role: Role,
+    name: str,
     *,
     request_tokens: int | None = None,
     max_context: int | None = None,
 ) -> Measurement:
-    model = config.model_for(role)
-    if not model.role.generates:
-        raise ConfigError(f"{role.value}: an embedding model has no context to search")
+    model = config.model_named(name)
+    if not model.generates:
+        raise ConfigError(f"{name}: an embedding model has no context to search")
     geometry = read_geometry(config.resolve_path(model.source))
     if not isinstance(geometry, ModelGeometry):
-        raise ConfigError(f"{role.value}: {geometry}")
+        raise ConfigError(f"{name}: {geometry}")
     gpu_bytes = _first_gpu().total_bytes if model.device == "gpu" else None
     plan = plan_engine(model, geometry, gpu_bytes)
     ceiling = min(geometry.max_positions, max_context or geometry.max_positions)
@@ -324,12 +323,12 @@ async def _measure(
     request_tokens: int | None,
 ) -> Measurement:
     """Everything on one event loop: vLLM's output handler lives on the loop that started it."""
-    bar = tqdm(total=2, desc=f"capacity {model.role.value}", unit="step", file=sys.stderr)
+    bar = tqdm(total=2, desc=f"capacity {model.name}", unit="step", file=sys.stderr)
     bar.set_postfix_str("starting the engine")
     before = set(psutil.Process().children(recursive=True))
     engine = start_engine(engine_args(config, model, ceiling), model.device)
     facts = engine.facts
-    result = Measurement(model.role.value, model.device, facts, config_bytes_per_token)
+    result = Measurement(model.name, model.device, facts, config_bytes_per_token)
     bar.update(1)
     try:
         top = min(facts.max_model_len, facts.kv_tokens)
@@ -383,7 +382,7 @@ def _first_gpu() -> GpuReading:
 
 def fragment(result: Measurement, margin: float) -> dict[str, Any]:
     """The config lines to paste, with the safety margin taken off what was measured."""
-    entry: dict[str, Any] = {"role": result.role}
+    entry: dict[str, Any] = {"name": result.model}
     if result.largest_context is not None:
         entry["context_window"] = with_margin(result.largest_context, margin, floor=256)
     if result.largest_concurrency is not None:
@@ -428,7 +427,9 @@ def table(result: Measurement, margin: float) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.capacity", description=__doc__)
-    parser.add_argument("role", help="the role (or an alias) whose engine to measure")
+    parser.add_argument(
+        "model", help="the model (its name, an alias, or a role's name) whose engine to measure"
+    )
     parser.add_argument("--config", help="config YAML (default: the embedded one)")
     parser.add_argument("--margin", type=float, default=0.8, help="share of what was measured")
     parser.add_argument(
@@ -441,11 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-        role = config.served_names.get(args.role)
-        if role is None:
-            raise ConfigError(f"{args.role!r} is not a role or alias of this config")
+        name = config.served_names.get(args.model)
+        if name is None:
+            raise ConfigError(f"{args.model!r} is not a model, alias or role of this config")
         result = measure(
-            config, role, request_tokens=args.request_tokens, max_context=args.max_context
+            config, name, request_tokens=args.request_tokens, max_context=args.max_context
         )
     except ConfigError as error:
         print(f"gpu-pool-serve: {error}", file=sys.stderr)
@@ -454,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = (
-        f"# python -m cluster.capacity {args.role} ({stamp}): KV cache "
+        f"# python -m cluster.capacity {args.model} ({stamp}): KV cache "
         f"{result.engine.kv_tokens} tokens, largest context {result.largest_context}, "
         f"{result.largest_concurrency} requests of {result.request_tokens} tokens at once; "
         f"{args.margin:.0%} of each. context_window is vLLM's max_model_len.\n"

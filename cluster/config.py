@@ -57,7 +57,7 @@ def summary(config: ClusterConfig) -> list[str]:
     for i, geometry in model_geometries(config).items():
         model = config.models[i]
         if not isinstance(geometry, ModelGeometry):
-            lines.append(f"{model.role.value}: {model.source} not read")
+            lines.append(f"{model.name}: {model.source} not read")
             continue
         pool = config.pool(model.home_pool)
         gpu = None if pool.gpu_memory_gb is None else int(pool.gpu_memory_gb * GiB)
@@ -69,7 +69,7 @@ def summary(config: ClusterConfig) -> list[str]:
             else f"KV cache {tokens} tokens = {tokens // model.context_window} full windows"
         )
         lines.append(
-            f"{model.role.value}: weights {plan.weight_bytes / GiB:.2f} GiB, "
+            f"{model.name}: weights {plan.weight_bytes / GiB:.2f} GiB, "
             f"{plan.kv_bytes_per_token} KV bytes/token, {kv} of {model.context_window}, "
             f"router cap {model.cap} over {model.replicas} replica(s), "
             f"max_num_seqs {plan.max_num_seqs}"

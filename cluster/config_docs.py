@@ -35,6 +35,34 @@ default; a key not listed here is refused.
 
 One setting comes from the environment instead: `GPU_POOL_SERVE_API_KEYS`, `key[:class],...`,
 keys added at start beside `api_keys` (hashed in memory, never written anywhere).
+
+## The catalog: models by name
+
+Clients send a model's `name`, one of its `aliases`, a role's name (that role's `default`
+model, else its first) or `auto` (the depth router's choice). A model without a `name` is named
+by its role, so a file with one model per role needs none. Any number of models may share a
+role; each fails over along its `fallbacks` (by name; default: the other models of its role, in
+the file's order), then to `cpu-fallback`. A key's `models` limits what it may use.
+
+```yaml
+models:
+  - name: coder-fast            # autocomplete: small and quick
+    role: coding
+    default: true               # `model: coding` reaches it
+    source: Qwen/Qwen2.5-Coder-1.5B-Instruct
+    context_window: 8192
+    pools: [local]
+  - name: coder-large           # agents: the big one
+    role: coding
+    source: Qwen/Qwen2.5-Coder-32B-Instruct
+    context_window: 32768
+    fallbacks: [coder-fast]     # then cpu-fallback
+    pools: [cloud]
+api_keys:
+  - name: ide-team
+    sha256: "<python -m cluster.keys hash KEY>"
+    models: ["coder-*"]         # anything else: 403 model_not_allowed
+```
 """
 
 # Sections in the file's reading order, then any nested model they use.

@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     MISSING_API_KEY = "missing_api_key"
     INVALID_API_KEY = "invalid_api_key"
     ADMIN_ONLY = "admin_only"
+    MODEL_NOT_ALLOWED = "model_not_allowed"
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"

@@ -1,4 +1,4 @@
-"""What a config deploys and routes to: backends (`role@pool`), chain targets, chains.
+"""What a config deploys and routes to: backends (`model@pool`), chain targets, chains.
 
 Derived from the config, never written by hand; `ClusterConfig` exposes these as properties.
 """
@@ -25,6 +25,8 @@ __all__ = [
     "backend_target",
     "backends",
     "chain",
+    "default_model",
+    "fallback_models",
     "fallback_source",
     "fallback_target",
     "gateway_resources",
@@ -36,14 +38,14 @@ __all__ = [
 
 
 class Backend(Frozen):
-    """A deployable target: one model on one pool, named `role@pool`."""
+    """A deployable target: one model on one pool, named `model@pool`."""
 
-    role: Role
+    model: str
     pool: str
 
     @property
     def name(self) -> str:
-        return f"{self.role.value}@{self.pool}"
+        return f"{self.model}@{self.pool}"
 
     @property
     def deployment_name(self) -> str:
@@ -52,7 +54,7 @@ class Backend(Frozen):
 
 
 class Target(Frozen):
-    """What a chain link names: a model backend `role@pool`, or the CPU fallback."""
+    """What a chain link names: a model backend `model@pool`, or the CPU fallback."""
 
     name: str
     deployment_name: str
@@ -70,7 +72,8 @@ class Target(Frozen):
     wait_when_asleep: bool = True
     wake_timeout_s: float = 0.0
     tokenizer: str = Field(description="Where its token counter loads from.")
-    role: Role | None = Field(None, description="None for the fallback, which serves any role.")
+    model: str | None = Field(None, description="The model's name; None for the fallback.")
+    role: Role | None = Field(None, description="The model's role tag; None for the fallback.")
     pool: str | None = None
     tools: bool = Field(False, description="Whether its engine takes `tools` (models[].tools).")
     embeds: bool = Field(False, description="Whether it serves embeddings (the embedding role).")
@@ -94,13 +97,13 @@ def resolve_path(base_dir: Path, source: str) -> str:
 
 
 def backends(config: ClusterConfig) -> tuple[Backend, ...]:
-    """Every `role@pool` a model may run on, in its pool preference order."""
-    return tuple(Backend(role=m.role, pool=p) for m in config.models for p in m.pools)
+    """Every `model@pool` a model may run on, in its pool preference order."""
+    return tuple(Backend(model=m.name, pool=p) for m in config.models for p in m.pools)
 
 
 def home_backends(config: ClusterConfig) -> tuple[Backend, ...]:
     """The backends deployed at start: each model on its first pool."""
-    return tuple(Backend(role=m.role, pool=m.home_pool) for m in config.models)
+    return tuple(Backend(model=m.name, pool=m.home_pool) for m in config.models)
 
 
 # Ray's built-in resource of the node `ray start --head` ran on.
@@ -143,11 +146,11 @@ def fallback_target(config: ClusterConfig) -> Target:
 
 
 def backend_target(config: ClusterConfig, backend: Backend) -> Target:
-    model = config.model_for(backend.role)
+    model = config.model_named(backend.model)
     return Target(
         name=backend.name,
         deployment_name=backend.deployment_name,
-        model_id=backend.role.value,
+        model_id=model.name,
         context_window=model.context_window,
         cap=model.cap,
         replicas=model.replicas,
@@ -155,9 +158,10 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         per_replica_cap=model.per_replica_cap,
         **_sleep_fields(model.autoscaling),
         tokenizer=resolve_path(config.base_dir, model.source),
-        role=backend.role,
+        model=model.name,
+        role=model.role,
         pool=backend.pool,
-        embeds=not backend.role.generates,
+        embeds=not model.generates,
         tools=model.tools is not None,
         chat_template=_template(config, model.tools),
     )
@@ -179,24 +183,56 @@ def _template(config: ClusterConfig, tools: ToolsConfig | None) -> str | None:
 
 
 def targets(config: ClusterConfig) -> dict[str, Target]:
-    """Every link a chain may name: each `role@pool`, and `cpu-fallback`."""
+    """Every link a chain may name: each `model@pool`, and `cpu-fallback`."""
     found = {b.name: backend_target(config, b) for b in backends(config)}
     found[FALLBACK_BACKEND] = fallback_target(config)
     return found
 
 
-def chain(config: ClusterConfig, role: Role) -> tuple[str, ...]:
-    """The failover chain for a role: configured, or each of its pools then the fallback (for
-    text: the fallback serves no vectors)."""
-    if role in config.chains:
-        return config.chains[role]
-    last = (FALLBACK_BACKEND,) if role.generates else ()
-    return (*(f"{role.value}@{p}" for p in config.model_for(role).pools), *last)
+def default_model(config: ClusterConfig, role: Role) -> str | None:
+    """The model `model: <role>` reaches: the role's model marked default, else its first."""
+    tagged = [m for m in config.models if m.role == role]
+    return next((m.name for m in tagged if m.default), tagged[0].name if tagged else None)
 
 
-def served_names(config: ClusterConfig) -> dict[str, Role | None]:
-    """Client-visible model names and the role each selects (`auto`: chosen per request)."""
-    names: dict[str, Role | None] = {m.role.value: m.role for m in config.models}
-    names.update({alias: m.role for m in config.models for alias in m.aliases})
+def fallback_models(config: ClusterConfig, name: str) -> tuple[str, ...]:
+    """The models a model's requests fail over to, before the CPU fallback: its `fallbacks`,
+    else the other models of its role in config order."""
+    model = config.model_named(name)
+    if model.fallbacks:
+        return tuple(f for f in model.fallbacks if f != FALLBACK_BACKEND)
+    if model.role is None:
+        return ()
+    return tuple(m.name for m in config.models if m.role == model.role and m.name != name)
+
+
+def chain(config: ClusterConfig, name: str) -> tuple[str, ...]:
+    """A model's failover chain: configured under `chains`, or the model on each of its pools,
+    then each of its fallback models on each of theirs, then (for text: the fallback serves no
+    vectors) the CPU fallback."""
+    model = config.model_named(name)
+    if name in config.chains:
+        return config.chains[name]
+    # A chain under a role's name is its default model's.
+    role = model.role
+    if role is not None and role.value in config.chains and default_model(config, role) == name:
+        return config.chains[role.value]
+    links = [f"{name}@{p}" for p in model.pools]
+    for other in fallback_models(config, name):
+        links += [f"{other}@{p}" for p in config.model_named(other).pools]
+    last = (FALLBACK_BACKEND,) if model.generates else ()
+    return (*links, *last)
+
+
+def served_names(config: ClusterConfig) -> dict[str, str | None]:
+    """Client-visible model names and the model each selects: a model's name and aliases, a
+    role (its default model), and `auto` (None: chosen per request)."""
+    names: dict[str, str | None] = {}
+    for role in Role:
+        default = default_model(config, role)
+        if default is not None:
+            names[role.value] = default
+    names.update({m.name: m.name for m in config.models})
+    names.update({alias: m.name for m in config.models for alias in m.aliases})
     names[AUTO_MODEL] = None
     return names

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from core.types import PriorityClass, Role
+from core.types import PriorityClass
 
 __all__ = [
     "PROMPT_COUNT_FIELD",
@@ -75,12 +75,12 @@ def is_embedding(request: Any) -> bool:
 
 @dataclass(frozen=True)
 class ChatJob:
-    """A validated chat, completions or embeddings request, authenticated and resolved to a
-    role."""
+    """A validated chat, completions or embeddings request, authenticated and resolved to the
+    model (by name) whose chain serves it."""
 
     # ray.serve.llm's ChatCompletionRequest, CompletionRequest or EmbeddingCompletionRequest
     request: Any
-    role: Role
+    model: str
     priority: PriorityClass
     caller: str
     # The depth router's budget for `model: auto`: the share of the window this job may use.
@@ -132,7 +132,7 @@ SYNC_INTERVAL_S = 0.5  # a router replica's pull; a move waits about this long f
 
 @dataclass(frozen=True)
 class PlacementView:
-    """Where each role's new work goes (`placements`: role -> backend) and which backends take
+    """Where each model's new work goes (`placements`: model -> backend) and which backends take
     none (`parked`: at zero replicas on purpose, or draining on the way there)."""
 
     version: int

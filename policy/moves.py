@@ -5,7 +5,7 @@ A model moves from its source backend to a target backend without losing a reque
 1. ask for its replicas on the target and wait until they are RUNNING and the deployment
    HEALTHY; past `move_timeout_s` the target is asked back to zero and the move abandoned (the
    source never stopped serving);
-2. publish the view that sends the role's new work to the target and parks the source, and wait
+2. publish the view that sends the model's new work to the target and parks the source, and wait
    until every router replica has applied it; past `drain_timeout_s` the old view is published
    again, the target drained and asked back to zero, and the move abandoned;
 3. wait until the router replicas hold nothing on the source, queued or in flight (up to
@@ -57,9 +57,9 @@ class MoveLimits:
 
 @dataclass(frozen=True)
 class MovePlan:
-    """What moves: a role's `replicas` from the `source` backend to the `target` (`role@pool`)."""
+    """What moves: a model's `replicas` from the `source` backend to the `target` (`model@pool`)."""
 
-    role: str
+    model: str
     source: str
     target: str
     replicas: int
@@ -125,9 +125,9 @@ class ScaleTo:
 
 @dataclass(frozen=True)
 class Publish:
-    """A new view: the role's new work goes to `serving`, `parked` takes none."""
+    """A new view: the model's new work goes to `serving`, `parked` takes none."""
 
-    role: str
+    model: str
     serving: str
     parked: str
 
@@ -184,7 +184,7 @@ def _target_coming_up(state: MoveState, facts: MoveFacts, now: float, limits: Mo
         return Step(ScaleTo(plan.target, 0), state.entering(Phase.RAISING_SOURCE))
     if facts.target_running >= plan.replicas and facts.target_healthy:
         switching = state.entering(Phase.SWITCHING, now + limits.drain_timeout_s)
-        return Step(Publish(plan.role, plan.target, plan.source), switching)
+        return Step(Publish(plan.model, plan.target, plan.source), switching)
     return Step(Wait(limits.target_poll_s), state)
 
 
@@ -201,7 +201,7 @@ def _switching(state: MoveState, facts: MoveFacts, now: float, limits: MoveLimit
     if now >= state.deadline:
         back = state.entering(Phase.SWITCHING_BACK, now + limits.drain_timeout_s)
         gave_up = (f"routers on {plan.target}",)
-        return Step(Publish(plan.role, plan.source, plan.target), back, gave_up)
+        return Step(Publish(plan.model, plan.source, plan.target), back, gave_up)
     return Step(Wait(limits.router_poll_s), state)
 
 

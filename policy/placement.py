@@ -48,7 +48,7 @@ class ModelPlacement:
     """One model: its priority (0 for P0 .. 3 for P3), pools it may use (home first), and the
     pool it serves on now."""
 
-    role: str
+    name: str
     priority: int
     pools: tuple[str, ...]
     current: str
@@ -73,8 +73,8 @@ class History:
     def resumed(cls, homes: Mapping[str, str], current: Mapping[str, str], now: float) -> History:
         """Carrying on after a restart: the history is gone, so every model away from home
         left it `now` and both its pools changed `now` (every cooldown starts again)."""
-        away = {role for role, pool in current.items() if pool != homes[role]}
-        last_change = {pool: now for role in away for pool in (homes[role], current[role])}
+        away = {name for name, pool in current.items() if pool != homes[name]}
+        last_change = {pool: now for name in away for pool in (homes[name], current[name])}
         return cls(last_change, dict.fromkeys(away, now))
 
     def after_move(self, move: Move, now: float) -> History:
@@ -82,9 +82,9 @@ class History:
         left home (the first pool it left, if it moves on), a restore forgets it."""
         left_home_at = dict(self.left_home_at)
         if move.kind in ("offload", "evacuate"):
-            left_home_at.setdefault(move.role, now)
+            left_home_at.setdefault(move.model, now)
         else:
-            left_home_at.pop(move.role, None)
+            left_home_at.pop(move.model, None)
         return History(self._rested(move, now), left_home_at)
 
     def after_abandoned_move(self, move: Move, now: float) -> History:
@@ -97,7 +97,7 @@ class History:
 
 @dataclass(frozen=True)
 class Move:
-    role: str
+    model: str
     source: str
     target: str
     kind: Literal["offload", "restore", "evacuate"]
@@ -109,7 +109,7 @@ class Hold:
     """A pool that needed a change and got none this round, and why."""
 
     pool: str
-    role: str | None
+    model: str | None
     reason: str
 
 
@@ -134,11 +134,11 @@ def decide(
     """The moves to make now (at most one per pool, evacuations aside), and why pools that
     needed one got none. `down`: pools the cluster manager declared unhealthy."""
     round_ = _Round(free, history, now, policy, down)
-    for model in sorted((m for m in models if m.current in down), key=lambda m: m.role):
+    for model in sorted((m for m in models if m.current in down), key=lambda m: m.name):
         round_.evacuate(model)
     for pool in sorted(p for p, room in free.items() if room is not None and p not in down):
         round_.offload_from(pool, [m for m in models if m.current == pool])
-    for model in sorted((m for m in models if m.away), key=lambda m: (m.priority, m.role)):
+    for model in sorted((m for m in models if m.away), key=lambda m: (m.priority, m.name)):
         round_.restore(model)
     return Decision(tuple(round_.moves), tuple(round_.holds))
 
@@ -176,17 +176,17 @@ class _Round:
         assert room is not None
         if room >= self.policy.offload_below_bytes or pool in self.touched or not on_pool:
             return  # room enough, changed already, or another tenant is using the memory
-        here = sorted((m for m in on_pool if m.priority > 0), key=lambda m: (-m.priority, m.role))
+        here = sorted((m for m in on_pool if m.priority > 0), key=lambda m: (-m.priority, m.name))
         if not here:
             self.holds.append(Hold(pool, None, f"{_gb(room)} free, but only P0 models run here"))
         elif (left := self.cooling(pool)) > 0:
-            self.holds.append(Hold(pool, here[0].role, f"{_gb(room)} free; cooldown {left:.0f} s"))
+            self.holds.append(Hold(pool, here[0].name, f"{_gb(room)} free; cooldown {left:.0f} s"))
         elif (move := _offload(here, pool, room, self.can_take)) is not None:
             self._make(move)
         else:
-            roles = ", ".join(m.role for m in here)
-            reason = f"{_gb(room)} free; no pool can take {roles}: staying"
-            self.holds.append(Hold(pool, here[0].role, reason))
+            names = ", ".join(m.name for m in here)
+            reason = f"{_gb(room)} free; no pool can take {names}: staying"
+            self.holds.append(Hold(pool, here[0].name, reason))
 
     def evacuate(self, model: ModelPlacement) -> None:
         """Off a dead pool now: no cooldown, any priority; room enough not to be offloaded."""
@@ -195,11 +195,11 @@ class _Round:
             if pool in self.down or room is None or room < self.policy.offload_below_bytes:
                 continue
             reason = f"{model.current} is down; {pool} has {_gb(room)} free"
-            self.moves.append(Move(model.role, model.current, pool, "evacuate", reason))
+            self.moves.append(Move(model.name, model.current, pool, "evacuate", reason))
             self.touched.update((model.current, pool))
             return
-        reason = f"{model.current} is down and no pool on {model.role}'s list is up with room"
-        self.holds.append(Hold(model.current, model.role, reason))
+        reason = f"{model.current} is down and no pool on {model.name}'s list is up with room"
+        self.holds.append(Hold(model.current, model.name, reason))
 
     def restore(self, model: ModelPlacement) -> None:
         home_room = self.free.get(model.home)
@@ -207,26 +207,26 @@ class _Round:
             return  # evacuated above, or home is not back yet
         if home_room is None or home_room < self.policy.restore_above_bytes:
             return
-        away_s = self.now - self.history.left_home_at.get(model.role, self.now)
+        away_s = self.now - self.history.left_home_at.get(model.name, self.now)
         if away_s < self.policy.min_away_s:
             reason = (
                 f"home has {_gb(home_room)} free; away {away_s:.0f} of "
                 f"{self.policy.min_away_s:.0f} s"
             )
-            self.holds.append(Hold(model.home, model.role, reason))
+            self.holds.append(Hold(model.home, model.name, reason))
         elif (
             not self.can_take(model.home)
             or model.current in self.touched
             or self.cooling(model.current) > 0
         ):
             left = max(self.cooling(model.home), self.cooling(model.current))
-            self.holds.append(Hold(model.home, model.role, f"restore waits: cooldown {left:.0f} s"))
+            self.holds.append(Hold(model.home, model.name, f"restore waits: cooldown {left:.0f} s"))
         else:
             reason = (
                 f"{model.home} has {_gb(home_room)} free (restore at "
                 f"{_gb(self.policy.restore_above_bytes)}); away {away_s:.0f} s"
             )
-            self._make(Move(model.role, model.current, model.home, "restore", reason))
+            self._make(Move(model.name, model.current, model.home, "restore", reason))
 
     def _make(self, move: Move) -> None:
         self.moves.append(move)
@@ -243,11 +243,11 @@ def _offload(
         target = next((p for p in model.pools if p != pool and can_take(p)), None)
         if target is not None:
             return Move(
-                model.role,
+                model.name,
                 pool,
                 target,
                 "offload",
-                f"{pool} has {_gb(room)} free; P{model.priority} {model.role} is the lowest "
+                f"{pool} has {_gb(room)} free; P{model.priority} {model.name} is the lowest "
                 f"priority there",
             )
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from core import topology
@@ -11,7 +12,7 @@ from core.types import AUTO_MODEL, FALLBACK_BACKEND, Role
 
 if TYPE_CHECKING:
     from core.config.cluster import ClusterConfig
-    from core.config.serving import ToolsConfig
+    from core.config.serving import ModelConfig, ToolsConfig
 
 __all__ = ["cross_section_problems"]
 
@@ -19,6 +20,7 @@ __all__ = ["cross_section_problems"]
 def cross_section_problems(config: ClusterConfig) -> list[str]:
     return [
         *_unique_names(config),
+        *_catalog(config),
         *_model_pools(config),
         *_caps(config),
         *_aliases(config),
@@ -33,11 +35,67 @@ def _unique_names(config: ClusterConfig) -> list[str]:
     pool_names = [p.name for p in config.pools]
     for name in sorted({n for n in pool_names if pool_names.count(n) > 1}):
         problems.append(f"pools: pool {name!r} is defined twice; give each pool its own name")
-    roles = [m.role for m in config.models]
-    for role in sorted({r for r in roles if roles.count(r) > 1}):
+    names = [m.name for m in config.models]
+    for name in sorted({n for n in names if names.count(n) > 1}):
         problems.append(
-            f"models: role {role.value!r} is served by two models; keep one model per role "
-            "and list several pools on it instead"
+            f"models: two models are named {name!r}; give each its own name (models[].name)"
+        )
+    return problems
+
+
+def _catalog(config: ClusterConfig) -> list[str]:
+    """Names that say what they reach: a model named like a role carries that role, one default
+    per role, fallbacks that exist and serve the same kind."""
+    names = {m.name: m for m in config.models}
+    roles = {r.value for r in Role}
+    problems = []
+    for i, model in enumerate(config.models):
+        if model.name in (AUTO_MODEL, FALLBACK_BACKEND):
+            problems.append(f"models[{i}].name: {model.name!r} is a reserved name; pick another")
+        elif model.name in roles and (model.role is None or model.role.value != model.name):
+            problems.append(
+                f"models[{i}].name: {model.name!r} is a role's name, and `model: {model.name}` "
+                f"must reach a model of that role; set role: {model.name} or pick another name"
+            )
+        if model.default and model.role is None:
+            problems.append(
+                f"models[{i}].default: a default is the model its role's name reaches; set a "
+                "role or remove default"
+            )
+        problems += _fallbacks(i, model.name, model.fallbacks, names)
+    tagged = [m.role for m in config.models if m.default and m.role is not None]
+    for role in sorted({r for r in tagged if tagged.count(r) > 1}):
+        problems.append(
+            f"models: more than one model of role {role.value!r} is marked default; mark one"
+        )
+    return problems
+
+
+def _fallbacks(
+    i: int, name: str, fallbacks: Sequence[str], names: dict[str, ModelConfig]
+) -> list[str]:
+    where = f"models[{i}].fallbacks"
+    problems = []
+    for other in fallbacks:
+        if other == FALLBACK_BACKEND:
+            continue
+        if other == name:
+            problems.append(f"{where}: {name!r} lists itself; list other models")
+        elif other not in names:
+            problems.append(
+                f"{where}: no model is named {other!r}; use one of {sorted(names)} or "
+                f"{FALLBACK_BACKEND!r}"
+            )
+        elif names[other].generates != names[name].generates:
+            kind = "text" if names[name].generates else "vectors"
+            problems.append(f"{where}: {other!r} does not serve {kind} as {name!r} does")
+    repeated = sorted({f for f in fallbacks if fallbacks.count(f) > 1})
+    if repeated:
+        problems.append(f"{where}: {', '.join(repeated)} is listed more than once; list it once")
+    if FALLBACK_BACKEND in fallbacks and not names[name].generates:
+        problems.append(
+            f"{where}: {FALLBACK_BACKEND!r} serves text, not vectors; an embedding model's "
+            "fallbacks are embedding models"
         )
     return problems
 
@@ -70,7 +128,7 @@ def _model_pools(config: ClusterConfig) -> list[str]:
                 f"models[{i}].engine_kwargs.runner: the role decides it (pooling for "
                 "embedding, generate for the others); remove it"
             )
-        if not model.role.generates and model.tools is not None:
+        if not model.generates and model.tools is not None:
             problems.append(f"models[{i}].tools: an embedding model calls no tools; remove it")
     problems += _missing_template(config, config.fallback.tools, "fallback")
     if config.fallback.pool is not None and config.fallback.pool not in known:
@@ -120,13 +178,15 @@ def _caps(config: ClusterConfig) -> list[str]:
 
 def _aliases(config: ClusterConfig) -> list[str]:
     reserved = {r.value for r in Role} | {AUTO_MODEL, FALLBACK_BACKEND}
+    reserved |= {m.name for m in config.models}
     seen: dict[str, int] = {}
     problems = []
     for i, model in enumerate(config.models):
         for alias in model.aliases:
             if alias in reserved:
                 problems.append(
-                    f"models[{i}].aliases: {alias!r} is a reserved model name; pick another"
+                    f"models[{i}].aliases: {alias!r} is a model's or role's name (or reserved); "
+                    "pick another"
                 )
             elif alias in seen:
                 problems.append(
@@ -139,17 +199,23 @@ def _aliases(config: ClusterConfig) -> list[str]:
 
 
 def _chains(config: ClusterConfig) -> list[str]:
-    served = {m.role for m in config.models}
-    known = {b.name for b in topology.backends(config)} | {FALLBACK_BACKEND}
+    models = {m.name: m for m in config.models}
+    roles = {m.role.value: m for m in config.models if m.role is not None}
+    generates = {b.name: models[b.model].generates for b in topology.backends(config)}
     problems = []
-    for role, links in config.chains.items():
-        where = f"chains.{role.value}"
-        if role not in served:
-            problems.append(f"{where}: no model serves role {role.value!r}; add one or drop it")
-        unknown = [link for link in links if link not in known]
+    for key, links in config.chains.items():
+        where = f"chains.{key}"
+        owner = models.get(key) or roles.get(key)
+        if owner is None:
+            problems.append(
+                f"{where}: no model is named {key!r} and no model has that role; name a model "
+                "or a served role, or drop it"
+            )
+            continue
+        unknown = [link for link in links if link not in generates and link != FALLBACK_BACKEND]
         for link in unknown:
             problems.append(
-                f"{where}: {link!r} is not a backend; use role@pool for a configured model "
+                f"{where}: {link!r} is not a backend; use model@pool for a configured model "
                 f"and pool, or {FALLBACK_BACKEND!r}"
             )
         repeated = sorted({link for link in links if links.count(link) > 1})
@@ -158,14 +224,15 @@ def _chains(config: ClusterConfig) -> list[str]:
                 f"{where}: {', '.join(repeated)} appears more than once, which would loop; "
                 "list each backend once"
             )
-        problems += _fallback_place(role, links, where) + _mixed_kinds(role, links, where)
+        problems += _fallback_place(owner.generates, links, where)
+        problems += _mixed_kinds(owner.generates, key, links, generates, where)
     return problems
 
 
-def _fallback_place(role: Role, links: Sequence[str], where: str) -> list[str]:
+def _fallback_place(text: bool, links: Sequence[str], where: str) -> list[str]:
     """A text chain ends on the CPU fallback; an embedding chain never lists it (it serves text,
     and another model's vectors would not compare with the ones already stored)."""
-    if not role.generates:
+    if not text:
         if FALLBACK_BACKEND in links:
             return [
                 f"{where}: {FALLBACK_BACKEND!r} serves text, not vectors; an embedding chain "
@@ -182,18 +249,14 @@ def _fallback_place(role: Role, links: Sequence[str], where: str) -> list[str]:
     return []
 
 
-def _mixed_kinds(role: Role, links: Sequence[str], where: str) -> list[str]:
+def _mixed_kinds(
+    text: bool, key: str, links: Sequence[str], generates: dict[str, bool], where: str
+) -> list[str]:
     """An embedding chain holds embedding backends only; a text chain holds none."""
-    wrong = [
-        link
-        for link in links
-        if link != FALLBACK_BACKEND
-        and (link.split("@")[0] != Role.EMBEDDING.value) != role.generates
-    ]
-    kind = "vectors" if role.generates else "text"
+    wrong = [link for link in links if link in generates and generates[link] != text]
+    kind = "vectors" if text else "text"
     return [
-        f"{where}: {link!r} serves {kind}, not what {role.value!r} answers; list backends of "
-        "the same kind"
+        f"{where}: {link!r} serves {kind}, not what {key!r} answers; list backends of the same kind"
         for link in wrong
     ]
 
@@ -219,6 +282,14 @@ def _keys(config: ClusterConfig) -> list[str]:
         for k in config.api_keys
         if k.sha256 in _GUESSABLE_DIGESTS
     ]
+    served = topology.served_names(config)
+    for i, key in enumerate(config.api_keys):
+        for pattern in key.models or ():
+            if not any(fnmatchcase(name, pattern) for name in served):
+                problems.append(
+                    f"api_keys[{i}].models: {pattern!r} matches no model, alias or role here; "
+                    f"use one of {sorted(served)} or a glob over them"
+                )
     return problems
 
 

@@ -22,7 +22,6 @@ from core.config.traffic import (
     ApiKeyConfig,
     BatchConfig,
     DepthConfig,
-    DepthRoute,
     GatewayConfig,
     RouterConfig,
 )
@@ -38,13 +37,17 @@ class ClusterConfig(Frozen):
     pools: tuple[PoolConfig, ...] = Field(
         min_length=1, description="Sets of Ray nodes models are placed on."
     )
-    models: tuple[ModelConfig, ...] = Field(min_length=1, description="One model per role.")
+    models: tuple[ModelConfig, ...] = Field(
+        min_length=1, description="The catalog: named models, any number per role."
+    )
     fallback: FallbackConfig = Field(description="The CPU replica every chain ends on.")
-    chains: Annotated[dict[Role, tuple[str, ...]], AfterValidator(frozen_dict)] = Field(
+    chains: Annotated[dict[str, tuple[str, ...]], AfterValidator(frozen_dict)] = Field(
         default_factory=FrozenDict,
-        description="Each role's failover chain of backends (role@pool), ending on "
-        "cpu-fallback; a link may be another text role's backend. Default: the role on each of "
-        "its pools, then cpu-fallback. An embedding chain lists embedding backends only.",
+        description="A model's failover chain of backends (model@pool), ending on "
+        "cpu-fallback, by model name (a role's name: its default model); a link may be "
+        "another text model's backend. Default: the model on each of its pools, then its "
+        "fallbacks on theirs, then cpu-fallback. An embedding chain lists embedding backends "
+        "only.",
     )
     api_keys: tuple[ApiKeyConfig, ...] = Field(
         (), description="Client keys (stored hashed). Empty: auth is off, and the app says so."
@@ -110,11 +113,11 @@ class ClusterConfig(Frozen):
         """What the app deploys at start: each model on its home pool, and the fallback."""
         return (*(self.backend_target(b) for b in self.home_backends), self.fallback_target)
 
-    def chain(self, role: Role) -> tuple[str, ...]:
-        return topology.chain(self, role)
+    def chain(self, model: str) -> tuple[str, ...]:
+        return topology.chain(self, model)
 
     @property
-    def served_names(self) -> dict[str, Role | None]:
+    def served_names(self) -> dict[str, str | None]:
         return topology.served_names(self)
 
     def resolve_path(self, source: str) -> str:
@@ -126,22 +129,31 @@ class ClusterConfig(Frozen):
             return None
         return (self.base_dir / Path(tools.chat_template).expanduser()).resolve()
 
+    def model_named(self, name: str) -> ModelConfig:
+        return next(m for m in self.models if m.name == name)
+
     def model_for(self, role: Role) -> ModelConfig:
-        return next(m for m in self.models if m.role == role)
+        """The role's default model (`default: true`, else its first)."""
+        name = topology.default_model(self, role)
+        if name is None:
+            raise KeyError(f"no model has role {role.value!r}")
+        return self.model_named(name)
 
     def pool(self, name: str) -> PoolConfig:
         return next(p for p in self.pools if p.name == name)
 
     @property
-    def default_role(self) -> Role:
-        """Where a request with no better place goes: the orchestrator, else the first role
-        that generates text."""
-        roles = [m.role for m in self.models if m.role.generates] or [self.models[0].role]
-        return Role.ORCHESTRATOR if Role.ORCHESTRATOR in roles else roles[0]
+    def default_model(self) -> str:
+        """Where a request with no better place goes: the orchestrator's default model, else
+        the first model that generates text (else the first model)."""
+        orchestrator = topology.default_model(self, Role.ORCHESTRATOR)
+        if orchestrator is not None:
+            return orchestrator
+        return next((m.name for m in self.models if m.generates), self.models[0].name)
 
-    def depth_route(self, depth: Depth) -> DepthRoute:
-        """The route for a depth, on a served role (the default role if its own is not served)."""
+    def depth_route(self, depth: Depth) -> tuple[str, float]:
+        """The model a depth goes to (its route's role's default model, or the default model
+        where that role is not served) and the share of its window a request may use."""
         route = self.depth.routes[depth]
-        if route.role.generates and any(m.role == route.role for m in self.models):
-            return route
-        return DepthRoute(role=self.default_role, context_share=route.context_share)
+        model = topology.default_model(self, route.role) if route.role.generates else None
+        return model or self.default_model, route.context_share

@@ -5,7 +5,7 @@ every chain ends on, and how models move between pools. Each section is validate
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -32,6 +32,7 @@ DEFAULT_CAPS: Mapping[Role, int] = {
     Role.CODING: 6,
     Role.EMBEDDING: 16,
 }
+UNTAGGED_CAP = 8  # a model with no role
 
 
 class PoolConfig(Frozen):
@@ -143,13 +144,33 @@ class AutoscalingConfig(Frozen):
 
 
 class ModelConfig(Frozen):
-    """One model serving one role, deployable on the listed pools (the first is its home)."""
+    """One named model, deployable on the listed pools (the first is its home), tagged with the
+    role it may stand in for."""
 
-    role: Role = Field(
-        description="The role it serves: orchestrator, reasoning, vision, coding or embedding. "
+    # Filled in from the role before validation (`_named_by_role`): never empty once loaded.
+    name: ModelName = Field(
+        "",
+        description="The name clients send (unique). Default: the role, so a config with one "
+        "model per role needs no names.",
+    )
+    role: Role | None = Field(
+        None,
+        description="What `model: <role>`, `model: auto` and the default chains choose it for: "
+        "orchestrator, reasoning, vision, coding or embedding; several models may share one. "
         "An embedding model runs vLLM's pooling runner (a *ForCausalLM model with last-token "
         "pooling); for `dimensions` on a Matryoshka model whose config does not say so, set "
-        "engine_kwargs.hf_overrides: {is_matryoshka: true}."
+        "engine_kwargs.hf_overrides: {is_matryoshka: true}. None: reached by name only.",
+    )
+    default: bool = Field(
+        False,
+        description="The model `model: <role>` reaches among several of its role. None marked: "
+        "the first listed.",
+    )
+    fallbacks: tuple[ModelName, ...] = Field(
+        (),
+        description="Models (by name) its requests fail over to, in order; cpu-fallback ends "
+        "every text chain whether listed or not. Empty: the other models of its role in config "
+        "order.",
     )
     source: str = Field(
         min_length=1,
@@ -196,7 +217,7 @@ class ModelConfig(Frozen):
     max_concurrency: int | None = Field(
         None,
         description="The router's cap on the backend at `replicas` replicas. None: orchestrator "
-        "24, reasoning 8, vision 4, coding 6, embedding 16.",
+        "24, reasoning 8, vision 4, coding 6, embedding 16, no role 8.",
     )
     tools: ToolsConfig | None = Field(
         None,
@@ -209,10 +230,29 @@ class ModelConfig(Frozen):
         "moves them between pools).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named_by_role(cls, data: Any) -> Any:
+        """A model without a name is named by its role (the configs of one model per role)."""
+        if isinstance(data, dict) and not data.get("name"):
+            if data.get("role") is None:
+                raise ValueError(
+                    "a model needs a name (what clients send) or a role (its name then)"
+                )
+            return {**data, "name": data["role"]}
+        return data
+
+    @property
+    def generates(self) -> bool:
+        """Whether it answers chats and completions (every model but an embedding one)."""
+        return self.role is None or self.role.generates
+
     @property
     def cap(self) -> int:
         """The router's cap on the backend at `replicas` replicas."""
-        return self.max_concurrency if self.max_concurrency is not None else DEFAULT_CAPS[self.role]
+        if self.max_concurrency is not None:
+            return self.max_concurrency
+        return DEFAULT_CAPS[self.role] if self.role is not None else UNTAGGED_CAP
 
     @property
     def per_replica_cap(self) -> int:

@@ -24,6 +24,12 @@ __all__ = [
 ]
 
 
+# A model name or an fnmatch glob over model names (`*`, `?`, `[...]`).
+ModelPattern = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]-]*$", max_length=100)
+]
+
+
 class ApiKeyConfig(Frozen):
     """A client key, stored only as its SHA-256 (`python -m cluster.keys hash KEY`)."""
 
@@ -49,6 +55,13 @@ class ApiKeyConfig(Frozen):
         "month", description="The calendar period of budget_tokens, in UTC."
     )
     admin: bool = Field(False, description="May read every key's usage (GET /v1/keys/usage).")
+    models: tuple[ModelPattern, ...] | None = Field(
+        None,
+        description="The models it may use: names or globs (`coder-*`), matched against the "
+        "name asked for and the model it reaches (an alias, a role's name); `auto` must be "
+        "listed to be used, and its choice must be allowed too. Any other name is a 403 "
+        "model_not_allowed, whether or not it exists. None: every model.",
+    )
 
     @field_validator("sha256", mode="before")
     @classmethod

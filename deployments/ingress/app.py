@@ -40,6 +40,7 @@ from deployments.ingress.answers import (
 )
 from deployments.ingress.auth import PRIORITY_HEADER, Caller, KeyRing
 from deployments.ingress.body import read_body
+from deployments.ingress.catalog import model_cards
 from deployments.ingress.error_response import install_error_handlers
 from deployments.ingress.files_routes import files_routes, use_batch_api
 from deployments.ingress.front_options import front_actor_options
@@ -50,6 +51,7 @@ from deployments.keys.metering import Admission, KeyMetering, StreamUsage
 from deployments.router.in_process import InProcessRouter
 from policy.admission import class_limits
 from policy.depth import DEPTH_HEADER, DepthDecision
+from policy.model_access import may_use, usable_names
 from policy.request import (
     parse_object,
 )
@@ -88,6 +90,7 @@ class Ingress:
         self._config = config
         self._keys = KeyRing(config.api_keys, config.gateway.default_priority)
         self._served = config.served_names
+        self._cards = model_cards(config, self._served)
         self._jobs = Jobs(config)
         self._router = router
         self._router_stream = router.options(stream=True)  # cached: each .options() costs
@@ -108,12 +111,24 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> Response:
-        self._keys.authenticate(request.headers.get("authorization"))
-        cards = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "gpu-pool-serve"}
-            for name in self._served
-        ]
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        cards = [self._cards[name] for name in usable_names(caller.models, self._served)]
         return JSONResponse({"object": "list", "data": cards})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str, request: Request) -> Response:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        if not may_use(caller.models, model_id, self._served.get(model_id)):
+            raise ApiError(
+                403,
+                ErrorCode.MODEL_NOT_ALLOWED,
+                f"This API key may not use the model {model_id!r}.",
+            )
+        if model_id not in self._cards:
+            raise ApiError(
+                404, ErrorCode.MODEL_NOT_FOUND, f"The model {model_id!r} does not exist."
+            )
+        return JSONResponse(self._cards[model_id])
 
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Response:
@@ -191,13 +206,13 @@ class Ingress:
     async def batch_slots(self, model: str) -> int:
         """Requests `model`'s backends run at background priority at once (the router's own
         limit: more would only queue there), over every router; 1 while none runs."""
-        role = self._served.get(model) or self._config.depth_route(Depth.BALANCED).role
+        name = self._served.get(model) or self._config.depth_route(Depth.BALANCED)[0]
         status: dict[str, Any] = await self._router.status.remote()
         shares = self._config.router.class_shares
         slots = sum(
             class_limits(int(backend["cap"]), shares)[PriorityClass.BACKGROUND]
             for backend in status.get("backends", {}).values()
-            if backend.get("role") == role.value and backend.get("state") in ("up", "degraded")
+            if backend.get("model") == name and backend.get("state") in ("up", "degraded")
         )
         return max(1, slots * self._config.gateway.router_shares)
 

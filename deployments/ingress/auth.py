@@ -18,6 +18,7 @@ class Caller:
     priority: PriorityClass
     max_priority: PriorityClass
     admin: bool = False
+    models: tuple[str, ...] | None = None  # names or globs it may use; None: every model
 
 
 class KeyRing:
@@ -50,7 +51,7 @@ class KeyRing:
                 "The API key is not valid.",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        return Caller(key.name, key.priority, key.max_priority, key.admin)
+        return _caller(key)
 
     def named(self, name: str) -> Caller:
         """The caller a batch was created by (its lines run under that key's limits); a key
@@ -59,8 +60,12 @@ class KeyRing:
             return self._anonymous
         for key in self._by_digest.values():
             if key.name == name:
-                return Caller(key.name, key.priority, key.max_priority, key.admin)
+                return _caller(key)
         raise ApiError(401, ErrorCode.INVALID_API_KEY, f"The key {name!r} is no longer configured.")
+
+
+def _caller(key: ApiKeyConfig) -> Caller:
+    return Caller(key.name, key.priority, key.max_priority, key.admin, key.models)
 
 
 def claimed_priority(header: str | None, caller: Caller) -> PriorityClass:

@@ -1,6 +1,7 @@
-"""A request's job: the role it goes to (or the depth router's choice for `auto`), its priority
-class, and its body as vLLM's request type, every mistake in it a 400 (or 404) with OpenAI error
-JSON. The same for HTTP requests and batch lines (deployments/ingress/app.py)."""
+"""A request's job: the model it goes to (by name, alias or role; for `auto` the depth router's
+choice), its priority class, and its body as vLLM's request type, every mistake in it a 400 (or
+403, 404) with OpenAI error JSON. The same for HTTP requests and batch lines
+(deployments/ingress/app.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion
 
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode
-from core.types import Role
+from core.types import AUTO_MODEL, Role
 from core.wire import ChatJob
 from deployments.ingress.auth import Caller, claimed_priority
 from policy.context.tokens import message_text
 from policy.depth import DepthDecision, UnknownDepth, classify
+from policy.model_access import may_use, usable_names
 from policy.request import (
     check_chat_request,
     check_completion_request,
@@ -70,22 +72,22 @@ class Jobs:
         depth_header: str | None,
     ) -> tuple[ChatJob, DepthDecision | None]:
         limits = self._config.gateway
-        role = self._role_for(payload)
+        model = self._model_for(payload, caller)
         claimed = claimed_priority(priority, caller)
         chat_request = validate_chat(payload, limits)
         depth = None
         context_share = 1.0
-        if role is None:  # `model: auto`: the depth router picks the role and the budget
+        if model is None:  # `model: auto`: the depth router picks the model and the budget
             effort = payload.get("reasoning_effort")
             depth = self._depth_for(
                 _latest_user_text(payload),
                 depth_header,
                 effort if isinstance(effort, str) else None,
             )
-            route = self._config.depth_route(depth.depth)
-            role, context_share = route.role, route.context_share
-        check_tool_support(payload, payload["model"], self._config.model_for(role).tools)
-        return ChatJob(chat_request, role, claimed, caller.name, context_share), depth
+            model, context_share = self._config.depth_route(depth.depth)
+            _check_allowed(caller, AUTO_MODEL, model)
+        check_tool_support(payload, payload["model"], self._config.model_named(model).tools)
+        return ChatJob(chat_request, model, claimed, caller.name, context_share), depth
 
     def completion(
         self,
@@ -94,50 +96,54 @@ class Jobs:
         priority: str | None,
         depth_header: str | None,
     ) -> tuple[ChatJob, DepthDecision | None]:
-        role = self._role_for(payload)
+        model = self._model_for(payload, caller)
         claimed = claimed_priority(priority, caller)
         completion = _validate_completion(payload)
         depth = None
         context_share = 1.0
-        if role is None:  # `model: auto`: the depth of the prompt's text picks the role
+        if model is None:  # `model: auto`: the depth of the prompt's text picks the model
             text = completion.prompt if isinstance(completion.prompt, str) else ""
             depth = self._depth_for(text, depth_header)
-            route = self._config.depth_route(depth.depth)
-            role, context_share = route.role, route.context_share
-        return ChatJob(completion, role, claimed, caller.name, context_share), depth
+            model, context_share = self._config.depth_route(depth.depth)
+            _check_allowed(caller, AUTO_MODEL, model)
+        return ChatJob(completion, model, claimed, caller.name, context_share), depth
 
     def embedding(
         self, payload: dict[str, Any], caller: Caller, priority: str | None, _: str | None
     ) -> tuple[ChatJob, DepthDecision | None]:
-        role = self._role_for(payload, vectors=True)
+        model = self._model_for(payload, caller, vectors=True)
         claimed = claimed_priority(priority, caller)
-        assert role is not None  # `auto` chooses among text models: refused for vectors
-        return ChatJob(_validate_embedding(payload), role, claimed, caller.name), None
+        assert model is not None  # `auto` chooses among text models: refused for vectors
+        return ChatJob(_validate_embedding(payload), model, claimed, caller.name), None
 
-    def _role_for(self, payload: dict[str, Any], vectors: bool = False) -> Role | None:
-        """The role a request names; None for `auto`, which the depth router resolves.
-        `vectors`: for `/v1/embeddings`, which only an embedding model answers (and text
-        endpoints never go to one)."""
+    def _model_for(
+        self, payload: dict[str, Any], caller: Caller, vectors: bool = False
+    ) -> str | None:
+        """The model a request names (by name, alias or role); None for `auto`, which the
+        depth router resolves. `vectors`: for `/v1/embeddings`, which only an embedding model
+        answers (and text endpoints never go to one)."""
         name = payload.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(
                 400, ErrorCode.MISSING_MODEL, "The field 'model' is required.", param="model"
             )
+        _check_allowed(caller, name, self._served.get(name))
         if name not in self._served:
-            available = ", ".join(self._served)
+            available = ", ".join(usable_names(caller.models, self._served))
             raise ApiError(
                 404,
                 ErrorCode.MODEL_NOT_FOUND,
                 f"The model {name!r} does not exist. Available models: {available}.",
                 param="model",
             )
-        role = self._served[name]
-        _check_kind(name, role, vectors, self._served)
-        served_roles = set(self._served.values())
-        # Images go to the vision role whatever was asked: a text model cannot read them.
-        if not vectors and Role.VISION in served_roles and _has_image_parts(payload):
-            return Role.VISION
-        return role
+        model = self._served[name]
+        _check_kind(name, model, vectors, self._config)
+        # Images go to the vision role's model whatever was asked: a text model cannot read them.
+        vision = self._served.get(Role.VISION.value)
+        if not vectors and vision is not None and _has_image_parts(payload):
+            _check_allowed(caller, vision, vision)
+            return vision
+        return model
 
     def _depth_for(
         self, latest: str, header: str | None, effort: str | None = None
@@ -179,12 +185,23 @@ def _latest_user_text(payload: dict[str, Any]) -> str:
     return message_text(users[-1]) if users else ""
 
 
-def _check_kind(name: str, role: Role | None, vectors: bool, served: dict[str, Any]) -> None:
+def _check_allowed(caller: Caller, requested: str, model: str | None) -> None:
+    """403 for a model the caller's key may not use: the same answer whether or not it exists."""
+    if not may_use(caller.models, requested, model):
+        raise ApiError(
+            403,
+            ErrorCode.MODEL_NOT_ALLOWED,
+            f"This API key may not use the model {requested!r}.",
+            param="model",
+        )
+
+
+def _check_kind(name: str, model: str | None, vectors: bool, config: ClusterConfig) -> None:
     """Text endpoints never reach an embedding model, nor `/v1/embeddings` a text model (`auto`,
     None here, resolves to a text model)."""
-    generates = role is None or role.generates
+    generates = model is None or config.model_named(model).generates
     if vectors and generates:
-        names = ", ".join(n for n, r in served.items() if r is not None and not r.generates)
+        names = ", ".join(m.name for m in config.models if not m.generates)
         where = f"embedding models here: {names}" if names else "no embedding model is served"
         message = f"The model {name!r} generates text, not embeddings ({where})."
         raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")

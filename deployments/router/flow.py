@@ -23,7 +23,6 @@ from core.clock import Clock
 from core.config import ClusterConfig
 from core.errors import ErrorCode
 from core.topology import Target
-from core.types import Role
 from core.wire import ChatJob, Refusal, is_completion, is_embedding
 from deployments.router import metrics
 from deployments.router.faults import BackendFault, Continuing, MidStreamFault, stream_error_event
@@ -75,7 +74,7 @@ class Flow:
         while True:
             name = self._choose(chain, tried, passed)
             if name is None:
-                yield self._nowhere(job.role, tried, without_fim)
+                yield self._nowhere(job.model, tried, without_fim)
                 return
             link = self._links[name]
             with link.claimed():
@@ -108,9 +107,9 @@ class Flow:
                     job = replace(job, request=request)
 
     def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
-        """The role's chain, less the links that cannot take this job."""
+        """The model's chain, less the links that cannot take this job."""
         links = self._links  # a chain's name with no link is not deployed here: never chosen
-        chain = tuple(name for name in self._placement.chain(job.role) if name in links)
+        chain = tuple(name for name in self._placement.chain(job.model) if name in links)
         embeds = is_embedding(job.request)  # vectors come from embedding backends only
         chain = tuple(name for name in chain if links[name].target.embeds == embeds)
         if not embeds and calls_tools(job.request):  # a link that cannot take them: no failover
@@ -238,17 +237,17 @@ class Flow:
         )
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
-    def _nowhere(self, role: Role, tried: list[str], without_fim: Mapping[str, Refusal]) -> Refusal:
+    def _nowhere(self, model: str, tried: list[str], without_fim: Mapping[str, Refusal]) -> Refusal:
         """No link left: the client's 400 when every link tried lacked FIM tokens, else 503."""
         if tried and all(name in without_fim for name in tried):
             return without_fim[tried[-1]]
-        return self._unavailable(role, tried)
+        return self._unavailable(model, tried)
 
-    def _unavailable(self, role: Role, tried: list[str]) -> Refusal:
+    def _unavailable(self, model: str, tried: list[str]) -> Refusal:
         if tried:
-            message = f"Every backend for {role.value!r} failed ({', '.join(tried)})."
+            message = f"Every backend for {model!r} failed ({', '.join(tried)})."
         else:
-            message = f"No backend for {role.value!r} is available now."
+            message = f"No backend for {model!r} is available now."
         retry = max(1, round(self._config.router.breaker_cooldown_s))
         return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
 

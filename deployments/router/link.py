@@ -13,7 +13,6 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 
 from core.config import ClusterConfig
 from core.topology import Target
-from core.types import Role
 from deployments.router import metrics
 from deployments.router.faults import REPLICA_GONE
 from deployments.router.ports import Backend
@@ -93,7 +92,7 @@ class Link:
         backend to sleep (asleep, requests wait for it to wake on purpose). Never the CPU
         fallback: every chain's last link, which Serve replaces in seconds, is worth that wait
         rather than a 503."""
-        if self.facts.asleep or self.target.role is None:
+        if self.facts.asleep or self.target.model is None:
             return False
         return self.backend.routable_replicas() == 0
 
@@ -178,7 +177,7 @@ class Link:
     @property
     def counts_engine(self) -> bool:
         """Its engine keeps counts to read: a vLLM backend, not the CPU fallback."""
-        return self.target.role is not None
+        return self.target.model is not None
 
     def no_kv_reading(self) -> None:
         self.facts = self.facts.kv_unobservable()
@@ -234,11 +233,11 @@ class Link:
 def build_links(
     config: ClusterConfig,
     backends: Mapping[str, Backend],
-    placement: Mapping[Role, str],
+    placement: Mapping[str, str],
     clock: Callable[[], float],
 ) -> dict[str, Link]:
     """A link per backend, each holding `cap // router_shares` slots (so the replicas' slots
-    never sum past the cap); those not where `placement` puts their role start parked."""
+    never sum past the cap); those not where `placement` puts their model start parked."""
     settings = config.router
     breaker_policy = BreakerPolicy(
         failure_threshold=settings.breaker_failures,
@@ -260,7 +259,7 @@ def build_links(
             aging_s=settings.aging_s,
             shares=settings.class_shares,
         )
-        role = target.role
+        model = target.model
         links[name] = Link(
             target=target,
             backend=backend,
@@ -268,7 +267,7 @@ def build_links(
             breaker=CircuitBreaker(breaker_policy, clock),
             kv=KvPressure(kv_policy),
             clock=clock,
-            facts=LinkFacts(parked=role is not None and placement.get(role) != name),
+            facts=LinkFacts(parked=model is not None and placement.get(model) != name),
             shares=config.gateway.router_shares,
         )
     return links

@@ -102,9 +102,9 @@ PREFIX_CACHE_HIT_RATE = Gauge(
 )
 PLACEMENT_MOVES = Counter(
     "gps_placement_moves",
-    "Placement moves recorded by the placement actor, by role, kind (offload, restore) and "
+    "Placement moves recorded by the placement actor, by model, kind (offload, restore) and "
     "outcome (done, abandoned); a router replica counts the recorded ones it had not seen.",
-    ["role", "kind", "outcome"],
+    ["model", "kind", "outcome"],
     registry=REGISTRY,
 )
 # Load-driven autoscaling (models[].autoscaling): Serve's running count, and the policy's steps.
@@ -132,8 +132,8 @@ LOOP_ERRORS = Counter(
 )
 MODEL_POOL = Gauge(
     "gps_model_pool",
-    "1 for the pool each role serves on now (placement may move it off its home pool).",
-    ["role", "pool"],
+    "1 for the pool each model serves on now (placement may move it off its home pool).",
+    ["model", "pool"],
     registry=REGISTRY,
 )
 

@@ -1,4 +1,4 @@
-"""Where each role serves now, pulled from the placement actor (autoscale/broadcast.py).
+"""Where each model serves now, pulled from the placement actor (autoscale/broadcast.py).
 
 Every router replica pulls the actor's view, so all of them follow each move, and one that
 starts late or restarts routes by it at once. Parked backends take no new work.
@@ -13,7 +13,6 @@ from typing import Any
 
 from core.clock import Clock
 from core.config import ClusterConfig
-from core.types import Role
 from core.wire import SYNC_INTERVAL_S, PlacementView
 from deployments.router import metrics
 from deployments.router.faults import describe
@@ -29,8 +28,8 @@ SYNC_TIMEOUT_S = 5.0
 FIRST_SYNC_WAIT_S = 5.0  # a new router replica waits this long for where models serve now
 
 
-def home_placement(config: ClusterConfig) -> dict[Role, str]:
-    return {b.role: b.name for b in config.home_backends}
+def home_placement(config: ClusterConfig) -> dict[str, str]:
+    return {b.model: b.name for b in config.home_backends}
 
 
 class PlacementSync:
@@ -51,9 +50,9 @@ class PlacementSync:
         self._placer_errors = 0  # the placement actor's failed rounds, last seen
         self._view_version = 0
         self._synced = asyncio.Event()
-        for role, backend in self._placement.items():
+        for model, backend in self._placement.items():
             if backend in links:
-                metrics.MODEL_POOL.labels(role.value, links[backend].target.pool).set(1)
+                metrics.MODEL_POOL.labels(model, links[backend].target.pool).set(1)
 
     @property
     def follows(self) -> bool:
@@ -61,17 +60,17 @@ class PlacementSync:
         return self._source is not None
 
     @property
-    def placements(self) -> Mapping[Role, str]:
+    def placements(self) -> Mapping[str, str]:
         return self._placement
 
     @property
     def moves(self) -> list[dict[str, Any]]:
         return list(self._moves)
 
-    def chain(self, role: Role) -> tuple[str, ...]:
-        """The role's chain, led by the backend it is placed on now."""
-        chain = self._config.chain(role)
-        placed = self._placement.get(role)
+    def chain(self, model: str) -> tuple[str, ...]:
+        """The model's chain, led by the backend it is placed on now."""
+        chain = self._config.chain(model)
+        placed = self._placement.get(model)
         if placed is None or (chain and chain[0] == placed):
             return chain
         return (placed, *(link for link in chain if link != placed))
@@ -112,12 +111,12 @@ class PlacementSync:
         return {name: link.claims for name, link in self._links.items()}
 
     def apply(self, view: PlacementView) -> None:
-        """Send each role's new work where `view` places it; parked backends take none."""
-        for role, backend in view.placements.items():
-            if backend in self._links and self._placement.get(Role(role)) != backend:
-                self._prefer(Role(role), self._links[backend])
+        """Send each model's new work where `view` places it; parked backends take none."""
+        for model, backend in view.placements.items():
+            if backend in self._links and self._placement.get(model) != backend:
+                self._prefer(model, self._links[backend])
         for link in self._links.values():
-            if link.target.role is not None:
+            if link.target.model is not None:
                 link.park(link.target.name in view.parked)
         self._count_moves(view.moves)
         self._count_loop_errors(view.loop_errors)
@@ -139,19 +138,19 @@ class PlacementSync:
             if move["seq"] <= self._moves_counted:
                 continue
             if self._view_version:  # on the first view, moves made before this replica are not new
-                metrics.PLACEMENT_MOVES.labels(move["role"], move["kind"], move["outcome"]).inc()
+                metrics.PLACEMENT_MOVES.labels(move["model"], move["kind"], move["outcome"]).inc()
             self._moves_counted = move["seq"]
 
-    def _prefer(self, role: Role, link: Link) -> None:
+    def _prefer(self, model: str, link: Link) -> None:
         """The placement actor saw `link`'s replicas RUNNING and healthy before it published
         the move, so the link is up now, without waiting for a probe."""
         link.recovered(Health.PLACED)
         if link.breaker.state is not BreakerState.CLOSED:
             link.breaker.reset("placed here: running and healthy")
             link.count_transitions()
-        previous = self._links.get(self._placement.get(role, ""))
+        previous = self._links.get(self._placement.get(model, ""))
         if previous is not None:
-            metrics.MODEL_POOL.labels(role.value, previous.target.pool).set(0)
-        metrics.MODEL_POOL.labels(role.value, link.target.pool).set(1)
-        self._placement[role] = link.target.name
-        logger.info("placement: %s now served by %s", role.value, link.target.name)
+            metrics.MODEL_POOL.labels(model, previous.target.pool).set(0)
+        metrics.MODEL_POOL.labels(model, link.target.pool).set(1)
+        self._placement[model] = link.target.name
+        logger.info("placement: %s now served by %s", model, link.target.name)

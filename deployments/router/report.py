@@ -8,7 +8,6 @@ from typing import Any
 
 from core.config import ClusterConfig
 from core.topology import Target
-from core.types import Role
 from deployments.router.link import Link
 from deployments.router.ports import DeploymentFacts, DeploymentKey
 from policy.breaker import BreakerState
@@ -18,7 +17,7 @@ def status_report(
     config: ClusterConfig,
     links: Mapping[str, Link],
     deployments: Mapping[DeploymentKey, DeploymentFacts],
-    placements: Mapping[Role, str],
+    placements: Mapping[str, str],
     moves: list[dict[str, Any]],
     now: float,
 ) -> dict[str, Any]:
@@ -26,7 +25,7 @@ def status_report(
     homes = {t.name for t in config.home_targets}
     for target in config.targets.values():
         link = links.get(target.name)
-        if link is None and (target.role is None or target.name not in homes):
+        if link is None and (target.model is None or target.name not in homes):
             continue  # not part of this app (benchmarks over bare replicas)
         facts = deployments.get(link.backend.deployment) if link else None
         backends[target.name] = backend_report(target, facts, link, now)
@@ -58,7 +57,8 @@ def backend_report(
     running = facts.running_replicas if facts else 0
     status = facts.status if facts else "NOT_DEPLOYED"
     report: dict[str, Any] = {
-        "role": target.role.value if target.role else None,  # None: the fallback, any role
+        "model": target.model,  # None: the fallback, any model's last link
+        "role": target.role.value if target.role else None,
         "pool": target.pool,
         "state": backend_state(status, running),
         "deployment_status": status,

@@ -48,7 +48,7 @@ def test_the_capacity_command_measures_the_engine_and_writes_a_fragment(tmp_path
     fragment = yaml.safe_load(out.read_text())
     [entry] = fragment["models"]
     assert entry == {
-        "role": "orchestrator",
+        "name": "orchestrator",
         "context_window": 2457,  # 80% of 3072
         "max_concurrency": 2,  # 80% of 3
         "engine_kwargs": {"max_num_seqs": 2},

@@ -14,6 +14,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from core.config import ClusterConfig
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello in three words."}]
+LIMITED_KEY = "test-orchestrator-only"  # gateway.yaml's orchestrator-only key
 
 
 def chat_body(**overrides: Any) -> dict[str, Any]:
@@ -134,6 +135,35 @@ def test_bad_body_gets_openai_error_and_app_keeps_serving(http: httpx.Client, ca
     )
     assert_openai_error(response, status, code)
     assert_serves(http)
+
+
+def test_one_model_card_and_an_unknown_id(client: openai.OpenAI, http: httpx.Client) -> None:
+    card = client.models.retrieve("smollm2-coder")
+    assert (card.id, card.owned_by) == ("smollm2-coder", "gpu-pool-serve")
+    extra = card.model_extra or {}
+    assert (extra["model"], extra["role"], extra["aliases"]) == (
+        "coding",
+        "coding",
+        ["smollm2-coder"],
+    )
+    assert_openai_error(http.get("/v1/models/gpt-17"), 404, "model_not_found")
+
+
+def test_a_key_limited_to_one_model_uses_it_and_nothing_else(gateway: str) -> None:
+    """`api_keys[].models`: the orchestrator under its name and alias; any other name is a 403,
+    whether it exists or not; the list shows only what the key may use."""
+    limited = openai.OpenAI(
+        base_url=f"{gateway}/v1", api_key=LIMITED_KEY, max_retries=0, timeout=120
+    )
+    assert {m.id for m in limited.models.list()} == {"orchestrator", "smollm2"}
+    raw = limited.chat.completions.with_raw_response.create(
+        model="smollm2", messages=HELLO, max_tokens=2
+    )
+    assert raw.headers["x-backend"] == "orchestrator@local"
+    for name in ("coding", "gpt-17", "auto"):
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            limited.chat.completions.create(model=name, messages=HELLO, max_tokens=2)
+        assert refused.value.code == "model_not_allowed", name
 
 
 def test_unknown_model_through_the_sdk(client: openai.OpenAI) -> None:

@@ -133,7 +133,7 @@ def test_a_real_vram_drop_decides_an_offload_and_recovery_a_restore(
     print(
         f"\nplacement on real NVML: local free {(squeezed['local'] or 0) / GIB:.2f} GiB "
         "while held -> "
-        f"{move.kind} {move.role} {move.source}->{move.target} ({move.reason}); "
+        f"{move.kind} {move.model} {move.source}->{move.target} ({move.reason}); "
         f"allocation to decision {decided_s:.2f} s; after release: "
         f"{[(m.kind, m.source, m.target) for m in back.moves]}"
     )

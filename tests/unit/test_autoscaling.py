@@ -69,7 +69,7 @@ def test_autoscaling_bounds_and_the_starting_count_are_checked() -> None:
 
 def test_an_autoscaled_backend_is_built_with_the_policy_and_its_load_settings() -> None:
     config = config_with(SCALING, replicas=1, cap=4)
-    options = llm_config_for(config, Backend(role=Role.CODING, pool="local")).deployment_config
+    options = llm_config_for(config, Backend(model="coding", pool="local")).deployment_config
     scaling = options["autoscaling_config"]
     assert (scaling["min_replicas"], scaling["max_replicas"], scaling["initial_replicas"]) == (
         1,
@@ -81,7 +81,7 @@ def test_an_autoscaled_backend_is_built_with_the_policy_and_its_load_settings() 
     assert load["per_replica_cap"] == 4
     assert load["max_replicas"] == 3
     # A model without autoscaling on one pool keeps a fixed count.
-    fixed = llm_config_for(config, Backend(role=Role.ORCHESTRATOR, pool="local")).deployment_config
+    fixed = llm_config_for(config, Backend(model="orchestrator", pool="local")).deployment_config
     assert fixed["num_replicas"] == 1
     assert "autoscaling_config" not in fixed
     # Serve checks every engine replica often: the check is how it learns one died.
@@ -364,7 +364,7 @@ def test_placement_moving_a_sleeping_role_away_parks_it_and_back_starts_it(
 
 def test_a_scale_to_zero_backend_lets_serve_go_to_zero() -> None:
     config = config_with(SLEEPY)
-    options = llm_config_for(config, Backend(role=Role.CODING, pool="local")).deployment_config
+    options = llm_config_for(config, Backend(model="coding", pool="local")).deployment_config
     assert options["autoscaling_config"]["min_replicas"] == 0
     assert options["autoscaling_config"]["initial_replicas"] == 1
     load = options["autoscaling_config"]["policy"]["policy_kwargs"]["load"]

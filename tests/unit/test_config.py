@@ -114,7 +114,7 @@ def test_default_caps_per_role(tmp_path: Path) -> None:
     }
 
 
-def test_e2e_config_loads_four_roles_and_a_key() -> None:
+def test_e2e_config_loads_four_roles_and_two_keys() -> None:
     config = load_config(E2E_CONFIG, environ={})
     assert [b.name for b in config.home_backends] == [
         "orchestrator@local",
@@ -132,10 +132,11 @@ def test_e2e_config_loads_four_roles_and_a_key() -> None:
         "smollm2-embed",
         AUTO_MODEL,
     }
-    assert config.served_names["smollm2-coder"] == Role.CODING
-    [key] = config.api_keys
+    assert config.served_names["smollm2-coder"] == "coding"
+    key, limited = config.api_keys
     assert key.sha256 == hash_key("test-user-key")
     assert (key.priority, key.max_priority) == (PriorityClass.AGENT, PriorityClass.USER)
+    assert (key.models, limited.models) == (None, ("orchestrator",))
     assert config.gateway.max_body_bytes == 2 * 1024 * 1024
 
 
@@ -305,7 +306,7 @@ def test_chain_link_that_is_not_a_backend_is_refused(tmp_path: Path) -> None:
     message = config_error(tmp_path, data)
     assert "chains.coding" in message
     assert "'coding@cloud' is not a backend" in message
-    assert "use role@pool" in message
+    assert "use model@pool" in message
 
 
 def test_chain_for_a_role_no_model_serves_is_refused(tmp_path: Path) -> None:
@@ -313,8 +314,8 @@ def test_chain_for_a_role_no_model_serves_is_refused(tmp_path: Path) -> None:
     data["chains"] = {"vision": ["cpu-fallback"]}
     message = config_error(tmp_path, data)
     assert "chains.vision" in message
-    assert "no model serves role 'vision'" in message
-    assert "add one or drop it" in message
+    assert "no model is named 'vision' and no model has that role" in message
+    assert "or drop it" in message
 
 
 def test_chain_for_an_unknown_role_is_refused(tmp_path: Path) -> None:
@@ -322,7 +323,7 @@ def test_chain_for_an_unknown_role_is_refused(tmp_path: Path) -> None:
     data["chains"] = {"visoin": ["cpu-fallback"]}
     message = config_error(tmp_path, data)
     assert "chains.visoin" in message
-    assert "'vision'" in message
+    assert "no model is named 'visoin'" in message
 
 
 # --- bad models, aliases and pools --------------------------------------------------------------
@@ -359,7 +360,7 @@ def test_alias_equal_to_a_reserved_name_is_refused(tmp_path: Path, alias: str) -
     data["models"][1]["aliases"] = [alias]
     message = config_error(tmp_path, data)
     assert "models[1].aliases" in message
-    assert f"{alias!r} is a reserved model name; pick another" in message
+    assert f"{alias!r} is a model's or role's name (or reserved); pick another" in message
 
 
 def test_model_on_an_unknown_pool_is_refused(tmp_path: Path) -> None:
@@ -388,12 +389,12 @@ def test_fallback_on_an_unknown_pool_is_refused(tmp_path: Path) -> None:
     assert "leave fallback.pool empty" in message
 
 
-def test_two_models_with_one_role_are_refused(tmp_path: Path) -> None:
+def test_two_models_with_one_name_are_refused(tmp_path: Path) -> None:
     data = base()
-    data["models"][1]["role"] = "orchestrator"
+    data["models"][1]["role"] = "orchestrator"  # unnamed: both are named by their role
     message = config_error(tmp_path, data)
-    assert "role 'orchestrator' is served by two models" in message
-    assert "keep one model per role" in message
+    assert "two models are named 'orchestrator'" in message
+    assert "give each its own name (models[].name)" in message
 
 
 def test_duplicate_pool_names_are_refused(tmp_path: Path) -> None:

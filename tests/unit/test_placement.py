@@ -40,14 +40,14 @@ class Placer:
     product's own bookkeeping."""
 
     def __init__(self) -> None:
-        self.current = {m.role: m.current for m in models()}
+        self.current = {m.name: m.current for m in models()}
         self.history = History()
         self.moves: list[tuple[float, Move]] = []
 
     def step(self, now: float, reading: Mapping[str, int | None]) -> Decision:
         decision = decide(reading, models(**self.current), self.history, now, POLICY)
         for move in decision.moves:
-            self.current[move.role] = move.target
+            self.current[move.model] = move.target
             self.history = self.history.after_move(move, now)
             self.moves.append((now, move))
         return decision
@@ -56,7 +56,7 @@ class Placer:
 def test_low_vram_offloads_the_lowest_priority_model_first() -> None:
     decision = decide(free(4), models(), History(), 0, POLICY)
     [move] = decision.moves
-    assert (move.role, move.source, move.target, move.kind) == (
+    assert (move.model, move.source, move.target, move.kind) == (
         "reasoning",
         "local",
         "cloud",
@@ -84,7 +84,7 @@ def test_no_room_anywhere_stays_put_and_says_why() -> None:
     assert decision.moves == ()
     [hold] = decision.holds
     assert hold.pool == "local"
-    assert hold.role == "reasoning"
+    assert hold.model == "reasoning"
     assert "no pool can take" in hold.reason
     assert "staying" in hold.reason
     # A pool with no reading at all is never a target either.
@@ -101,7 +101,7 @@ def test_a_model_comes_back_only_after_the_away_time() -> None:
     late_history = History(last_change={"local": 1, "cloud": 1}, left_home_at={"reasoning": 0})
     assert decide(free(20), away, late_history, 60, POLICY).moves == ()
     [move] = decide(free(20), away, late_history, 121, POLICY).moves
-    assert (move.role, move.source, move.target, move.kind) == (
+    assert (move.model, move.source, move.target, move.kind) == (
         "reasoning",
         "cloud",
         "local",
@@ -113,18 +113,18 @@ def test_the_highest_priority_model_comes_back_first() -> None:
     away = models(reasoning="cloud", vision="cloud")
     history = History(left_home_at={"reasoning": 0, "vision": 0})
     [move] = decide(free(30), away, history, 1000, POLICY).moves
-    assert move.role == "vision"  # P2 before P3; the next round may bring reasoning
+    assert move.model == "vision"  # P2 before P3; the next round may bring reasoning
 
 
 def test_one_change_per_pool_per_round_then_the_cooldown() -> None:
     placer = Placer()
     placer.step(0, free(1))
-    assert [m.role for _, m in placer.moves] == ["reasoning"]
+    assert [m.model for _, m in placer.moves] == ["reasoning"]
     still_low = placer.step(30, free(1))  # the pool is still short: it waits out its cooldown
     assert still_low.moves == ()
     assert "cooldown 90 s" in still_low.holds[0].reason
     placer.step(120, free(1))
-    assert [m.role for _, m in placer.moves] == ["reasoning", "vision"]
+    assert [m.model for _, m in placer.moves] == ["reasoning", "vision"]
 
 
 def test_flapping_readings_do_not_make_models_flap() -> None:
@@ -141,9 +141,9 @@ def test_flapping_readings_do_not_make_models_flap() -> None:
     left: dict[str, float] = {}
     for now, move in placer.moves:
         if move.kind == "offload":
-            left[move.role] = now
+            left[move.model] = now
         else:
-            assert now - left[move.role] >= POLICY.min_away_s
+            assert now - left[move.model] >= POLICY.min_away_s
 
 
 def test_a_steady_drop_then_recovery_moves_out_once_and_back_once() -> None:
@@ -152,7 +152,7 @@ def test_a_steady_drop_then_recovery_moves_out_once_and_back_once() -> None:
         placer.step(tick * 15.0, free(4))
     for tick in range(8, 40):  # then plenty
         placer.step(tick * 15.0, free(30))
-    kinds = [(m.kind, m.role) for _, m in placer.moves]
+    kinds = [(m.kind, m.model) for _, m in placer.moves]
     assert kinds[0] == ("offload", "reasoning")
     assert ("restore", "reasoning") in kinds
     assert kinds.count(("offload", "reasoning")) == 1
@@ -207,7 +207,7 @@ def test_nothing_moves_onto_a_down_pool_nor_home_before_it_is_up() -> None:
     # local is short of memory; cloud has room but is down: no offload there.
     assert decide(free(2), models(), History(), 0, POLICY, down=frozenset({"cloud"})).moves == ()
     # Evacuated from home (local) long ago; home has room but is still down: no restore.
-    away = [m for m in models(reasoning="cloud") if m.role == "reasoning"]
+    away = [m for m in models(reasoning="cloud") if m.name == "reasoning"]
     history = History(left_home_at={"reasoning": 0})
     assert decide(free(30), away, history, 1000, POLICY, down=frozenset({"local"})).moves == ()
     [move] = decide(free(30), away, history, 1000, POLICY).moves

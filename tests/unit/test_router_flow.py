@@ -664,10 +664,10 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
         seen = [await served_by(router, reasoning)]  # home pool; cloud starts parked
         homes = {"reasoning": "reasoning@local"}
         # The first view carries a move made before this replica: shown, not counted.
-        earlier = {"seq": 1, "role": "reasoning", "kind": "restore", "outcome": "done"}
+        earlier = {"seq": 1, "model": "reasoning", "kind": "restore", "outcome": "done"}
         router.apply_placement(PlacementView(1, homes, frozenset({"reasoning@cloud"}), (earlier,)))
         moved = {"reasoning": "reasoning@cloud"}
-        record = {"seq": 2, "role": "reasoning", "kind": "offload", "outcome": "done"}
+        record = {"seq": 2, "model": "reasoning", "kind": "offload", "outcome": "done"}
         view = PlacementView(2, moved, frozenset({"reasoning@local"}), (earlier, record))
         router.apply_placement(view)
         router.apply_placement(view)  # the next sync: the same move is not counted again
@@ -680,11 +680,11 @@ def test_placement_moves_a_roles_work_and_parked_links_take_none() -> None:
     assert asyncio.run(scenario()) == ["reasoning@local", "reasoning@cloud", "cpu-fallback"]
     assert local.calls == 1
     metrics = asyncio.run(router.metrics_text()).decode()
-    moves = 'gps_placement_moves_total{kind="offload",outcome="done",role="reasoning"}'
+    moves = 'gps_placement_moves_total{kind="offload",model="reasoning",outcome="done"}'
     assert f"{moves} 1.0" in metrics
     assert 'kind="restore"' not in metrics
-    assert 'gps_model_pool{pool="cloud",role="reasoning"} 1.0' in metrics
-    assert 'gps_model_pool{pool="local",role="reasoning"} 0.0' in metrics
+    assert 'gps_model_pool{model="reasoning",pool="cloud"} 1.0' in metrics
+    assert 'gps_model_pool{model="reasoning",pool="local"} 0.0' in metrics
 
 
 def test_the_placement_actors_failed_rounds_are_counted_by_the_router() -> None:
@@ -1154,3 +1154,27 @@ def test_with_engine_priority_off_every_request_reaches_the_engine_at_zero() -> 
     for priority in PriorityClass:
         asyncio.run(served_by(router, job(priority=priority)))
     assert [r.priority for r in coding.requests] == [0, 0, 0]
+
+
+def two_coders_config() -> ClusterConfig:
+    coder = {"role": "coding", "context_window": 4096, "pools": ["local"]}
+    raw = {
+        "pools": [{"name": "local", "kind": "local"}],
+        "models": [
+            {**coder, "name": "coder-big", "source": "example/big", "default": True},
+            {**coder, "name": "coder-small", "source": "example/small"},
+        ],
+        "fallback": {"source": "fallback.gguf"},
+    }
+    return parse_config(raw, base_dir=Path("."), environ={})
+
+
+def test_a_dead_default_model_fails_over_to_the_other_model_of_its_role_first() -> None:
+    big, small, fallback = FakeBackend(dead), FakeBackend(ok), FakeBackend(ok)
+    handles = {"coder-big@local": big, "coder-small@local": small, "cpu-fallback": fallback}
+    router = make_router(two_coders_config(), handles)
+    coding = replace(job(), model="coder-big")
+    assert asyncio.run(served_by(router, coding)) == "coder-small@local"
+    small.behaviour = dead
+    assert asyncio.run(served_by(router, coding)) == "cpu-fallback"
+    assert (big.calls, small.calls, fallback.calls) == (2, 2, 1)

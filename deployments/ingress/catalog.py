@@ -1,0 +1,38 @@
+"""The model cards `/v1/models` lists and `/v1/models/{id}` answers: every name a client may send
+(a model's name, its aliases, a role's name, `auto`), each saying which model it reaches."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from core.config import ClusterConfig
+
+__all__ = ["OWNER", "model_cards"]
+
+OWNER = "gpu-pool-serve"
+
+
+def model_cards(
+    config: ClusterConfig, served: Mapping[str, str | None], created: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """A card per served name (OpenAI's `id`, `object`, `created`, `owned_by`; vLLM's `root` and
+    `parent`), with the model it reaches, that model's role and aliases. `auto`'s model is
+    chosen per request: none."""
+    stamp = int(time.time()) if created is None else created
+    cards = {}
+    for name, model_name in served.items():
+        model = config.model_named(model_name) if model_name is not None else None
+        cards[name] = {
+            "id": name,
+            "object": "model",
+            "created": stamp,
+            "owned_by": OWNER,
+            "root": model.source if model else None,
+            "parent": None,
+            "model": model_name,
+            "role": model.role.value if model and model.role else None,
+            "aliases": list(model.aliases) if model else [],
+        }
+    return cards

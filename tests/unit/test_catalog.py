@@ -1,0 +1,271 @@
+"""The open catalog: models by name, several per role, chains by name, keys limited to models,
+and `/v1/models` (list and one card). Config through the loader; requests through the ingress
+with a router that answers like an engine (tests/fakes/serve_handle.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from starlette.requests import Request
+
+from core.config import ClusterConfig, ConfigError, hash_key, parse_config
+from core.errors import ApiError
+from deployments.ingress.app import Ingress
+from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
+from tests.fakes import serve_handle
+
+E2E = Path(__file__).parents[1] / "e2e"
+CODERS = [
+    {"name": "coder-small", "role": "coding", "source": "org/small", "context_window": 2048,
+     "pools": ["local"]},
+    {"name": "coder-big", "role": "coding", "default": True, "source": "org/big",
+     "context_window": 8192, "aliases": ["big"], "pools": ["local"]},
+]  # fmt: skip
+KEYS = [
+    {"name": "all", "sha256": hash_key("all-key")},
+    {"name": "coders", "sha256": hash_key("coders-key"), "models": ["coder-*"]},
+    {"name": "small", "sha256": hash_key("small-key"), "models": ["coder-small"]},
+]
+
+
+def raw_config(**changes: Any) -> dict[str, Any]:
+    """The e2e app's config with its coding model replaced by two named ones."""
+    raw: dict[str, Any] = yaml.safe_load((E2E / "gateway.yaml").read_text())
+    raw["models"] = [m for m in raw["models"] if m["role"] != "coding"] + copy.deepcopy(CODERS)
+    raw["chains"] = {"orchestrator": ["orchestrator@local", "coder-big@local", "cpu-fallback"]}
+    raw["api_keys"] = KEYS
+    raw.update(changes)
+    return raw
+
+
+def catalog(raw: dict[str, Any] | None = None) -> ClusterConfig:
+    return parse_config(raw or raw_config(), base_dir=E2E, environ={})
+
+
+def refusal(raw: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        catalog(raw)
+    return str(caught.value)
+
+
+# --- the config ----------------------------------------------------------------------------------
+
+
+def test_a_role_reaches_its_default_model_and_every_name_reaches_its_own() -> None:
+    served = catalog().served_names
+    assert served["coding"] == "coder-big"  # default: true
+    assert (served["coder-small"], served["coder-big"], served["big"]) == (
+        "coder-small",
+        "coder-big",
+        "coder-big",
+    )
+    assert served["orchestrator"] == "orchestrator"  # unnamed: named by its role
+    assert served["auto"] is None
+
+
+def test_without_a_default_a_role_reaches_its_first_model() -> None:
+    raw = raw_config()
+    for model in raw["models"]:
+        model.pop("default", None)
+    assert catalog(raw).served_names["coding"] == "coder-small"
+
+
+def test_a_model_fails_over_to_the_others_of_its_role_then_the_fallback() -> None:
+    config = catalog()
+    assert config.chain("coder-big") == ("coder-big@local", "coder-small@local", "cpu-fallback")
+    assert config.chain("coder-small") == ("coder-small@local", "coder-big@local", "cpu-fallback")
+    # A role's chain under `chains` is its default model's; the fallback ends text chains only.
+    assert config.chain("orchestrator")[1] == "coder-big@local"
+    assert config.chain("embedding") == ("embedding@local",)
+
+
+def test_fallbacks_name_the_chain_and_the_cpu_fallback_always_ends_it() -> None:
+    raw = raw_config()
+    raw["models"][3]["fallbacks"] = ["orchestrator"]  # coder-small
+    config = catalog(raw)
+    assert config.chain("coder-small") == (
+        "coder-small@local",
+        "orchestrator@local",
+        "cpu-fallback",
+    )
+
+
+def test_each_model_is_its_own_backend_and_engine_model_id() -> None:
+    config = catalog()
+    targets = config.targets
+    assert {"coder-small@local", "coder-big@local"} <= set(targets)
+    small = targets["coder-small@local"]
+    assert (small.model_id, small.model, small.role, small.context_window) == (
+        "coder-small",
+        "coder-small",
+        "coding",
+        2048,
+    )
+    assert targets["cpu-fallback"].model is None
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"fallbacks": ["coder-huge"]}, "models[3].fallbacks: no model is named 'coder-huge'"),
+        ({"fallbacks": ["coder-small"]}, "models[3].fallbacks: 'coder-small' lists itself"),
+        ({"fallbacks": ["embedding"]}, "'embedding' does not serve text as 'coder-small' does"),
+        ({"name": "vision"}, "models[3].name: 'vision' is a role's name"),
+        ({"name": "auto"}, "models[3].name: 'auto' is a reserved name"),
+        ({"name": "coder-big"}, "two models are named 'coder-big'"),
+        ({"default": True}, "more than one model of role 'coding' is marked default"),
+        ({"aliases": ["coder-big"]}, "'coder-big' is a model's or role's name"),
+    ],
+)
+def test_a_catalog_that_cannot_be_resolved_is_refused_with_the_field(
+    change: dict[str, Any], expected: str
+) -> None:
+    raw = raw_config()
+    raw["models"][3].update(change)  # coder-small
+    assert expected in refusal(raw)
+
+
+def test_a_model_needs_a_name_or_a_role() -> None:
+    raw = raw_config()
+    del raw["models"][3]["role"], raw["models"][3]["name"]
+    assert "a model needs a name (what clients send) or a role" in refusal(raw)
+
+
+def test_a_model_without_a_role_is_reached_by_name_only() -> None:
+    raw = raw_config()
+    del raw["models"][3]["role"]
+    config = catalog(raw)
+    assert config.served_names["coder-small"] == "coder-small"
+    assert config.served_names["coding"] == "coder-big"
+    assert config.chain("coder-small") == ("coder-small@local", "cpu-fallback")
+    raw["models"][3]["default"] = True
+    assert "a default is the model its role's name reaches" in refusal(raw)
+
+
+def test_the_reference_example_of_a_catalog_loads() -> None:
+    """docs/configuration.md shows a two-model role and a limited key: it must load."""
+    text = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    snippet = text.split("## The catalog: models by name")[1].split("```yaml")[1].split("```")[0]
+    example = yaml.safe_load(snippet)
+    example["api_keys"][0]["sha256"] = hash_key("k")
+    raw = raw_config(api_keys=example["api_keys"], chains={})
+    raw["pools"].append({"name": "cloud", "kind": "cloud"})
+    raw["models"] = [*raw["models"][:3], *example["models"]]
+    config = catalog(raw)
+    assert config.served_names["coding"] == "coder-fast"
+    assert config.chain("coder-large") == ("coder-large@cloud", "coder-fast@local", "cpu-fallback")
+
+
+# --- requests through the ingress ----------------------------------------------------------------
+
+
+def request(key: str, path: str, body: dict[str, Any] | None = None) -> Request:
+    scope = {
+        "type": "http",
+        "method": "POST" if body is not None else "GET",
+        "path": path,
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {key}".encode())],
+    }
+    chunks = [{"type": "http.request", "body": json.dumps(body or {}).encode()}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop() if chunks else {"type": "http.disconnect"}
+
+    return Request(scope, receive)
+
+
+@pytest.fixture
+def router() -> serve_handle.EngineLikeRouter:
+    return serve_handle.EngineLikeRouter()
+
+
+@pytest.fixture
+def ingress(router: serve_handle.EngineLikeRouter) -> Ingress:
+    ledger = LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
+    return Ingress(catalog(), router, lambda: ledger)
+
+
+def chat(ingress: Ingress, key: str, model: str) -> int | str:
+    """The status of a chat for `model` with `key`, or the error's code."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        response = asyncio.run(ingress.chat(request(key, "/v1/chat/completions", body)))
+    except ApiError as error:
+        return f"{error.status} {error.code}"
+    return response.status_code
+
+
+def test_a_request_goes_to_the_model_its_name_reaches(
+    ingress: Ingress, router: serve_handle.EngineLikeRouter
+) -> None:
+    for name in ("coding", "big", "coder-small", "orchestrator"):
+        assert chat(ingress, "all-key", name) == 200
+    assert [job.model for job in router.jobs] == [
+        "coder-big",
+        "coder-big",
+        "coder-small",
+        "orchestrator",
+    ]
+
+
+def test_a_limited_key_gets_403_for_other_models_whether_or_not_they_exist(
+    ingress: Ingress,
+) -> None:
+    assert chat(ingress, "small-key", "coder-small") == 200
+    for name in ("orchestrator", "coder-big", "coding", "no-such-model", "auto"):
+        assert chat(ingress, "small-key", name) == "403 model_not_allowed", name
+    # Within its globs: a name that does not exist is a 404; an alias reaching an allowed model
+    # is allowed.
+    assert chat(ingress, "coders-key", "coder-none") == "404 model_not_found"
+    assert chat(ingress, "coders-key", "big") == 200
+    assert chat(ingress, "coders-key", "coding") == 200
+    assert chat(ingress, "all-key", "no-such-model") == "404 model_not_found"
+
+
+def listed(ingress: Ingress, key: str) -> list[str]:
+    response = asyncio.run(ingress.models(request(key, "/v1/models")))
+    return [card["id"] for card in json.loads(bytes(response.body))["data"]]
+
+
+def test_the_model_list_shows_what_the_key_may_use(ingress: Ingress) -> None:
+    everything = listed(ingress, "all-key")
+    assert {"coder-small", "coder-big", "big", "coding", "orchestrator", "auto"} <= set(everything)
+    assert listed(ingress, "small-key") == ["coder-small"]
+    assert sorted(listed(ingress, "coders-key")) == ["big", "coder-big", "coder-small", "coding"]
+
+
+def card(ingress: Ingress, key: str, model_id: str) -> dict[str, Any] | str:
+    try:
+        response = asyncio.run(ingress.model(model_id, request(key, f"/v1/models/{model_id}")))
+    except ApiError as error:
+        return f"{error.status} {error.code}"
+    found: dict[str, Any] = json.loads(bytes(response.body))
+    return found
+
+
+def test_one_model_card_names_the_model_role_and_aliases(ingress: Ingress) -> None:
+    big = card(ingress, "all-key", "big")
+    assert isinstance(big, dict)
+    assert (big["id"], big["object"], big["owned_by"]) == ("big", "model", "gpu-pool-serve")
+    assert (big["model"], big["role"], big["aliases"], big["root"]) == (
+        "coder-big",
+        "coding",
+        ["big"],
+        "org/big",
+    )
+    assert card(ingress, "all-key", "nothing") == "404 model_not_found"
+    assert card(ingress, "small-key", "coder-big") == "403 model_not_allowed"
+    assert card(ingress, "small-key", "nothing") == "403 model_not_allowed"
+
+
+def test_a_key_pattern_that_matches_no_model_is_refused() -> None:
+    raw = raw_config()
+    raw["api_keys"][2]["models"] = ["codr-*"]
+    assert "api_keys[2].models: 'codr-*' matches no model, alias or role here" in refusal(raw)
