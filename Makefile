@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test check unit integration e2e chaos capacity-test placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
+.PHONY: install model run test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -93,6 +93,11 @@ unit: $(INSTALLED) $(PROMTOOL)
 integration: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/integration -q
 
+# An open catalog on real vLLM CPU engines: two models of one role, a LoRA adapter, a key
+# limited to one model; its own cluster.
+catalog: $(INSTALLED) $(DEMO_MODEL)
+	$(VENV)/bin/pytest tests/catalog -q -s
+
 # `python -m cluster.capacity` on a real vLLM CPU engine (its own session in `make test`).
 capacity-test: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/capacity -q -s
@@ -134,10 +139,10 @@ stop: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # The main session (unit, integration, and e2e + chaos on one shared app) and, beside it, one
-# after another: placement and recovery (three nodes), autoscale, monitoring and batch on
-# clusters of their own, then the capacity command's engine; then alone, since they stop every
-# Ray process here, rayup (a `ray up` cluster) and stop (whole apps run with `serve run`).
-# tests/suites.py; times at the end.
+# after another: placement and recovery (three nodes), autoscale, monitoring, batch and the
+# catalog (two engines) on clusters of their own, then the capacity command's engine; then
+# alone, since they stop every Ray process here, rayup (a `ray up` cluster) and stop (whole apps
+# run with `serve run`). tests/suites.py; times at the end.
 test: lint $(DEMO_MODEL) $(PROMTOOL)
 	$(PY) tests/suites.py
 
@@ -158,6 +163,7 @@ bench: $(INSTALLED) $(DEMO_MODEL)
 	$(PY) -m bench.capacity || status=1; \
 	$(PY) -m bench.autoscale || status=1; \
 	$(PY) -m bench.batch || status=1; \
+	$(PY) -m bench.catalog || status=1; \
 	$(PY) -m bench.prefix || status=1; \
 	exit $$status
 

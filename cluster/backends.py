@@ -1,8 +1,10 @@
-"""Turn our config into model deployments: a `ray.serve.llm` LLMServer per `role@pool` backend,
-and the CPU fallback replica."""
+"""Turn our config into model deployments: a `ray.serve.llm` LLMServer per `model@pool` backend
+(with its LoRA adapters), and the CPU fallback replica."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -14,6 +16,7 @@ from autoscale.serve_scaling import ReplicaPolicy, policy_kwargs
 from core.config import ClusterConfig, ModelConfig
 from core.topology import RESOURCE_SLIVER, Backend
 from core.types import DEPLOYMENT_PREFIX
+from deployments.engine.adapters import ADAPTERS_ENV
 from deployments.engine.llm_server import ObservedLLMServer
 from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
 from deployments.engine.replica_choice import ROUTER_PATH
@@ -83,16 +86,49 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
             # Requests carry their class's number (router.engine_priorities); a model's own
             # engine_kwargs may still say otherwise.
             **({"scheduling_policy": "priority"} if config.router.engine_priority else {}),
+            **lora_engine_kwargs(config, model),
             **model.engine_kwargs,
             **tool_engine_kwargs(config, model),
         },
         "deployment_config": options,
         # The engine's processes die with the replica (deployments/engine/parent_death.py).
-        "runtime_env": {"env_vars": {**model.env_vars, PARENT_DEATH_ENV: "1"}},
+        "runtime_env": {
+            "env_vars": {**model.env_vars, PARENT_DEATH_ENV: "1", **_adapter_env(config, model)}
+        },
     }
+    if model.adapters:  # Ray Serve LLM's multiplexing loads them (deployments/engine/adapters)
+        llm_config["lora_config"] = {"max_num_adapters_per_replica": len(model.adapters)}
     if model.device == "cpu":
         llm_config["placement_group_config"] = {"bundles": [{"CPU": model.cpus_per_replica}]}
     return LLMConfig(**llm_config)
+
+
+# vLLM's accepted max_lora_rank values (vllm/config/lora.py, MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, Any]:
+    """vLLM's multi-LoRA for a model with adapters: a slot per adapter, and a rank that holds
+    the largest local adapter's (remote ones are not read before start: 16, vLLM's default,
+    unless engine_kwargs says more)."""
+    if not model.adapters:
+        return {}
+    ranks = [_adapter_rank(config.adapter_source(a)) for a in model.adapters if not a.remote]
+    largest = max(ranks, default=16)
+    rank = next((r for r in LORA_RANKS if r >= largest), LORA_RANKS[-1])
+    return {"enable_lora": True, "max_loras": len(model.adapters), "max_lora_rank": rank}
+
+
+def _adapter_rank(folder: str) -> int:
+    settings = json.loads((Path(folder) / "adapter_config.json").read_text())
+    return int(settings.get("r", 16))
+
+
+def _adapter_env(config: ClusterConfig, model: ModelConfig) -> dict[str, str]:
+    if not model.adapters:
+        return {}
+    sources = {a.name: config.adapter_source(a) for a in model.adapters}
+    return {ADAPTERS_ENV: json.dumps(sources)}
 
 
 def tool_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, Any]:

@@ -42,7 +42,10 @@ Clients send a model's `name`, one of its `aliases`, a role's name (that role's 
 model, else its first) or `auto` (the depth router's choice). A model without a `name` is named
 by its role, so a file with one model per role needs none. Any number of models may share a
 role; each fails over along its `fallbacks` (by name; default: the other models of its role, in
-the file's order), then to `cpu-fallback`. A key's `models` limits what it may use.
+the file's order), then to `cpu-fallback`. A LoRA adapter (`adapters`) is a model name of its
+own, served by its base model's replicas through vLLM's multi-LoRA (loaded on a replica when
+first asked for; Serve keeps its requests on the replicas that have it), failing over along its
+base model's chain. A key's `models` limits what it may use.
 
 ```yaml
 models:
@@ -52,6 +55,9 @@ models:
     source: Qwen/Qwen2.5-Coder-1.5B-Instruct
     context_window: 8192
     pools: [local]
+    adapters:                   # LoRA: a model name of its own, on coder-fast's replicas
+      - name: coder-fast-sql
+        source: s3://my-bucket/adapters/coder-fast-sql   # or a local PEFT folder
   - name: coder-large           # agents: the big one
     role: coding
     source: Qwen/Qwen2.5-Coder-32B-Instruct

@@ -80,6 +80,9 @@ class Target(Frozen):
     chat_template: str | None = Field(
         None, description="The template its engine renders with, where not the tokenizer's own."
     )
+    adapters: tuple[str, ...] = Field(
+        (), description="The LoRA adapters its engine serves besides the model (by name)."
+    )
 
     @property
     def counter_key(self) -> str:
@@ -164,6 +167,7 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         embeds=not model.generates,
         tools=model.tools is not None,
         chat_template=_template(config, model.tools),
+        adapters=tuple(a.name for a in model.adapters),
     )
 
 
@@ -209,7 +213,13 @@ def fallback_models(config: ClusterConfig, name: str) -> tuple[str, ...]:
 def chain(config: ClusterConfig, name: str) -> tuple[str, ...]:
     """A model's failover chain: configured under `chains`, or the model on each of its pools,
     then each of its fallback models on each of theirs, then (for text: the fallback serves no
-    vectors) the CPU fallback."""
+    vectors) the CPU fallback. An adapter's is its own under `chains`, else its base model's
+    (the base model's backends serve it)."""
+    if name in config.chains:
+        return config.chains[name]
+    base = config.base_model(name)
+    if base.name != name:
+        return chain(config, base.name)
     model = config.model_named(name)
     if name in config.chains:
         return config.chains[name]
@@ -225,8 +235,8 @@ def chain(config: ClusterConfig, name: str) -> tuple[str, ...]:
 
 
 def served_names(config: ClusterConfig) -> dict[str, str | None]:
-    """Client-visible model names and the model each selects: a model's name and aliases, a
-    role (its default model), and `auto` (None: chosen per request)."""
+    """Client-visible model names and the model each selects: a model's name and aliases, an
+    adapter's name, a role (its default model), and `auto` (None: chosen per request)."""
     names: dict[str, str | None] = {}
     for role in Role:
         default = default_model(config, role)
@@ -234,5 +244,6 @@ def served_names(config: ClusterConfig) -> dict[str, str | None]:
             names[role.value] = default
     names.update({m.name: m.name for m in config.models})
     names.update({alias: m.name for m in config.models for alias in m.aliases})
+    names.update({a.name: a.name for m in config.models for a in m.adapters})
     names[AUTO_MODEL] = None
     return names

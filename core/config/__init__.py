@@ -26,6 +26,7 @@ from core.config.recovery import (
 )
 from core.config.serving import (
     DEFAULT_CAPS,
+    AdapterConfig,
     AutoscalingConfig,
     FallbackConfig,
     ModelConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_CLASS_SHARES",
     "DEFAULT_DEPTH_ROUTES",
     "EMBEDDED_CONFIG",
+    "AdapterConfig",
     "ApiKeyConfig",
     "AutoscalingConfig",
     "BatchConfig",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core import topology
@@ -21,6 +22,7 @@ def cross_section_problems(config: ClusterConfig) -> list[str]:
     return [
         *_unique_names(config),
         *_catalog(config),
+        *_adapters(config),
         *_model_pools(config),
         *_caps(config),
         *_aliases(config),
@@ -68,6 +70,34 @@ def _catalog(config: ClusterConfig) -> list[str]:
         problems.append(
             f"models: more than one model of role {role.value!r} is marked default; mark one"
         )
+    return problems
+
+
+def _adapters(config: ClusterConfig) -> list[str]:
+    """Adapter names are names of their own; a local adapter is a PEFT folder; an embedding
+    model takes none."""
+    taken = {r.value for r in Role} | {AUTO_MODEL, FALLBACK_BACKEND}
+    taken |= {m.name for m in config.models} | {a for m in config.models for a in m.aliases}
+    seen: set[str] = set()
+    problems = []
+    for i, model in enumerate(config.models):
+        for j, adapter in enumerate(model.adapters):
+            where = f"models[{i}].adapters[{j}]"
+            if adapter.name in taken or adapter.name in seen:
+                problems.append(
+                    f"{where}.name: {adapter.name!r} already names a model, alias, role or "
+                    "adapter; give the adapter a name of its own"
+                )
+            seen.add(adapter.name)
+            folder = Path(config.adapter_source(adapter))
+            if not adapter.remote and not (folder / "adapter_config.json").is_file():
+                problems.append(
+                    f"{where}.source: {folder} holds no adapter_config.json; give a folder in "
+                    "PEFT's format (relative to this config file) or an s3://, gs://, abfss:// "
+                    "or azure:// folder"
+                )
+        if model.adapters and not model.generates:
+            problems.append(f"models[{i}].adapters: an embedding model serves no LoRA adapters")
     return problems
 
 

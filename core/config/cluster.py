@@ -12,6 +12,7 @@ from core.config.base import Frozen, FrozenDict, frozen_dict
 from core.config.checks import cross_section_problems
 from core.config.recovery import ClusterManagerConfig
 from core.config.serving import (
+    AdapterConfig,
     FallbackConfig,
     ModelConfig,
     PlacementConfig,
@@ -120,6 +121,13 @@ class ClusterConfig(Frozen):
     def served_names(self) -> dict[str, str | None]:
         return topology.served_names(self)
 
+    def adapter_source(self, adapter: AdapterConfig) -> str:
+        """A remote adapter's URI, or a local one's folder as an absolute path (relative paths
+        from the config file's folder)."""
+        if adapter.remote:
+            return adapter.source
+        return str((self.base_dir / Path(adapter.source).expanduser()).resolve())
+
     def resolve_path(self, source: str) -> str:
         return topology.resolve_path(self.base_dir, source)
 
@@ -131,6 +139,12 @@ class ClusterConfig(Frozen):
 
     def model_named(self, name: str) -> ModelConfig:
         return next(m for m in self.models if m.name == name)
+
+    def base_model(self, name: str) -> ModelConfig:
+        """The model named `name`, or the base model of the adapter named so."""
+        return next(
+            m for m in self.models if m.name == name or any(a.name == name for a in m.adapters)
+        )
 
     def model_for(self, role: Role) -> ModelConfig:
         """The role's default model (`default: true`, else its first)."""

@@ -15,6 +15,7 @@ from core.types import PoolKind, Role
 
 __all__ = [
     "DEFAULT_CAPS",
+    "AdapterConfig",
     "AutoscalingConfig",
     "FallbackConfig",
     "ModelConfig",
@@ -143,6 +144,27 @@ class AutoscalingConfig(Frozen):
         return self
 
 
+# Where Ray Serve LLM's LoRA loader fetches remote adapters from (its dynamic LoRA loading).
+REMOTE_ADAPTER_SCHEMES = ("s3://", "gs://", "abfss://", "azure://")
+
+
+class AdapterConfig(Frozen):
+    """A LoRA adapter of its model: a model name of its own, served by the base model's
+    replicas (vLLM's multi-LoRA, loaded on a replica when first asked for)."""
+
+    name: ModelName = Field(description="The name clients send for it (unique in the catalog).")
+    source: str = Field(
+        min_length=1,
+        description="A folder in PEFT's format (adapter_config.json and the weights; relative "
+        "to the config file), or an s3://, gs://, abfss:// or azure:// folder Ray Serve LLM "
+        "downloads it from.",
+    )
+
+    @property
+    def remote(self) -> bool:
+        return self.source.startswith(REMOTE_ADAPTER_SCHEMES)
+
+
 class ModelConfig(Frozen):
     """One named model, deployable on the listed pools (the first is its home), tagged with the
     role it may stand in for."""
@@ -228,6 +250,13 @@ class ModelConfig(Frozen):
         None,
         description="Replica counts from load. None: `replicas` is the count (placement still "
         "moves them between pools).",
+    )
+    adapters: tuple[AdapterConfig, ...] = Field(
+        (),
+        description="LoRA adapters of this model, each a model name of its own served by this "
+        "model's replicas (vLLM's enable_lora, max_loras = their count, max_lora_rank from the "
+        "local adapters' rank; engine_kwargs may set these). Each fails over along this "
+        "model's chain.",
     )
 
     @model_validator(mode="before")

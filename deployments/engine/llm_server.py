@@ -30,6 +30,7 @@ from ray.serve.llm import LLMServer
 
 from core.errors import ErrorCode
 from core.wire import PromptCount, is_embedding, take_prompt_count
+from deployments.engine.adapters import ConfiguredAdapterLoader
 from deployments.engine.quiet_polls import quiet_polls
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
@@ -120,6 +121,10 @@ def _kv_capacity_tokens(engine_client: Any) -> int | None:
 
 
 class ObservedLLMServer(LLMServer):  # type: ignore[misc]
+    def _init_multiplex_loader(self, model_downloader_cls: Any = None) -> None:
+        """LoRA adapters from their configured sources (deployments/engine/adapters.py)."""
+        super()._init_multiplex_loader(model_downloader_cls or ConfiguredAdapterLoader)
+
     async def __init__(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[misc]
         await super().__init__(*args, **kwargs)
         quiet_polls()

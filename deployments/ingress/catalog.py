@@ -17,22 +17,24 @@ OWNER = "gpu-pool-serve"
 def model_cards(
     config: ClusterConfig, served: Mapping[str, str | None], created: int | None = None
 ) -> dict[str, dict[str, Any]]:
-    """A card per served name (OpenAI's `id`, `object`, `created`, `owned_by`; vLLM's `root` and
-    `parent`), with the model it reaches, that model's role and aliases. `auto`'s model is
-    chosen per request: none."""
+    """A card per served name (OpenAI's `id`, `object`, `created`, `owned_by`; vLLM's `root`,
+    the weights, and `parent`, an adapter's base model), with the model it reaches, that
+    model's role and aliases. `auto`'s model is chosen per request: none."""
     stamp = int(time.time()) if created is None else created
+    sources = {a.name: a.source for m in config.models for a in m.adapters}
     cards = {}
     for name, model_name in served.items():
-        model = config.model_named(model_name) if model_name is not None else None
+        base = config.base_model(model_name) if model_name is not None else None
+        adapter = sources.get(model_name) if model_name is not None else None
         cards[name] = {
             "id": name,
             "object": "model",
             "created": stamp,
             "owned_by": OWNER,
-            "root": model.source if model else None,
-            "parent": None,
+            "root": adapter or (base.source if base else None),
+            "parent": base.name if adapter is not None and base else None,
             "model": model_name,
-            "role": model.role.value if model and model.role else None,
-            "aliases": list(model.aliases) if model else [],
+            "role": base.role.value if base and base.role else None,
+            "aliases": list(base.aliases) if base and adapter is None else [],
         }
     return cards

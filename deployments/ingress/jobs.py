@@ -86,7 +86,7 @@ class Jobs:
             )
             model, context_share = self._config.depth_route(depth.depth)
             _check_allowed(caller, AUTO_MODEL, model)
-        check_tool_support(payload, payload["model"], self._config.model_named(model).tools)
+        check_tool_support(payload, payload["model"], self._config.base_model(model).tools)
         return ChatJob(chat_request, model, claimed, caller.name, context_share), depth
 
     def completion(
@@ -199,7 +199,7 @@ def _check_allowed(caller: Caller, requested: str, model: str | None) -> None:
 def _check_kind(name: str, model: str | None, vectors: bool, config: ClusterConfig) -> None:
     """Text endpoints never reach an embedding model, nor `/v1/embeddings` a text model (`auto`,
     None here, resolves to a text model)."""
-    generates = model is None or config.model_named(model).generates
+    generates = model is None or config.base_model(model).generates
     if vectors and generates:
         names = ", ".join(m.name for m in config.models if not m.generates)
         where = f"embedding models here: {names}" if names else "no embedding model is served"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -40,9 +40,10 @@ from policy.load_scaling import LoadReport
 
 
 class ServeBackend:
-    def __init__(self, handle: DeploymentHandle) -> None:
+    def __init__(self, handle: DeploymentHandle, adapters: Iterable[str] = ()) -> None:
         self._unary = handle
         self._stream = handle.options(stream=True)  # kept: each .options() builds a router
+        self._adapters = frozenset(adapters)  # LoRA adapters its engines serve, by name
 
     @property
     def deployment(self) -> DeploymentKey:
@@ -62,9 +63,16 @@ class ServeBackend:
 
     def _streaming(self, request: Any) -> DeploymentHandle:
         """The streaming handle, with the request's session (its `user`) for the backend's
-        request router to keep the conversation on one replica (deployments/replica_router)."""
+        request router to keep the conversation on one replica (deployments/replica_router),
+        and for an adapter its name as Serve's multiplexed model id: Ray Serve LLM loads it
+        there, and Serve prefers the replicas that have it loaded."""
+        options: dict[str, str] = {}
         session = getattr(request, "user", None)
-        return self._stream.options(session_id=session) if session else self._stream
+        if session:
+            options["session_id"] = session
+        if getattr(request, "model", None) in self._adapters:
+            options["multiplexed_model_id"] = request.model
+        return self._stream.options(**options) if options else self._stream
 
     def routable_replicas(self) -> int | None:
         return routable_replicas(self._unary)  # `_stream` shares its router
@@ -179,7 +187,9 @@ class KvLoadBoard:
 def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) -> RouterPorts:
     targets = config.targets
     return RouterPorts(
-        backends={name: ServeBackend(handle) for name, handle in handles.items()},
+        backends={
+            name: ServeBackend(handle, targets[name].adapters) for name, handle in handles.items()
+        },
         deployments=ServeDeploymentStatuses(),
         counters=counters_for(targets[name] for name in handles),
         placement=ActorPlacement.connect(config) if placement_matters(config) else None,

@@ -119,7 +119,7 @@ class Serving:
         _enter(link)
         try:
             request = engine_request(
-                link, job.request, fit, self._settings.engine_priority_of(job.priority)
+                link, job, fit, self._settings.engine_priority_of(job.priority)
             )
             stream, first = await self._first_item(attempt, request)
             for item in _opening(attempt, first, failovers):
@@ -225,15 +225,18 @@ def _method(link: Link, request: Any) -> Any:
     return link.backend.completions if is_completion(request) else link.backend.chat
 
 
-def engine_request(link: Link, request: Any, fit: AnyFit, priority: int) -> Any:
-    """The request as `link`'s engine gets it: its model name, the fitted prompt and output,
-    and the engine priority of its class (never the client's own `priority` field)."""
+def engine_request(link: Link, job: ChatJob, fit: AnyFit, priority: int) -> Any:
+    """The request as `link`'s engine gets it: its model name (an adapter's own where the
+    link's engine serves that adapter), the fitted prompt and output, and the engine priority
+    of its class (never the client's own `priority` field)."""
+    request = job.request
+    model = job.model if job.model in link.target.adapters else link.target.model_id
     count = PromptCount(fit.prompt_tokens, exact=fit.counted)
     if isinstance(fit, EmbedFit):  # the inputs as sent: the engine truncates where asked
         return with_prompt_count(
             request,
             PromptCount(fit.largest, exact=fit.counted),  # each input is its own sequence
-            model=link.target.model_id,
+            model=model,
             priority=priority,
             truncate_prompt_tokens=fit.truncate_to,
         )
@@ -241,7 +244,7 @@ def engine_request(link: Link, request: Any, fit: AnyFit, priority: int) -> Any:
         return with_prompt_count(
             request,
             count,
-            model=link.target.model_id,
+            model=model,
             priority=priority,
             prompt=fit.prompt,
             suffix=None,
@@ -250,8 +253,8 @@ def engine_request(link: Link, request: Any, fit: AnyFit, priority: int) -> Any:
     return with_prompt_count(
         request,
         count,
-        # Each engine answers to its own model id (a backend's is its role name).
-        model=link.target.model_id,
+        # Each engine answers to its own model id (a backend's is its model's name).
+        model=model,
         priority=priority,
         messages=fit.messages,
         max_tokens=fit.max_tokens,

@@ -14,9 +14,13 @@ import pytest
 import yaml
 from starlette.requests import Request
 
+from cluster.backends import llm_config_for
 from core.config import ClusterConfig, ConfigError, hash_key, parse_config
 from core.errors import ApiError
+from core.topology import Backend
+from deployments.engine.adapters import ADAPTERS_ENV
 from deployments.ingress.app import Ingress
+from deployments.ingress.catalog import model_cards
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from tests.fakes import serve_handle
 
@@ -39,7 +43,7 @@ def raw_config(**changes: Any) -> dict[str, Any]:
     raw: dict[str, Any] = yaml.safe_load((E2E / "gateway.yaml").read_text())
     raw["models"] = [m for m in raw["models"] if m["role"] != "coding"] + copy.deepcopy(CODERS)
     raw["chains"] = {"orchestrator": ["orchestrator@local", "coder-big@local", "cpu-fallback"]}
-    raw["api_keys"] = KEYS
+    raw["api_keys"] = copy.deepcopy(KEYS)
     raw.update(changes)
     return raw
 
@@ -149,7 +153,7 @@ def test_a_model_without_a_role_is_reached_by_name_only() -> None:
 
 
 def test_the_reference_example_of_a_catalog_loads() -> None:
-    """docs/configuration.md shows a two-model role and a limited key: it must load."""
+    """docs/configuration.md shows a two-model role, an adapter and a limited key: it loads."""
     text = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     snippet = text.split("## The catalog: models by name")[1].split("```yaml")[1].split("```")[0]
     example = yaml.safe_load(snippet)
@@ -160,6 +164,7 @@ def test_the_reference_example_of_a_catalog_loads() -> None:
     config = catalog(raw)
     assert config.served_names["coding"] == "coder-fast"
     assert config.chain("coder-large") == ("coder-large@cloud", "coder-fast@local", "cpu-fallback")
+    assert config.base_model("coder-fast-sql").name == "coder-fast"
 
 
 # --- requests through the ingress ----------------------------------------------------------------
@@ -269,3 +274,62 @@ def test_a_key_pattern_that_matches_no_model_is_refused() -> None:
     raw = raw_config()
     raw["api_keys"][2]["models"] = ["codr-*"]
     assert "api_keys[2].models: 'codr-*' matches no model, alias or role here" in refusal(raw)
+
+
+# --- LoRA adapters -------------------------------------------------------------------------------
+
+
+def adapter_folder(tmp_path: Path, rank: int = 8) -> str:
+    folder = tmp_path / "sql-adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank}))
+    return str(folder)
+
+
+def with_adapter(source: str, **model: Any) -> dict[str, Any]:
+    raw = raw_config()
+    raw["models"][4]["adapters"] = [{"name": "coder-big-sql", "source": source}]  # coder-big
+    raw["models"][4].update(model)
+    return raw
+
+
+def test_an_adapter_is_a_model_name_served_by_its_base_models_backends(tmp_path: Path) -> None:
+    config = catalog(with_adapter(adapter_folder(tmp_path)))
+    assert config.served_names["coder-big-sql"] == "coder-big-sql"
+    assert config.chain("coder-big-sql") == config.chain("coder-big")
+    assert config.targets["coder-big@local"].adapters == ("coder-big-sql",)
+    assert config.base_model("coder-big-sql").name == "coder-big"
+    cards = model_cards(config, config.served_names, created=1)
+    assert (cards["coder-big-sql"]["parent"], cards["coder-big-sql"]["root"]) == (
+        "coder-big",
+        str(tmp_path / "sql-adapter"),
+    )
+    assert cards["coder-big"]["parent"] is None
+
+
+def test_a_model_with_adapters_runs_vllms_multi_lora_with_their_rank(tmp_path: Path) -> None:
+    config = catalog(with_adapter(adapter_folder(tmp_path, rank=12)))
+    built = llm_config_for(config, Backend(model="coder-big", pool="local"))
+    kwargs = built.engine_kwargs
+    assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 1, 16)
+    assert built.lora_config is not None
+    assert built.lora_config.max_num_adapters_per_replica == 1
+    sources = json.loads(built.runtime_env["env_vars"][ADAPTERS_ENV])
+    assert sources == {"coder-big-sql": str(tmp_path / "sql-adapter")}
+    plain = llm_config_for(config, Backend(model="coder-small", pool="local"))
+    assert "enable_lora" not in plain.engine_kwargs
+    assert plain.lora_config is None
+
+
+@pytest.mark.parametrize(
+    ("source", "change", "expected"),
+    [
+        ("missing", {}, "models[4].adapters[0].source:"),
+        ("s3://bucket/sql", {"aliases": ["coder-big-sql"]}, "already names a model, alias"),
+        ("s3://bucket/sql", {"role": "embedding", "name": "e2"}, "serves no LoRA adapters"),
+    ],
+)
+def test_an_adapter_that_cannot_be_served_is_refused(
+    source: str, change: dict[str, Any], expected: str
+) -> None:
+    assert expected in refusal(with_adapter(source, **change))

@@ -1156,16 +1156,17 @@ def test_with_engine_priority_off_every_request_reaches_the_engine_at_zero() -> 
     assert [r.priority for r in coding.requests] == [0, 0, 0]
 
 
-def two_coders_config() -> ClusterConfig:
+def two_coders_config(adapters: tuple[dict[str, str], ...] = ()) -> ClusterConfig:
     coder = {"role": "coding", "context_window": 4096, "pools": ["local"]}
     raw = {
         "pools": [{"name": "local", "kind": "local"}],
         "models": [
-            {**coder, "name": "coder-big", "source": "example/big", "default": True},
+            {**coder, "name": "coder-big", "source": "example/big", "default": True,
+             "adapters": list(adapters)},
             {**coder, "name": "coder-small", "source": "example/small"},
         ],
         "fallback": {"source": "fallback.gguf"},
-    }
+    }  # fmt: skip
     return parse_config(raw, base_dir=Path("."), environ={})
 
 
@@ -1178,3 +1179,17 @@ def test_a_dead_default_model_fails_over_to_the_other_model_of_its_role_first() 
     small.behaviour = dead
     assert asyncio.run(served_by(router, coding)) == "cpu-fallback"
     assert (big.calls, small.calls, fallback.calls) == (2, 2, 1)
+
+
+def test_an_adapter_is_asked_for_by_name_on_its_base_and_fails_over_along_its_chain() -> None:
+    """An adapter's request reaches its base model's backend with the adapter's name (vLLM
+    picks the LoRA by it); the next link, another model, gets its own name."""
+    config = two_coders_config(({"name": "coder-big-sql", "source": "s3://bucket/sql"},))
+    big, small, fallback = FakeBackend(dead), FakeBackend(ok), FakeBackend(ok)
+    handles = {"coder-big@local": big, "coder-small@local": small, "cpu-fallback": fallback}
+    router = make_router(config, handles)
+    assert asyncio.run(served_by(router, replace(job(), model="coder-big-sql"))) == (
+        "coder-small@local"
+    )
+    assert [r.model for r in big.requests] == ["coder-big-sql"]
+    assert [r.model for r in small.requests] == ["coder-small"]
