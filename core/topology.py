@@ -201,11 +201,12 @@ def default_model(config: ClusterConfig, role: Role) -> str | None:
 
 def fallback_models(config: ClusterConfig, name: str) -> tuple[str, ...]:
     """The models a model's requests fail over to, before the CPU fallback: its `fallbacks`,
-    else the other models of its role in config order."""
+    else the other models of its role in config order (none for an embedding model: another
+    model's vectors would not compare with those already stored)."""
     model = config.model_named(name)
     if model.fallbacks:
         return tuple(f for f in model.fallbacks if f != FALLBACK_BACKEND)
-    if model.role is None:
+    if model.role is None or not model.generates:
         return ()
     return tuple(m.name for m in config.models if m.role == model.role and m.name != name)
 
@@ -221,8 +222,6 @@ def chain(config: ClusterConfig, name: str) -> tuple[str, ...]:
     if base.name != name:
         return chain(config, base.name)
     model = config.model_named(name)
-    if name in config.chains:
-        return config.chains[name]
     # A chain under a role's name is its default model's.
     role = model.role
     if role is not None and role.value in config.chains and default_model(config, role) == name:

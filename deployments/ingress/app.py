@@ -206,7 +206,8 @@ class Ingress:
     async def batch_slots(self, model: str) -> int:
         """Requests `model`'s backends run at background priority at once (the router's own
         limit: more would only queue there), over every router; 1 while none runs."""
-        name = self._served.get(model) or self._config.depth_route(Depth.BALANCED)[0]
+        named = self._served.get(model) or self._config.depth_route(Depth.BALANCED)[0]
+        name = self._config.base_model(named).name  # an adapter runs on its base's backends
         status: dict[str, Any] = await self._router.status.remote()
         shares = self._config.router.class_shares
         slots = sum(

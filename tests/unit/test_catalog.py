@@ -135,6 +135,14 @@ def test_a_catalog_that_cannot_be_resolved_is_refused_with_the_field(
     assert expected in refusal(raw)
 
 
+def test_an_embedding_model_fails_over_to_no_other_by_default() -> None:
+    raw = raw_config()
+    raw["models"].append({**raw["models"][2], "name": "embed-two", "aliases": []})
+    config = catalog(raw)
+    assert config.chain("embed-two") == ("embed-two@local",)
+    assert config.chain("embedding") == ("embedding@local",)
+
+
 def test_a_model_needs_a_name_or_a_role() -> None:
     raw = raw_config()
     del raw["models"][3]["role"], raw["models"][3]["name"]
