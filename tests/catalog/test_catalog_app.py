@@ -80,7 +80,11 @@ def test_the_adapter_answers_on_its_base_models_replica_and_changes_the_answer(u
     assert adapted != base, base
     cards = {m.id: m for m in client(url).models.list()}
     adapter_card = cards["coder-big-sql"].model_extra or {}
-    assert (adapter_card["parent"], adapter_card["root"]) == ("coder-big", str(ADAPTER))
+    # `root` as the config gives it (as for a model's weights), `parent` the base model.
+    assert (adapter_card["parent"], adapter_card["root"]) == (
+        "coder-big",
+        "../../.models/test-adapters/coder-big-sql",
+    )
 
 
 def test_a_key_limited_to_one_model_sees_and_uses_only_it(url: str) -> None:
