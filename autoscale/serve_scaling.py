@@ -1,6 +1,6 @@
 """The Serve autoscaling policy that carries out placement and load decisions.
 
-Every `role@pool` deployment that placement or load may resize is built with `ReplicaPolicy`:
+Every `model@pool` deployment that placement or load may resize is built with `ReplicaPolicy`:
 placement decides the pool (the count the placement actor last asked for there, read from
 Ray's internal key-value store, GCS: zero means not here), and where the model has
 `autoscaling`, load decides the count on it (policy/load_scaling.py) from what the router

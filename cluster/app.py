@@ -1,7 +1,7 @@
 """The Serve application: `serve run cluster.app:build [config=PATH]`.
 
 Ingress (HTTP, auth, schema) -> Router (admission, failover) -> one LLMServer deployment per
-`role@pool` backend, and the CPU fallback replica that ends every chain. With no `config`, the
+`model@pool` backend, and the CPU fallback replica that ends every chain. With no `config`, the
 embedded local default (ray_configs/local.yaml).
 """
 

@@ -298,7 +298,7 @@ def measure(
     request_tokens: int | None = None,
     max_context: int | None = None,
 ) -> Measurement:
-    model = config.model_named(name)
+    model = config.base_model(name)  # an adapter's name: its base model's engine
     if not model.generates:
         raise ConfigError(f"{name}: an embedding model has no context to search")
     geometry = read_geometry(config.resolve_path(model.source))

@@ -214,8 +214,7 @@ def fallback_models(config: ClusterConfig, name: str) -> tuple[str, ...]:
 def chain(config: ClusterConfig, name: str) -> tuple[str, ...]:
     """A model's failover chain: configured under `chains`, or the model on each of its pools,
     then each of its fallback models on each of theirs, then (for text: the fallback serves no
-    vectors) the CPU fallback. An adapter's is its own under `chains`, else its base model's
-    (the base model's backends serve it)."""
+    vectors) the CPU fallback. An adapter's is its base model's (whose backends serve it)."""
     if name in config.chains:
         return config.chains[name]
     base = config.base_model(name)

@@ -20,7 +20,7 @@ __all__ = [
 
 AUTO_MODEL = "auto"  # the client-visible name that lets the depth router choose the role
 FALLBACK_BACKEND = "cpu-fallback"  # the CPU link every chain ends on
-DEPLOYMENT_PREFIX = "model:"  # Serve deployment names of model backends: model:role@pool
+DEPLOYMENT_PREFIX = "model:"  # Serve deployment names of model backends: model:<name>@<pool>
 GIB = 1024**3
 
 

@@ -1,7 +1,8 @@
 """The cluster's configuration: typed, validated, immutable, loaded from YAML.
 
-Everything the gateway needs is here: pools, models (one per role), the CPU fallback, failover
-chains, API keys, admission classes and placement thresholds. Backends are derived (`role@pool`,
+Everything the gateway needs is here: pools, models (by name, any number per role, with their
+LoRA adapters), the CPU fallback, failover chains, API keys, admission classes and placement
+thresholds. Backends are derived (`model@pool`,
 core/topology.py), never written by hand. Cross-field checks name the field and the fix, so a
 broken file fails at start with a readable message (`ConfigError`), not a stack trace.
 """

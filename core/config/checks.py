@@ -59,6 +59,13 @@ def _catalog(config: ClusterConfig) -> list[str]:
                 f"models[{i}].name: {model.name!r} is a role's name, and `model: {model.name}` "
                 f"must reach a model of that role; set role: {model.name} or pick another name"
             )
+        elif model.role is not None and model.name == model.role.value:
+            default = topology.default_model(config, model.role)
+            if default != model.name:
+                problems.append(
+                    f"models[{i}].name: {model.name!r} names its role, whose name reaches "
+                    f"{default!r} (marked default); rename this model or mark it default"
+                )
         if model.default and model.role is None:
             problems.append(
                 f"models[{i}].default: a default is the model its role's name reaches; set a "

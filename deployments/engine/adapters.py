@@ -16,6 +16,7 @@ from typing import Any
 
 from ray.llm._internal.common.models import global_id_manager
 from ray.llm._internal.common.utils.cloud_utils import LoraMirrorConfig
+from ray.llm._internal.common.utils.lora_utils import clean_model_id
 from ray.llm._internal.serve.core.configs.llm_config import DiskMultiplexConfig
 from ray.llm._internal.serve.utils.lora_serve_utils import LoraModelLoader
 
@@ -59,3 +60,10 @@ class ConfiguredAdapterLoader(LoraModelLoader):  # type: ignore[misc]
                 lora_assigned_int_id=global_id_manager.next(),
             )
         return self._local[lora_model_id]
+
+    def _model_dir_path(self, model_id: str) -> str:
+        """A cache folder per adapter name. Ray's keeps only what follows a `:` in the id (its
+        ids are `base:adapter`), so names like ours would all share the cache's root."""
+        path = os.path.join(str(self.lora_root), str(clean_model_id(model_id)))
+        os.makedirs(path, exist_ok=True)
+        return path

@@ -19,7 +19,7 @@ from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion
 
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode
-from core.types import AUTO_MODEL, Role
+from core.types import Role
 from core.wire import ChatJob
 from deployments.ingress.auth import Caller, claimed_priority
 from policy.context.tokens import message_text
@@ -85,7 +85,7 @@ class Jobs:
                 effort if isinstance(effort, str) else None,
             )
             model, context_share = self._config.depth_route(depth.depth)
-            _check_allowed(caller, AUTO_MODEL, model)
+            _check_allowed(caller, model, model)  # `auto` was allowed; its choice must be too
         check_tool_support(payload, payload["model"], self._config.base_model(model).tools)
         return ChatJob(chat_request, model, claimed, caller.name, context_share), depth
 
@@ -105,7 +105,7 @@ class Jobs:
             text = completion.prompt if isinstance(completion.prompt, str) else ""
             depth = self._depth_for(text, depth_header)
             model, context_share = self._config.depth_route(depth.depth)
-            _check_allowed(caller, AUTO_MODEL, model)
+            _check_allowed(caller, model, model)  # `auto` was allowed; its choice must be too
         return ChatJob(completion, model, claimed, caller.name, context_share), depth
 
     def embedding(

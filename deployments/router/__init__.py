@@ -1,6 +1,6 @@
 """The Router deployment: admission, breakers and failover between the ingress and the engines.
 
-For each job it walks the role's failover chain (`flow.py`): the first link that is running,
+For each job it walks its model's failover chain (`flow.py`): the first link that is running,
 whose breaker lets work through and whose KV cache is not under pressure. There the job waits for
 a slot in the backend's priority queue (`policy.gate`), is fitted to that backend's window, and
 is sent (`serving.py`). A fault before the first token (a 5xx, a dead replica, no first token in
@@ -151,7 +151,7 @@ class Router:
         return self._placement.held()
 
     def apply_placement(self, view: PlacementView) -> None:
-        """Send each role's new work where `view` places it; parked backends take none."""
+        """Send each model's new work where `view` places it; parked backends take none."""
         self._placement.apply(view)
 
     def apply_pool_report(self, report: Mapping[str, Any]) -> None:

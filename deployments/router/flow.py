@@ -1,4 +1,4 @@
-"""A job's walk down its role's failover chain.
+"""A job's walk down its model's failover chain.
 
 At each step the first link that is running, whose breaker lets work through and whose KV cache
 is not under pressure (`policy.link_choice`) takes the job: it is fitted to that link's window,

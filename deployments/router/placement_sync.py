@@ -70,7 +70,8 @@ class PlacementSync:
     def chain(self, model: str) -> tuple[str, ...]:
         """The model's chain, led by the backend it is placed on now."""
         chain = self._config.chain(model)
-        placed = self._placement.get(model)
+        # An adapter's backends are its base model's: where that was placed.
+        placed = self._placement.get(self._config.base_model(model).name)
         if placed is None or (chain and chain[0] == placed):
             return chain
         return (placed, *(link for link in chain if link != placed))

@@ -117,7 +117,7 @@ class LoadBoard(Protocol):
 
 @dataclass(frozen=True)
 class RouterPorts:
-    backends: Mapping[str, Backend]  # by backend name (`role@pool`, `cpu-fallback`)
+    backends: Mapping[str, Backend]  # by backend name (`model@pool`, `cpu-fallback`)
     deployments: DeploymentStatuses
     placement: PlacementSource | None  # None: no model can move, so there is nothing to follow
     counters: Mapping[str, TokenCounter]  # by Target.counter_key

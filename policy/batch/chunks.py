@@ -1,4 +1,4 @@
-"""How many lines a chunk holds: what the role's backends can run at background priority now
+"""How many lines a chunk holds: what the model's backends can run at background priority now
 (their caps times the background share, the router's own limit: more would only queue there),
 a few rounds of it, so a chunk's commit is rare against its work yet a crash redoes little."""
 

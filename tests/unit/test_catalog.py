@@ -18,7 +18,7 @@ from cluster.backends import llm_config_for
 from core.config import ClusterConfig, ConfigError, hash_key, parse_config
 from core.errors import ApiError
 from core.topology import Backend
-from deployments.engine.adapters import ADAPTERS_ENV
+from deployments.engine.adapters import ADAPTERS_ENV, ConfiguredAdapterLoader
 from deployments.ingress.app import Ingress
 from deployments.ingress.catalog import model_cards
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
@@ -33,6 +33,7 @@ CODERS = [
 ]  # fmt: skip
 KEYS = [
     {"name": "all", "sha256": hash_key("all-key")},
+    {"name": "auto-coders", "sha256": hash_key("auto-key"), "models": ["auto", "coder-*"]},
     {"name": "coders", "sha256": hash_key("coders-key"), "models": ["coder-*"]},
     {"name": "small", "sha256": hash_key("small-key"), "models": ["coder-small"]},
 ]
@@ -143,6 +144,19 @@ def test_an_embedding_model_fails_over_to_no_other_by_default() -> None:
     assert config.chain("embedding") == ("embedding@local",)
 
 
+def test_a_model_named_like_its_role_must_be_its_default() -> None:
+    raw = raw_config()
+    raw["models"][3]["name"] = "coding"  # coder-small, beside coder-big marked default
+    assert "'coding' names its role, whose name reaches 'coder-big'" in refusal(raw)
+
+
+def test_remote_adapters_download_into_folders_of_their_own(tmp_path: Path) -> None:
+    loader = ConfiguredAdapterLoader(lora_root=str(tmp_path))
+    folders = {loader._model_dir_path(name) for name in ("coder-sql", "coder-docs", "org/x")}
+    assert len(folders) == 3
+    assert str(tmp_path) not in folders
+
+
 def test_a_model_needs_a_name_or_a_role() -> None:
     raw = raw_config()
     del raw["models"][3]["role"], raw["models"][3]["name"]
@@ -240,6 +254,9 @@ def test_a_limited_key_gets_403_for_other_models_whether_or_not_they_exist(
     assert chat(ingress, "coders-key", "big") == 200
     assert chat(ingress, "coders-key", "coding") == 200
     assert chat(ingress, "all-key", "no-such-model") == "404 model_not_found"
+    # `auto` listed: its choice (the orchestrator, for a short question) must be allowed too.
+    assert chat(ingress, "auto-key", "auto") == "403 model_not_allowed"
+    assert chat(ingress, "all-key", "auto") == 200
 
 
 def listed(ingress: Ingress, key: str) -> list[str]:
@@ -280,8 +297,8 @@ def test_one_model_card_names_the_model_role_and_aliases(ingress: Ingress) -> No
 
 def test_a_key_pattern_that_matches_no_model_is_refused() -> None:
     raw = raw_config()
-    raw["api_keys"][2]["models"] = ["codr-*"]
-    assert "api_keys[2].models: 'codr-*' matches no model, alias or role here" in refusal(raw)
+    raw["api_keys"][3]["models"] = ["codr-*"]
+    assert "api_keys[3].models: 'codr-*' matches no model, alias or role here" in refusal(raw)
 
 
 # --- LoRA adapters -------------------------------------------------------------------------------
