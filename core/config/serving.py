@@ -192,7 +192,7 @@ class ModelConfig(Frozen):
         (),
         description="Models (by name) its requests fail over to, in order; cpu-fallback ends "
         "every text chain whether listed or not. Empty: the other models of its role in config "
-        "order.",
+        "order (none for an embedding model: another model's vectors would not compare).",
     )
     source: str = Field(
         min_length=1,
