@@ -93,10 +93,10 @@ unit: $(INSTALLED) $(PROMTOOL)
 integration: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/integration -q
 
-# An open catalog on real vLLM CPU engines: two models of one role, a LoRA adapter, a key
-# limited to one model; its own cluster.
+# The open catalog on the shared e2e app: two models of one role, a LoRA adapter of a vLLM
+# engine, a key limited to one model.
 catalog: $(INSTALLED) $(DEMO_MODEL)
-	$(VENV)/bin/pytest tests/catalog -q -s
+	$(VENV)/bin/pytest tests/e2e/test_catalog.py -q
 
 # `python -m cluster.capacity` on a real vLLM CPU engine (its own session in `make test`).
 capacity-test: $(INSTALLED) $(DEMO_MODEL)
@@ -139,10 +139,10 @@ stop: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # The main session (unit, integration, and e2e + chaos on one shared app) and, beside it, one
-# after another: placement and recovery (three nodes), autoscale, monitoring, batch and the
-# catalog (two engines) on clusters of their own, then the capacity command's engine; then
-# alone, since they stop every Ray process here, rayup (a `ray up` cluster) and stop (whole apps
-# run with `serve run`). tests/suites.py; times at the end.
+# after another: placement and recovery (three nodes), autoscale, monitoring and batch on
+# clusters of their own, then the capacity command's engine; then alone, since they stop every
+# Ray process here, rayup (a `ray up` cluster) and stop (whole apps run with `serve run`).
+# tests/suites.py; times at the end.
 test: lint $(DEMO_MODEL) $(PROMTOOL)
 	$(PY) tests/suites.py
 

@@ -17,8 +17,12 @@ from safetensors.torch import save_file
 __all__ = ["make_adapter"]
 
 
-def make_adapter(base: Path, out: Path, *, rank: int = 8, seed: int = 0) -> Path:
-    """Write an adapter of `base` (a Hugging Face folder) into `out`; returns `out`."""
+def make_adapter(
+    base: Path, out: Path, *, rank: int = 8, seed: int = 0, base_name: str | None = None
+) -> Path:
+    """Write an adapter of `base` (a Hugging Face folder) into `out`; returns `out`.
+    `base_name`: adapter_config.json's base_model_name_or_path (default: `base` as given),
+    where that file is checked in and must come out the same on every machine."""
     config = json.loads((base / "config.json").read_text())
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
@@ -39,7 +43,7 @@ def make_adapter(base: Path, out: Path, *, rank: int = 8, seed: int = 0) -> Path
     settings = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base),
+        "base_model_name_or_path": base_name or str(base),
         "r": rank,
         "lora_alpha": 2 * rank,
         "lora_dropout": 0.0,
@@ -50,5 +54,5 @@ def make_adapter(base: Path, out: Path, *, rank: int = 8, seed: int = 0) -> Path
         "use_rslora": False,
         "use_dora": False,
     }
-    (out / "adapter_config.json").write_text(json.dumps(settings, indent=2))
+    (out / "adapter_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return out

@@ -22,18 +22,27 @@ import ray.cloudpickle
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from bench.lora_adapter import make_adapter
 from cluster.app import build_gateway
 from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import local_pool_resources
 from core.config import ClusterConfig, load_config
 from core.types import FALLBACK_BACKEND
 
+ROOT = Path(__file__).parents[1]
 E2E = Path(__file__).with_name("e2e")
+DEMO = "SmolLM2-135M-Instruct"  # the demo model: `make model`
 CONFIG = E2E / "gateway.yaml"
 API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
 PORT = int(os.environ.get("GPS_E2E_PORT", "18000"))
 PROBED_BACKEND = "coding@local"
 PROBE_DEPLOYMENT = f"probe:{PROBED_BACKEND}"
+# The default model of role reasoning (a test engine) is probed too: test_catalog.py fails it.
+THINKER_BACKEND = "thinker@local"
+THINKER_PROBE_DEPLOYMENT = f"probe:{THINKER_BACKEND}"
+# gateway.yaml's adapter of vision: its adapter_config.json is checked in (the config's load
+# checks it), its weights are made by this session (the same on every machine: seeded).
+ADAPTER = E2E / "adapters" / "vision-sql"
 # The vision backend has a KV cache smaller than two requests and an out-of-memory switch.
 SWITCHED_BACKEND = "vision@local"
 
@@ -65,6 +74,7 @@ oom_switch_module = _load_test_module("oom_switch.py")
 
 @pytest.fixture(scope="session")
 def config(tmp_path_factory: pytest.TempPathFactory) -> ClusterConfig:
+    make_adapter(ROOT / ".models" / DEMO, ADAPTER, seed=7, base_name=f"HuggingFaceTB/{DEMO}")
     config = load_config(CONFIG, environ={})
     # Batches of this session alone: none left by an earlier run is taken up again.
     batches = config.batches.model_copy(update={"directory": tmp_path_factory.mktemp("batches")})
@@ -91,11 +101,12 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
         config, switched, oom_switch_module.OomSwitchLLMServer
     )
     backends[FALLBACK_BACKEND] = build_fallback(config)
-    # The coding backend is reached through a probe that counts and can fail on demand.
-    probe = serve.deployment(probe_module.Probe).options(
-        name=PROBE_DEPLOYMENT, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
-    )
-    backends[PROBED_BACKEND] = probe.bind(backends[PROBED_BACKEND])
+    # Coding and thinker are reached through probes that count and can fail on demand.
+    for backend in (PROBED_BACKEND, THINKER_BACKEND):
+        probe = serve.deployment(probe_module.Probe).options(
+            name=f"probe:{backend}", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
+        )
+        backends[backend] = probe.bind(backends[backend])
     serve.run(build_gateway(config, backends), name="gateway", route_prefix="/")
     yield f"http://127.0.0.1:{PORT}"
     serve.shutdown()
@@ -106,6 +117,12 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
 def probe(gateway: str) -> DeploymentHandle:
     """The probe in front of coding@local (see probe.py)."""
     return serve.get_deployment_handle(PROBE_DEPLOYMENT, app_name="gateway")
+
+
+@pytest.fixture(scope="session")
+def thinker_probe(gateway: str) -> DeploymentHandle:
+    """The probe in front of thinker@local (see probe.py)."""
+    return serve.get_deployment_handle(THINKER_PROBE_DEPLOYMENT, app_name="gateway")
 
 
 @pytest.fixture(scope="session")

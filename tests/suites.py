@@ -37,7 +37,7 @@ SUITE_VARIABLE = "MAKE_TEST_SUITE"  # tests/own_processes.py reads it
 # tests, not the shared app's five engines (memory is the limit: 24 GiB here, 2.3-3.3 GB left
 # at the lowest with test-engine suites beside the shared app, docs/benchmarks.md).
 # Capacity (one engine of its own, no Ray) last: the lane ended about six minutes before main.
-BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch", "catalog", "capacity")
+BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch", "capacity")
 ALONE = ("rayup", "stop")
 OWN_CLUSTERS = (*BESIDE_MAIN, *ALONE)
 SUITES: dict[str, list[str]] = {

@@ -174,12 +174,11 @@ def test_sigkilled_replicas_under_mixed_load_lose_no_request_and_no_stream(
     assert 'gps_stream_migrations_total{from="orchestrator@local"' in metrics
     # The engine processes of the killed replica went with it.
     assert survivors(engines) == []
-    wait_recovered(http, ORCHESTRATOR)
+    # Its replacement loads while the next tests run (they need no orchestrator); the last
+    # test waits for it.
 
 
-def test_a_replica_killed_while_its_engine_starts_leaves_no_engine_behind(
-    gateway: str, http: httpx.Client
-) -> None:
+def test_a_replica_killed_while_its_engine_starts_leaves_no_engine_behind(gateway: str) -> None:
     deployment = f"model:{CODING}"
     victim = replica_pid(deployment)
     assert victim is not None
@@ -197,7 +196,7 @@ def test_a_replica_killed_while_its_engine_starts_leaves_no_engine_behind(
     wait_for(engine_loading, 240, "a replacement replica whose engine is starting")
     os.kill(starting[0].pid, signal.SIGKILL)
     assert survivors(starting) == []
-    wait_recovered(http, CODING)
+    # Serve starts another; the last test waits for it, with orchestrator's.
 
 
 def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> None:
@@ -327,6 +326,10 @@ def test_dead_backends_cost_no_wait_and_a_long_stream_goes_on_in_the_fallbacks_w
     orchestrator is still being replaced, coding's replica is killed mid-story: the story
     passes over orchestrator (no replica) and goes on on the CPU fallback, fitted to its
     window, to [DONE]."""
+    # The replacements the kills above left loading, side by side: a replica and its breaker
+    # back is what those tests check (wait_recovered).
+    wait_recovered(http, ORCHESTRATOR)
+    wait_recovered(http, CODING)
     orchestrator = Replacement(f"model:{ORCHESTRATOR}")
     story: dict[str, Any] = {}
 
@@ -395,8 +398,8 @@ def test_dead_backends_cost_no_wait_and_a_long_stream_goes_on_in_the_fallbacks_w
     assert usage["completion_tokens"] >= story["chunks"]
     assert usage["completion_tokens"] <= story["chunks"] + 8
     assert left == []
-    # No wait for the replacements: this is the session's last test, and replacement after a
-    # kill (a replica and its breaker back) is what the kill tests above check.
+    # No wait for this test's replacements: it is the session's last, and replacement after a
+    # kill (a replica and its breaker back) is what its start checked of the kills above.
 
 
 def _event(line: str) -> dict[str, Any]:

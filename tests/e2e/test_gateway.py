@@ -48,6 +48,10 @@ def test_lists_roles_aliases_and_auto(client: openai.OpenAI, config: ClusterConf
         "smollm2",
         "smollm2-coder",
         "smollm2-embed",
+        "vision-sql",
+        "reasoning",
+        "thinker",
+        "thinker-small",
         "auto",
     }
     assert ids == set(config.served_names)
@@ -243,6 +247,8 @@ def test_healthz_reports_every_backend_up(gateway: str) -> None:
         "coding@local",
         "vision@local",
         "embedding@local",
+        "thinker@local",
+        "thinker-small@local",
         "cpu-fallback",
     }
     assert health["backends"]["cpu-fallback"]["role"] is None  # it serves any role
@@ -257,6 +263,8 @@ def test_cluster_status_needs_a_key_and_shows_placements(gateway: str, http: htt
         "coding@local": "local",
         "vision@local": "local",
         "embedding@local": "local",
+        "thinker@local": "local",
+        "thinker-small@local": "local",
     }
     assert list(status["pools"]) == ["local"]
     # The cluster manager sees this machine's node in the pool, alive and sound (its first

@@ -40,9 +40,13 @@ KEYS = [
 
 
 def raw_config(**changes: Any) -> dict[str, Any]:
-    """The e2e app's config with its coding model replaced by two named ones."""
+    """The e2e app's orchestrator, vision (without its adapter) and embedding models, and two
+    named coding models."""
     raw: dict[str, Any] = yaml.safe_load((E2E / "gateway.yaml").read_text())
-    raw["models"] = [m for m in raw["models"] if m["role"] != "coding"] + copy.deepcopy(CODERS)
+    kept = [m for m in raw["models"] if m.get("role") in ("orchestrator", "vision", "embedding")]
+    for model in kept:
+        model.pop("adapters", None)
+    raw["models"] = kept + copy.deepcopy(CODERS)
     raw["chains"] = {"orchestrator": ["orchestrator@local", "coder-big@local", "cpu-fallback"]}
     raw["api_keys"] = copy.deepcopy(KEYS)
     raw.update(changes)

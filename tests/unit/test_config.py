@@ -114,29 +114,41 @@ def test_default_caps_per_role(tmp_path: Path) -> None:
     }
 
 
-def test_e2e_config_loads_four_roles_and_two_keys() -> None:
+def test_e2e_config_loads_five_roles_an_adapter_and_three_keys() -> None:
     config = load_config(E2E_CONFIG, environ={})
     assert [b.name for b in config.home_backends] == [
         "orchestrator@local",
         "coding@local",
         "vision@local",
         "embedding@local",
+        "thinker@local",
+        "thinker-small@local",
     ]
     assert set(config.served_names) == {
         "orchestrator",
         "coding",
         "vision",
+        "vision-sql",
         "embedding",
+        "reasoning",
+        "thinker",
+        "thinker-small",
         "smollm2",
         "smollm2-coder",
         "smollm2-embed",
         AUTO_MODEL,
     }
     assert config.served_names["smollm2-coder"] == "coding"
-    key, limited = config.api_keys
+    assert config.served_names["reasoning"] == "thinker"
+    assert config.base_model("vision-sql").name == "vision"
+    key, limited, small = config.api_keys
     assert key.sha256 == hash_key("test-user-key")
     assert (key.priority, key.max_priority) == (PriorityClass.AGENT, PriorityClass.USER)
-    assert (key.models, limited.models) == (None, ("orchestrator",))
+    assert (key.models, limited.models, small.models) == (
+        None,
+        ("orchestrator",),
+        ("thinker-small",),
+    )
     assert config.gateway.max_body_bytes == 2 * 1024 * 1024
 
 
