@@ -70,11 +70,12 @@ class Flow:
         original = job.request
         continuing: Continuing | None = None  # a stream whose link failed after its first token
         without_fim: dict[str, Refusal] = {}  # links whose model cannot fill in the middle
+        shed: Refusal | None = None  # the last link that shed this job after a failover
         passed: set[str] = set()  # links asleep this job went past (counted once each)
         while True:
             name = self._choose(chain, tried, passed)
             if name is None:
-                yield self._nowhere(job.model, tried, without_fim)
+                yield shed or self._nowhere(job.model, tried, without_fim)
                 return
             link = self._links[name]
             with link.claimed():
@@ -82,6 +83,11 @@ class Flow:
                 if isinstance(admitted, Refusal):
                     if admitted.code == ErrorCode.FIM_NOT_SUPPORTED:
                         without_fim[name] = admitted  # another link's model may have FIM tokens
+                    elif tried and admitted.code == ErrorCode.OVERLOADED:
+                        # Failing over, the job met the load of the links before it (their
+                        # work came here too): the next link may be free; the CPU fallback
+                        # ends text chains for this. No fault of the link: no breaker.
+                        shed = admitted
                     elif continuing is None:
                         yield admitted
                         return
