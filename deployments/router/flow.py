@@ -69,29 +69,22 @@ class Flow:
         tried: list[str] = []
         original = job.request
         continuing: Continuing | None = None  # a stream whose link failed after its first token
-        without_fim: dict[str, Refusal] = {}  # links whose model cannot fill in the middle
-        shed: Refusal | None = None  # the last link that shed this job after a failover
+        refused: dict[str, Refusal] = {}  # links that passed the job on, and why
         passed: set[str] = set()  # links asleep this job went past (counted once each)
         while True:
             name = self._choose(chain, tried, passed)
             if name is None:
-                yield shed or self._nowhere(job.model, tried, without_fim)
+                yield self._nowhere(job.model, tried, refused)
                 return
             link = self._links[name]
             with link.claimed():
                 admitted = await self._admit(link, job, continues=continuing is not None)
                 if isinstance(admitted, Refusal):
-                    if admitted.code == ErrorCode.FIM_NOT_SUPPORTED:
-                        without_fim[name] = admitted  # another link's model may have FIM tokens
-                    elif tried and admitted.code == ErrorCode.OVERLOADED:
-                        # Failing over, the job met the load of the links before it (their
-                        # work came here too): the next link may be free; the CPU fallback
-                        # ends text chains for this. No fault of the link: no breaker.
-                        shed = admitted
-                    elif continuing is None:
+                    if not _goes_on(admitted, tried, continues=continuing is not None):
                         yield admitted
                         return
-                    tried.append(name)  # or half an answer is out: another may take the rest
+                    refused[name] = admitted
+                    tried.append(name)
                     continue
                 try:
                     async for item in self._serving.serve_on(
@@ -243,11 +236,15 @@ class Flow:
         )
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
-    def _nowhere(self, model: str, tried: list[str], without_fim: Mapping[str, Refusal]) -> Refusal:
-        """No link left: the client's 400 when every link tried lacked FIM tokens, else 503."""
-        if tried and all(name in without_fim for name in tried):
-            return without_fim[tried[-1]]
-        return self._unavailable(model, tried)
+    def _nowhere(self, model: str, tried: list[str], refused: Mapping[str, Refusal]) -> Refusal:
+        """No link left: the client's 400 when every link tried lacked FIM tokens, the last
+        shed's 429 when links shed the job as it failed over, else 503."""
+        if tried and all(
+            name in refused and refused[name].code == ErrorCode.FIM_NOT_SUPPORTED for name in tried
+        ):
+            return refused[tried[-1]]
+        sheds = [r for r in refused.values() if r.code == ErrorCode.OVERLOADED]
+        return sheds[-1] if sheds else self._unavailable(model, tried)
 
     def _unavailable(self, model: str, tried: list[str]) -> Refusal:
         if tried:
@@ -256,6 +253,17 @@ class Flow:
             message = f"No backend for {model!r} is available now."
         retry = max(1, round(self._config.router.breaker_cooldown_s))
         return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
+
+
+def _goes_on(refusal: Refusal, tried: list[str], *, continues: bool) -> bool:
+    """Whether a job a link refused goes on to the next link: where that link's model lacks FIM
+    tokens (another's may have them), where half an answer is out (another may take the rest),
+    and where the link shed a job that was failing over: the load it met is the failed links'
+    work moved there, the next link may be free, and the CPU fallback ends text chains for
+    this. No refusal is the link's fault: no breaker hears of it."""
+    if continues or refusal.code == ErrorCode.FIM_NOT_SUPPORTED:
+        return True
+    return bool(tried) and refusal.code == ErrorCode.OVERLOADED
 
 
 def _prompt_of(field: Any) -> str | list[int]:
