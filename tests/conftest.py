@@ -1,4 +1,5 @@
-"""One real Ray Serve app for the whole test session: real HTTP, real vLLM CPU engines.
+"""One real Ray Serve app for the whole test session: real HTTP, real vLLM CPU engines (and two
+models on the test engine, whose subject is the router: tests/e2e/test_catalog.py).
 
 Shared by tests/e2e (behaviour) and tests/chaos (faults and bad input under load); started only
 by the first test that asks for it, so unit-only runs never start Ray. Chaos runs last: it kills
@@ -74,7 +75,6 @@ oom_switch_module = _load_test_module("oom_switch.py")
 
 @pytest.fixture(scope="session")
 def config(tmp_path_factory: pytest.TempPathFactory) -> ClusterConfig:
-    make_adapter(ROOT / ".models" / DEMO, ADAPTER, seed=7, base_name=f"HuggingFaceTB/{DEMO}")
     config = load_config(CONFIG, environ={})
     # Batches of this session alone: none left by an earlier run is taken up again.
     batches = config.batches.model_copy(update={"directory": tmp_path_factory.mktemp("batches")})
@@ -83,6 +83,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> ClusterConfig:
         source = Path(config.resolve_path(model.source))
         if not source.is_dir():
             pytest.fail(f"{source} is missing: run `make model` (make test does it)")
+    make_adapter(ROOT / ".models" / DEMO, ADAPTER, seed=7, base_name=f"HuggingFaceTB/{DEMO}")
     return config
 
 
