@@ -6,7 +6,6 @@ has two, all through the official openai SDK.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,6 +13,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from ray.serve.handle import DeploymentHandle
+
+from bench.multinode import wait_for
 
 THINKER, THINKER_SMALL = "thinker@local", "thinker-small@local"
 SMALL_KEY = "test-thinker-small-only"  # gateway.yaml's key limited to thinker-small
@@ -74,12 +75,12 @@ def failing_thinker(thinker_probe: DeploymentHandle, http: httpx.Client) -> Iter
     thinker_probe.set_faulty.remote(True).result()
     yield
     thinker_probe.set_faulty.remote(False).result()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if http.get("/v1/cluster/status").json()["backends"][THINKER]["breaker"] == "closed":
-            return
-        time.sleep(1)
-    pytest.fail("thinker@local's breaker did not close once it answered again")
+
+    def closed() -> bool:
+        backend = http.get("/v1/cluster/status").json()["backends"][THINKER]
+        return bool(backend["breaker"] == "closed")
+
+    wait_for(closed, 120, "thinker@local's breaker to close once it answers again")
 
 
 @pytest.mark.usefixtures("failing_thinker")

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -224,9 +225,14 @@ def replica_actor_names(deployment: str) -> list[str]:
 
 
 def breaker_openings(http: httpx.Client, backend: str) -> float:
-    line = f'gps_breaker_transitions_total{{backend="{backend}",state="open"}} '
-    found = [x for x in http.get("/metrics").text.splitlines() if x.startswith(line)]
-    return float(found[0][len(line) :]) if found else 0.0
+    """How often `backend`'s breaker opened, read from the gateway's /metrics."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(http.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == "gps_breaker_transitions_total"
+        and sample.labels == {"backend": backend, "state": "open"}
+    )
 
 
 def test_a_killed_replica_loses_no_request_and_its_breaker_closes_when_it_is_back(

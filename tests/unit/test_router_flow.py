@@ -551,41 +551,38 @@ def test_a_full_queue_sheds_background_with_429_and_retry_after() -> None:
     assert refusals[0].retry_after_s == 2
 
 
-def test_a_job_failing_over_that_the_next_link_sheds_goes_on_to_the_link_after_it() -> None:
-    """Coding died; orchestrator's slot and queue are full with its own work: a client of
-    coding's gets the CPU fallback's answer, not a 429, and no breaker hears of the shed."""
-    coding, busy, fallback = FakeBackend(dead), FakeBackend(ok, step_s=0.2), FakeBackend(ok)
-    config = make_config(cap=1, max_queue=1)
-    handles = {"coding@local": coding, "orchestrator@local": busy, "cpu-fallback": fallback}
-    router = make_router(config, handles)
+def fail_over_into_a_full_orchestrator(router: Router) -> tuple[list[Any], str]:
+    """A coding job sent while orchestrator's one slot and one queue place hold its own work:
+    the job's answer, and orchestrator's breaker state right after it."""
 
-    async def scenario() -> tuple[list[Any], list[list[Any]], str]:
+    async def scenario() -> tuple[list[Any], str]:
         own = [asyncio.create_task(collect(router, job(Role.ORCHESTRATOR))) for _ in range(2)]
         await asyncio.sleep(0.05)  # one running, one queued: orchestrator is full
         failing_over = await collect(router, job())
         breaker = (await router.status())["backends"]["orchestrator@local"]["breaker"]
-        return failing_over, await asyncio.gather(*own), breaker
+        assert all(r[0].backend == "orchestrator@local" for r in await asyncio.gather(*own))
+        return failing_over, breaker
 
-    failing_over, own, breaker = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_job_failing_over_that_the_next_link_sheds_goes_on_to_the_link_after_it() -> None:
+    """Coding died; orchestrator is full with its own work: a client of coding's gets the CPU
+    fallback's answer, not a 429, and no breaker hears of the shed."""
+    coding, busy, fallback = FakeBackend(dead), FakeBackend(ok, step_s=0.2), FakeBackend(ok)
+    handles = {"coding@local": coding, "orchestrator@local": busy, "cpu-fallback": fallback}
+    router = make_router(make_config(cap=1, max_queue=1), handles)
+    failing_over, breaker = fail_over_into_a_full_orchestrator(router)
     routed = failing_over[0]
     assert isinstance(routed, Routed), routed
     assert routed.backend == "cpu-fallback"
-    assert all(r[0].backend == "orchestrator@local" for r in own)
     assert breaker == "closed"
 
 
 def test_a_job_shed_by_every_link_after_a_failover_gets_the_429() -> None:
-    coding, busy = FakeBackend(dead), FakeBackend(ok, step_s=0.2)
-    router = make_router(make_config(cap=1, max_queue=1), two(coding, busy))
-
-    async def scenario() -> list[Any]:
-        own = [asyncio.create_task(collect(router, job(Role.ORCHESTRATOR))) for _ in range(2)]
-        await asyncio.sleep(0.05)
-        failing_over = await collect(router, job())
-        await asyncio.gather(*own)
-        return failing_over
-
-    [refusal] = asyncio.run(scenario())
+    busy = FakeBackend(ok, step_s=0.2)
+    router = make_router(make_config(cap=1, max_queue=1), two(FakeBackend(dead), busy))
+    [refusal], _ = fail_over_into_a_full_orchestrator(router)
     assert isinstance(refusal, Refusal)
     assert (refusal.status, refusal.code, refusal.retry_after_s) == (429, "overloaded", 2)
 
