@@ -151,7 +151,7 @@ class ReplicaPolicy:
         self._asked: int | None = None
         self._reports: list[LoadReport] = []
         self._read_at = float("-inf")
-        self._decisions = 0
+        self._decisions: int | None = None  # the last published number, once known
         # At zero by our own decision (load's sleep), not placement's: None until the first read
         # of the store, which recovers it after a controller restart.
         self._asleep: bool | None = None
@@ -224,9 +224,16 @@ class ReplicaPolicy:
             self._publish(app, deployment, decision)
 
     def _publish(self, app: str, deployment: str, decision: ScalingDecision) -> None:
-        self._decisions += 1
-        news = ScalingNews(self._decisions, decision.replicas, decision.direction, decision.reason)
         try:
+            if self._decisions is None:
+                # Serve makes a new policy when its controller restarts: go on from the last
+                # published number, or a router that saw it would take the next for old news.
+                last = read_scaled(app, deployment)
+                self._decisions = last.seq if last is not None else 0
+            self._decisions += 1
+            news = ScalingNews(
+                self._decisions, decision.replicas, decision.direction, decision.reason
+            )
             publish_scaled(app, deployment, news)
         except Exception as error:  # noqa: BLE001 - only the routers' count misses it
             logger.warning("autoscaling %s: publishing the decision failed: %r", deployment, error)

@@ -13,6 +13,8 @@ Each session gets MAKE_TEST_SUITE=<its name> (tests/own_processes.py), so a chec
 is left counts its own cluster's. The table is printed however the run ends; the exit status is
 the first failing suite's. A failure ends its own lane (the lane goes on while main runs, and
 main while the lane does); rayup and stop start only when every suite before them passed.
+Under the table, each failed test with its error's first line: a CI log cut to its tail still
+names every failure, the main session's too (its output comes before the lane's).
 
     python tests/suites.py            # all: main beside the lane, then the suites that run alone
     python tests/suites.py NAME ...   # the named ones, one after another
@@ -26,7 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -55,49 +58,75 @@ class Outcome:
     name: str
     seconds: float
     status: int
+    failures: tuple[str, ...] = field(default=())
 
 
-def run_suite(name: str, output: int | None = None) -> Outcome:
-    """One pytest session; its output to `output` (a file descriptor), else to ours."""
+def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
+    """One pytest session, its JUnit report in `reports`; its output to `output` (a file
+    descriptor), else to ours."""
     env = {**os.environ, SUITE_VARIABLE: name}
+    report = reports / f"{name}.xml"
     started = time.monotonic()
     status = subprocess.run(
-        [*PYTEST, *SUITES[name]], cwd=ROOT, env=env, stdout=output, stderr=output, check=False
+        [*PYTEST, *SUITES[name], f"--junitxml={report}"],
+        cwd=ROOT,
+        env=env,
+        stdout=output,
+        stderr=output,
+        check=False,
     ).returncode
-    return Outcome(name, time.monotonic() - started, status)
+    return Outcome(name, time.monotonic() - started, status, failed_tests(report))
+
+
+def failed_tests(report: Path) -> tuple[str, ...]:
+    """`test id - first line of its error` for each failed or erred test in a JUnit report."""
+    try:
+        root = ElementTree.parse(report).getroot()
+    except (OSError, ElementTree.ParseError):
+        return ()
+    failed = []
+    for case in root.iter("testcase"):
+        for problem in (*case.findall("failure"), *case.findall("error")):
+            test = f"{case.get('classname', '')}::{case.get('name', '')}"
+            message = (problem.get("message") or "").strip().splitlines()
+            failed.append(f"{test} - {message[0][:300] if message else problem.tag}")
+    return tuple(failed)
 
 
 def run_in_order(
-    names: tuple[str, ...] | list[str], outcomes: list[Outcome], sink: TextIO | None = None
+    names: tuple[str, ...] | list[str],
+    outcomes: list[Outcome],
+    reports: Path,
+    sink: TextIO | None = None,
 ) -> None:
     """`names` one after another, their output to `sink` (else ours); stops at a failure."""
     for name in names:
         if sink is not None:
             sink.write(f"\n===== {name} =====\n")
             sink.flush()
-        outcomes.append(run_suite(name, sink.fileno() if sink is not None else None))
+        outcomes.append(run_suite(name, reports, sink.fileno() if sink is not None else None))
         if outcomes[-1].status != 0:
             return
 
 
-def run_all(outcomes: list[Outcome]) -> None:
+def run_all(outcomes: list[Outcome], reports: Path) -> None:
     lane: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="gps-suites-") as folder:
         log = Path(folder) / "lane.log"
         with log.open("w") as sink:
             beside = threading.Thread(
-                target=run_in_order, args=(BESIDE_MAIN, lane, sink), daemon=True
+                target=run_in_order, args=(BESIDE_MAIN, lane, reports, sink), daemon=True
             )
             beside.start()
             try:
-                outcomes.append(run_suite("main"))
+                outcomes.append(run_suite("main", reports))
                 beside.join()
             finally:
                 outcomes.extend(lane)
                 print(f"\n===== the suites run beside main: {', '.join(BESIDE_MAIN)} =====")
                 print(log.read_text(errors="replace"), flush=True)
     if all(o.status == 0 for o in outcomes) and len(outcomes) == 1 + len(BESIDE_MAIN):
-        run_in_order(ALONE, outcomes)
+        run_in_order(ALONE, outcomes, reports)
 
 
 def main(names: list[str]) -> int:
@@ -107,13 +136,14 @@ def main(names: list[str]) -> int:
         return 2
     outcomes: list[Outcome] = []
     started = time.monotonic()
-    try:
-        if names:
-            run_in_order(names, outcomes)
-        else:
-            run_all(outcomes)
-    finally:
-        _report(outcomes, time.monotonic() - started, side_by_side=not names)
+    with tempfile.TemporaryDirectory(prefix="gps-reports-") as folder:
+        try:
+            if names:
+                run_in_order(names, outcomes, Path(folder))
+            else:
+                run_all(outcomes, Path(folder))
+        finally:
+            _report(outcomes, time.monotonic() - started, side_by_side=not names)
     return next((o.status for o in outcomes if o.status != 0), 0)
 
 
@@ -124,6 +154,9 @@ def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
         outcome = "ok" if o.status == 0 else f"FAILED ({o.status})"
         print(f"  {o.name:<11} {o.seconds / 60:6.1f} min  {outcome}")
     print(f"  {'wall':<11} {wall_s / 60:6.1f} min")
+    for o in outcomes:
+        for failure in o.failures:
+            print(f"FAILED in {o.name}: {failure}")
 
 
 if __name__ == "__main__":

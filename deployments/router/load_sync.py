@@ -113,7 +113,6 @@ class LoadSync:
         looked = backend in self._seen
         fresh = news is not None and looked and seq != self._seen[backend] and bool(news.direction)
         if fresh and news is not None:
-            # A restarted controller counts from 1 again: still one decision seen.
             metrics.AUTOSCALE_DECISIONS.labels(backend, news.direction).inc()
             logger.info("autoscaling %s: %d replicas (%s)", backend, news.replicas, news.reason)
         self._seen[backend] = seq

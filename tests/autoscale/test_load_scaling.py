@@ -25,6 +25,7 @@ import pytest
 import ray
 from ray import serve
 
+from autoscale.serve_scaling import read_scaled
 from bench.multinode import Stream, wait_for
 from cluster.app import build_app
 from core.config import load_config
@@ -34,6 +35,7 @@ CONFIG = Path(__file__).with_name("scaled.yaml")
 PORT = 18700
 APP = "scaled"
 BACKEND = "coding@local"
+DEPLOYMENT = f"model:{BACKEND}"
 CLIENTS = 5
 KEPT_ASLEEP_S = 20  # several of the router's KV readings (1 s) and load posts
 
@@ -68,6 +70,23 @@ def metric(name: str, **labels: str) -> float:
     return 0.0
 
 
+def wait_counted(direction: str, what: str) -> None:
+    """Until the router counts a decision of `direction`; past 30 s, fail naming the policy's
+    last published decision (which tells a decision never made from one never counted)."""
+    try:
+        wait_for(
+            lambda: (
+                metric("gps_autoscale_decisions_total", backend=BACKEND, direction=direction) >= 1
+            ),
+            30,
+            what,
+        )
+    except TimeoutError as error:
+        raise AssertionError(
+            f"{error}; the last decision: {read_scaled(APP, DEPLOYMENT)}"
+        ) from None
+
+
 def test_a_queue_brings_a_second_replica_and_idleness_takes_it_away(app: None) -> None:
     assert running_replicas() == 1
     # Two clients hold a conversation each (X-Session-Id): the prefix router's session path
@@ -99,11 +118,7 @@ def test_a_queue_brings_a_second_replica_and_idleness_takes_it_away(app: None) -
             stream.__exit__()
     down_s = wait_for(lambda: running_replicas() == 1, 180, "back to one replica")
     wait_for(lambda: len(own_engine_processes()) == 1, 60, "the removed replica's engine to exit")
-    wait_for(
-        lambda: metric("gps_autoscale_decisions_total", backend=BACKEND, direction="down") >= 1,
-        30,
-        "the router to count the way down",
-    )
+    wait_counted("down", "the router to count the way down")
     results = [r for stream in streams for r in stream.results]
     failed = [r for stream in streams for r in stream.failed()]
     print(
@@ -124,11 +139,7 @@ def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: 
     """Runs after the test above: the backend has been idle since its clients stopped."""
     slept_s = wait_for(lambda: running_replicas() == 0, 180, "the backend to sleep")
     wait_for(lambda: len(own_engine_processes()) == 0, 60, "the sleeping backend's engine to exit")
-    wait_for(
-        lambda: metric("gps_autoscale_decisions_total", backend=BACKEND, direction="sleep") >= 1,
-        30,
-        "the router to count the sleep",
-    )
+    wait_counted("sleep", "the router to count the sleep")
     wait_for(
         lambda: cluster_status()["backends"][BACKEND]["state"] == "asleep",
         30,
@@ -160,9 +171,5 @@ def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: 
     assert reply.headers["x-backend"] == BACKEND  # it waited for the backend, not the fallback
     assert reply.json()["choices"][0]["message"]["content"]
     assert running_replicas() == 1
-    wait_for(
-        lambda: metric("gps_autoscale_decisions_total", backend=BACKEND, direction="wake") >= 1,
-        30,
-        "the router to count the wake",
-    )
+    wait_counted("wake", "the router to count the wake")
     assert len(own_engine_processes()) == 1

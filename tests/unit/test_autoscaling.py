@@ -351,6 +351,24 @@ def test_a_restarted_controller_knows_the_zero_is_load_s_sleep_not_placement_s(
     assert policy(ctx(0, 11))[0] == 1
 
 
+def test_a_restarted_controller_numbers_its_decisions_on_from_the_last_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Serve makes a new policy when its controller restarts; a router that counted the
+    decision before must count the new one (its number differs), not take it for old news."""
+    store = Store(monkeypatch)
+    store.asked = 1
+    first = ReplicaPolicy(**policy_kwargs(config_with(SCALING).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=100, waiting=9, running=2)]
+    assert first(ctx(1, 100))[0] == 3
+    restarted = ReplicaPolicy(**policy_kwargs(config_with(SCALING).model_for(Role.CODING)))
+    store.reports = [LoadReport(at=130, waiting=0, running=0)]
+    assert restarted(ctx(3, 130))[0] == 3  # the down delay starts
+    store.reports = [LoadReport(at=160, waiting=0, running=0)]
+    assert restarted(ctx(3, 160))[0] == 2
+    assert [(n.seq, n.direction) for n in store.news] == [(1, "up"), (2, "down")]
+
+
 def test_placement_moving_a_sleeping_role_away_parks_it_and_back_starts_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,0 +1,44 @@
+"""`make test`'s runner names every failed test under its table (tests/suites.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.suites import failed_tests
+
+SESSION = """
+import pytest
+
+def test_passes():
+    pass
+
+def test_fails():
+    assert 1 == 2, "one is not two\\nand more"
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup broke")
+
+def test_errs(broken):
+    pass
+"""
+
+
+def test_each_failed_or_erred_test_is_named_with_its_errors_first_line(tmp_path: Path) -> None:
+    (tmp_path / "test_sample.py").write_text(SESSION)
+    report = tmp_path / "report.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path),
+         f"--junitxml={report}"],
+        cwd=tmp_path, capture_output=True, check=False,
+    )  # fmt: skip
+    assert failed_tests(report) == (
+        "test_sample::test_fails - AssertionError: one is not two",
+        'test_sample::test_errs - failed on setup with "RuntimeError: setup broke"',
+    )
+
+
+def test_a_session_that_wrote_no_report_names_nothing(tmp_path: Path) -> None:
+    assert failed_tests(tmp_path / "missing.xml") == ()
