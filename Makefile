@@ -138,11 +138,10 @@ chaos: $(INSTALLED) $(DEMO_MODEL)
 stop: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
-# The main session (unit, integration, and e2e + chaos on one shared app) and, beside it, one
-# after another: placement and recovery (three nodes), autoscale, monitoring and batch on
-# clusters of their own, then the capacity command's engine; then alone, since they stop every
-# Ray process here, rayup (a `ray up` cluster) and stop (whole apps run with `serve run`).
-# tests/suites.py; times at the end.
+# Two phases (tests/suites.py; times at the end): the tests that need no Ray (unit,
+# integration, gpu, then the capacity command's engine) beside rayup and stop, which end every
+# Ray process here; then the main session (e2e + chaos on one shared app) beside monitoring,
+# placement, autoscale, recovery and batch, each on a cluster of its own.
 test: lint $(DEMO_MODEL) $(PROMTOOL)
 	$(PY) tests/suites.py
 

@@ -1,9 +1,12 @@
 """Which processes belong to this test session, when `make test` runs sessions side by side.
 
-tests/suites.py gives each pytest session MAKE_TEST_SUITE=<its name>. Ray hands the driver's
-environment on to the raylet it starts, the raylet to its workers, and a worker to the engine
-processes it spawns, so a process's environment says whose cluster it belongs to. A check that
-"no engine is left" must count its own engines, not those of a suite running beside it.
+tests/suites.py starts each pytest session as the leader of a session of its own (a new
+session id) with MAKE_TEST_SUITE=<its name> in its environment. Every process it starts
+inherits the session id: Ray's raylet and workers (Ray gives its daemons process groups of their
+own, not sessions), the engine processes they spawn, and an orphan whose parent died. So the
+session's leader says whose a process is. A process's own environment cannot: vLLM's and Ray's
+process titles (setproctitle) overwrite what /proc shows of it. A check that "no engine is left"
+must count its own engines, not those of a suite running beside it.
 """
 
 from __future__ import annotations
@@ -26,10 +29,24 @@ def own_engine_processes() -> list[str]:
     return found
 
 
-def ours(process: psutil.Process) -> bool:
-    """True when `process` was started under this session's suite (or neither has one)."""
+def suite_of(process: psutil.Process) -> str | None:
+    """The suite of the session `process` runs in; None when its leader has none (a session
+    not started by tests/suites.py) or is gone."""
     try:
-        theirs = process.environ().get(SUITE_VARIABLE)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    return theirs == os.environ.get(SUITE_VARIABLE)
+        leader = psutil.Process(os.getsid(process.pid))
+        return leader.environ().get(SUITE_VARIABLE)
+    except (OSError, psutil.Error):  # gone, or another user's
+        return None
+
+
+def ours(process: psutil.Process) -> bool:
+    """True when `process` runs under this session's suite (or neither has one)."""
+    return suite_of(process) == os.environ.get(SUITE_VARIABLE)
+
+
+def another_suites(process: psutil.Process) -> bool:
+    """True when `process` runs under another session's suite. A machine-wide check (`ray
+    stop`'s and `ray down`'s: nothing of Ray's left anywhere) skips these; a process whose
+    session has no suite, or whose leader is gone, counts."""
+    theirs = suite_of(process)
+    return theirs is not None and theirs != os.environ.get(SUITE_VARIABLE)

@@ -1,28 +1,34 @@
 """`make test`'s suites, one pytest session each, with each one's time at the end.
 
-The main session holds the shared e2e app (unit, integration, e2e, chaos); the others start
-clusters or engines of their own (three-node, `ray up`, whole apps started and stopped, the
-capacity command's engine), so they cannot share its process. Most of them wait more than they
-compute (a test engine, moves, restarts): measured on 2 cores, seven of them took 21 min of wall
-time and 5.4 min of CPU. So they run in a lane beside the main session, one after another, each
-on a Ray cluster of its own (dynamic GCS port, its own HTTP port; capacity needs none); their
-output is printed after the main session's. `rayup` and `stop` run last and alone: `ray down`
-and `ray stop --force` end every Ray process on the machine.
+The tests that need no Ray (unit, integration, gpu) are one session, `no-ray`; the shared e2e
+app's (e2e and chaos) are `main`; the others start clusters or engines of their own (three-node,
+`ray up`, whole apps started and stopped, the capacity command's engine), so they cannot share
+its process. Most of them wait more than they compute (a test engine, moves, restarts): measured
+on 2 cores, seven of them took 21 min of wall time and 5.4 min of CPU. So they run in lanes,
+one after another, beside a session that computes, in two phases:
 
-Each session gets MAKE_TEST_SUITE=<its name> (tests/own_processes.py), so a check that no engine
-is left counts its own cluster's. The table is printed however the run ends; the exit status is
-the first failing suite's. A failure ends its own lane (the lane goes on while main runs, and
-main while the lane does); rayup and stop start only when every suite before them passed.
-Under the table, each failed test with its error's first line: a CI log cut to its tail still
-names every failure, the main session's too (its output comes before the lane's).
+1. `rayup` and `stop` beside `no-ray` and `capacity` (which start no Ray either): `ray down` and
+   `ray stop --force` end every Ray process on the machine, so nothing else of Ray may run.
+2. The rest, each on a Ray cluster of its own (dynamic GCS port, its own HTTP port), beside
+   `main`.
 
-    python tests/suites.py            # all: main beside the lane, then the suites that run alone
+A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
+name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
+`ray stop`'s and `ray down`'s machine-wide checks skip the processes of the session beside them.
+The table is printed however the run ends; the exit status is the first failing suite's. A
+failure ends its own lane; the second phase runs whatever the first did, so one run names every
+failure. Under the table, each failed test with its error's first line: a CI log cut to its tail
+still names them all.
+
+    python tests/suites.py            # all: the two phases
     python tests/suites.py NAME ...   # the named ones, one after another
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,26 +37,28 @@ import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [str(ROOT / ".venv" / "bin" / "pytest"), "-q"]
 SUITE_VARIABLE = "MAKE_TEST_SUITE"  # tests/own_processes.py reads it
-# Monitoring first: its real engine then overlaps the main session's unit and integration
-# tests, not the shared app's five engines (memory is the limit: 24 GiB here, 2.3-3.3 GB left
-# at the lowest with test-engine suites beside the shared app, docs/benchmarks.md).
-# Capacity (one engine of its own, no Ray) last: the lane ended about six minutes before main.
-BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch", "capacity")
-ALONE = ("rayup", "stop")
-OWN_CLUSTERS = (*BESIDE_MAIN, *ALONE)
+# Phase 1: sessions that start no Ray, beside the suites that stop every Ray process here.
+NO_RAY = ("no-ray", "capacity")
+STOPPING_RAY = ("rayup", "stop")
+# Phase 2, beside main. Monitoring first: its real engine then overlaps the shared app's start
+# rather than its five engines at work (memory is the limit: 24 GiB here, 2.3-3.3 GB left at the
+# lowest with test-engine suites beside the shared app, docs/benchmarks.md).
+BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch")
+OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN)  # tests/<name>, a session each
 SUITES: dict[str, list[str]] = {
-    "main": [
-        "tests",
-        "--durations=40",
-        *(f"--ignore=tests/{name}" for name in OWN_CLUSTERS),
-    ],
-    **{name: [f"tests/{name}", "-s", "--durations=10"] for name in OWN_CLUSTERS},
+    "no-ray": ["tests/unit", "tests/integration", "tests/gpu", "--durations=20"],
+    "main": ["tests/e2e", "tests/chaos", "--durations=40"],
+    **{name: [f"tests/{name}", "-s", "--durations=10"] for name in OWN_FOLDERS},
 }
+
+
+RUNNING: set[subprocess.Popen[bytes]] = set()  # the sessions under way, for pass_on
 
 
 @dataclass(frozen=True)
@@ -63,19 +71,34 @@ class Outcome:
 
 def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
     """One pytest session, its JUnit report in `reports`; its output to `output` (a file
-    descriptor), else to ours."""
+    descriptor), else to ours. It leads a session of its own, which its processes inherit
+    (tests/own_processes.py tells them by it)."""
     env = {**os.environ, SUITE_VARIABLE: name}
     report = reports / f"{name}.xml"
     started = time.monotonic()
-    status = subprocess.run(
+    session = subprocess.Popen(
         [*PYTEST, *SUITES[name], f"--junitxml={report}"],
         cwd=ROOT,
         env=env,
         stdout=output,
         stderr=output,
-        check=False,
-    ).returncode
+        start_new_session=True,
+    )
+    RUNNING.add(session)
+    try:
+        status = session.wait()
+    finally:
+        RUNNING.discard(session)
     return Outcome(name, time.monotonic() - started, status, failed_tests(report))
+
+
+def pass_on(signal_number: int, frame: FrameType | None) -> None:
+    """Ctrl-C or a SIGTERM reaches the sessions too: in sessions of their own, they are out of
+    the terminal's process group (and pytest ends its clusters on SIGINT)."""
+    for session in list(RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(session.pid, signal.SIGINT)
+    signal.default_int_handler(signal_number, frame)
 
 
 def failed_tests(report: Path) -> tuple[str, ...]:
@@ -110,23 +133,29 @@ def run_in_order(
 
 
 def run_all(outcomes: list[Outcome], reports: Path) -> None:
-    lane: list[Outcome] = []
+    beside_each_other(NO_RAY, STOPPING_RAY, outcomes, reports)
+    beside_each_other(("main",), BESIDE_MAIN, outcomes, reports)
+
+
+def beside_each_other(
+    first: tuple[str, ...], lane: tuple[str, ...], outcomes: list[Outcome], reports: Path
+) -> None:
+    """`first` here (its output ours) and `lane` in a thread (its output printed after)."""
+    beside: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="gps-suites-") as folder:
         log = Path(folder) / "lane.log"
         with log.open("w") as sink:
-            beside = threading.Thread(
-                target=run_in_order, args=(BESIDE_MAIN, lane, reports, sink), daemon=True
+            thread = threading.Thread(
+                target=run_in_order, args=(lane, beside, reports, sink), daemon=True
             )
-            beside.start()
+            thread.start()
             try:
-                outcomes.append(run_suite("main", reports))
-                beside.join()
+                run_in_order(first, outcomes, reports)
+                thread.join()
             finally:
-                outcomes.extend(lane)
-                print(f"\n===== the suites run beside main: {', '.join(BESIDE_MAIN)} =====")
+                outcomes.extend(beside)
+                print(f"\n===== the suites run beside {', '.join(first)}: {', '.join(lane)} =====")
                 print(log.read_text(errors="replace"), flush=True)
-    if all(o.status == 0 for o in outcomes) and len(outcomes) == 1 + len(BESIDE_MAIN):
-        run_in_order(ALONE, outcomes, reports)
 
 
 def main(names: list[str]) -> int:
@@ -148,7 +177,12 @@ def main(names: list[str]) -> int:
 
 
 def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
-    beside = f" ({', '.join(BESIDE_MAIN)} ran beside main)" if side_by_side else ""
+    beside = (
+        f" ({', '.join(STOPPING_RAY)} ran beside {', '.join(NO_RAY)}; "
+        f"{', '.join(BESIDE_MAIN)} beside main)"
+        if side_by_side
+        else ""
+    )
     print(f"\nsuite times{beside}:")
     for o in outcomes:
         outcome = "ok" if o.status == 0 else f"FAILED ({o.status})"
@@ -160,4 +194,6 @@ def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, pass_on)
+    signal.signal(signal.SIGTERM, pass_on)
     sys.exit(main(sys.argv[1:]))

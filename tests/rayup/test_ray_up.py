@@ -26,6 +26,7 @@ from ray.util.state import list_actors
 
 from bench.multinode import cluster_status, wait_for
 from cluster.ray_runtime import this_cluster
+from tests.own_processes import another_suites
 
 ROOT = Path(__file__).parents[2]
 CLUSTER_YAML = ROOT / "ray_configs" / "cluster.local.yaml"
@@ -58,8 +59,10 @@ def ray_processes() -> list[str]:
     found = []
     for process in psutil.process_iter(["cmdline", "name", "status"]):
         title = " ".join(process.info["cmdline"] or []) or (process.info["name"] or "")
-        if process.info["status"] != psutil.STATUS_ZOMBIE and any(
-            marker in title for marker in RAY_PROCESS_MARKERS
+        if (
+            process.info["status"] != psutil.STATUS_ZOMBIE
+            and any(marker in title for marker in RAY_PROCESS_MARKERS)
+            and not another_suites(process)  # a session beside this one (tests/suites.py)
         ):
             found.append(f"{process.pid} {title[:100]}")
     return found

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from cluster.exit_deadline import DEADLINE_S as EXIT_DEADLINE_S
+from tests.own_processes import another_suites
 
 CONFIG = Path(__file__).with_name("app.yaml")  # the test engine
 VLLM_CONFIG = Path(__file__).with_name("app.vllm.yaml")
@@ -41,10 +42,11 @@ TINY_ENGINE = "TINY::EngineCore"  # tests/fakes/tiny_engine_core.py
 
 
 def engine_processes() -> list[psutil.Process]:
+    """Every engine process on the machine but those of a session run beside this one."""
     found = []
     for process in psutil.process_iter(["cmdline", "name"]):
         title = " ".join(process.info["cmdline"] or []) or (process.info["name"] or "")
-        if any(marker in title for marker in ENGINE_MARKERS):
+        if any(marker in title for marker in ENGINE_MARKERS) and not another_suites(process):
             found.append(process)
     return found
 
