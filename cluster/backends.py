@@ -18,6 +18,7 @@ from core.topology import RESOURCE_SLIVER, Backend
 from core.types import DEPLOYMENT_PREFIX
 from deployments.engine.adapters import ADAPTERS_ENV
 from deployments.engine.llm_server import ObservedLLMServer
+from deployments.engine.node_init import node_init_config
 from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
 from deployments.engine.replica_choice import ROUTER_PATH
 from deployments.fallback.replica import CpuFallback, FallbackSettings
@@ -91,6 +92,7 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
             **tool_engine_kwargs(config, model),
         },
         "deployment_config": options,
+        **node_init_config(config.resolve_path(model.source)),
         # The engine's processes die with the replica (deployments/engine/parent_death.py).
         "runtime_env": {
             "env_vars": {**model.env_vars, PARENT_DEATH_ENV: "1", **_adapter_env(config, model)}

@@ -29,6 +29,7 @@ from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import local_pool_resources
 from core.config import ClusterConfig, load_config
 from core.types import FALLBACK_BACKEND
+from tests.local_ray import start_retrying
 
 ROOT = Path(__file__).parents[1]
 E2E = Path(__file__).with_name("e2e")
@@ -90,7 +91,9 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> ClusterConfig:
 @pytest.fixture(scope="session")
 def gateway(config: ClusterConfig) -> Iterator[str]:
     # "local": a fresh cluster of our own, whatever address a dead one left in /tmp/ray.
-    ray.init(address="local", namespace="serve", resources=local_pool_resources(config))
+    start_retrying(
+        lambda: ray.init(address="local", namespace="serve", resources=local_pool_resources(config))
+    )
     # The proxy must be up before the engines load: on 2 cores it otherwise misses its
     # readiness checks and dies (docs/design.md, environment facts).
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})

@@ -29,6 +29,7 @@ from autoscale.serve_scaling import read_scaled
 from bench.multinode import Stream, wait_for
 from cluster.app import build_app
 from core.config import load_config
+from tests.local_ray import start_retrying
 from tests.own_processes import own_engine_processes
 
 CONFIG = Path(__file__).with_name("scaled.yaml")
@@ -42,7 +43,11 @@ KEPT_ASLEEP_S = 20  # several of the router's KV readings (1 s) and load posts
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[None]:
-    ray.init(address="local", num_cpus=3, resources={"pool_local": 1}, namespace="serve")
+    start_retrying(
+        lambda: ray.init(
+            address="local", num_cpus=3, resources={"pool_local": 1}, namespace="serve"
+        )
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(load_config(CONFIG, environ={})), name=APP, route_prefix="/")
     yield

@@ -18,6 +18,7 @@ from ray import serve
 from cluster.app import build_app
 from cluster.ray_runtime import local_pool_resources
 from core.config import ClusterConfig, load_config
+from tests.local_ray import start_retrying
 
 CONFIG = Path(__file__).with_name("batch.yaml")
 PORT = 18950
@@ -25,8 +26,11 @@ LINES = 60
 
 
 def start(config: ClusterConfig) -> openai.OpenAI:
-    ray.init(address="local", namespace="serve", num_cpus=3,
-             resources=local_pool_resources(config))  # fmt: skip
+    start_retrying(
+        lambda: ray.init(
+            address="local", namespace="serve", num_cpus=3, resources=local_pool_resources(config)
+        )
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(config), name="batches", route_prefix="/")
     return openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="none",

@@ -34,6 +34,7 @@ from ray import serve
 from bench.multinode import wait_for
 from cluster.app import build_app
 from core.config import load_config
+from tests.local_ray import start_retrying
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -64,7 +65,11 @@ ANSWER_TOKENS = (30, 55)
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, resources={"pool_local": 1}, namespace="serve")
+    start_retrying(
+        lambda: ray.init(
+            address="local", num_cpus=2, resources={"pool_local": 1}, namespace="serve"
+        )
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(load_config(CONFIG, environ={})), name=APP, route_prefix="/")
     yield

@@ -25,6 +25,7 @@ from bench import multinode
 from bench.multinode import Stream, cluster_status, wait_for
 from cluster.app import build_app
 from core.config import load_config
+from tests.local_ray import start_retrying
 
 CONFIG = Path(__file__).with_name("placed.yaml")
 PORT = 18600
@@ -32,11 +33,17 @@ NAMESPACE = "serve"
 LOCAL, CLOUD = "reasoning@local", "reasoning@cloud"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, str]]:
+def three_nodes() -> tuple[Cluster, Any, Any]:
+    """A head and the two pools' nodes on this machine."""
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     local = nodes.add_node(num_cpus=1, resources={"pool_local": 1})
     cloud = nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
+    return nodes, local, cloud
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    nodes, local, cloud = start_retrying(three_nodes)
     ray.init(address=nodes.address, namespace=NAMESPACE)
     # The front door on the head only, as in tests/recovery: on one machine every node's proxy
     # shares the port (SO_REUSEPORT), and Serve stops the proxy of a node a move leaves without

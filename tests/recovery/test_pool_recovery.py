@@ -35,6 +35,7 @@ from bench.multinode import (
 from cluster.app import build_app
 from cluster.ray_runtime import this_cluster
 from core.config import load_config
+from tests.local_ray import start_retrying
 
 CONFIG = Path(__file__).with_name("recovery.yaml")
 PORT = 18650
@@ -45,15 +46,21 @@ CLOUD, LOCAL = "reasoning@cloud", "reasoning@local"
 GCS_DETECTION_S = 30
 
 
+def three_nodes() -> tuple[Cluster, Any, Any]:
+    """A head and the two pools' nodes on this machine."""
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    local = nodes.add_node(num_cpus=1, resources={"pool_local": 1})
+    cloud = nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
+    return nodes, local, cloud
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     pids = tmp_path_factory.mktemp("recovery") / "node-pids"
     # Inherited by the raylets and so by the cluster manager, which runs the provisioner.
     os.environ["GPS_TEST_NODE_PIDS"] = str(pids)
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    local = nodes.add_node(num_cpus=1, resources={"pool_local": 1})
-    cloud = nodes.add_node(num_cpus=1, resources={"pool_cloud": 1})
+    nodes, local, cloud = start_retrying(three_nodes)
     ray.init(address=nodes.address, namespace=NAMESPACE)
     # The HTTP proxy is the front door too: on the head only, never on a node that can die
     # (with one per node, the cloud node's proxy takes its share of connections down with it).
