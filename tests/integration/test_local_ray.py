@@ -49,3 +49,20 @@ def test_another_failure_and_the_last_timeout_are_raised() -> None:
     with pytest.raises(Exception, match=NODE_TIMEOUT):
         start_retrying(always_late)
     assert len(calls) == ATTEMPTS
+
+
+def test_a_popen_ray_drops_while_its_process_runs_is_not_an_error_of_the_start() -> None:
+    left: list[int] = []
+
+    def start() -> str:
+        dashboard = subprocess.Popen(["sleep", "60"])  # given up on, dropped, still running
+        left.append(dashboard.pid)
+        return "up"
+
+    try:
+        assert start_retrying(start) == "up"  # with filterwarnings = error: no ResourceWarning
+    finally:
+        for pid in left:
+            process = psutil.Process(pid)
+            process.kill()
+            process.wait(timeout=10)
