@@ -17,6 +17,7 @@ from core.config.load import (
     load_config,
     parse_config,
 )
+from core.config.placement import PlacementConfig
 from core.config.recovery import (
     ClusterManagerConfig,
     CommandProvisioner,
@@ -31,7 +32,6 @@ from core.config.serving import (
     AutoscalingConfig,
     FallbackConfig,
     ModelConfig,
-    PlacementConfig,
     PoolConfig,
     ToolsConfig,
 )

@@ -10,12 +10,12 @@ from pydantic import AfterValidator, Field, model_validator
 from core import topology
 from core.config.base import Frozen, FrozenDict, frozen_dict
 from core.config.checks import cross_section_problems
+from core.config.placement import PlacementConfig
 from core.config.recovery import ClusterManagerConfig
 from core.config.serving import (
     AdapterConfig,
     FallbackConfig,
     ModelConfig,
-    PlacementConfig,
     PoolConfig,
     ToolsConfig,
 )

@@ -15,7 +15,7 @@ from core.errors import ApiError, ErrorCode
 from core.types import PriorityClass
 from core.wire import Refusal, Routed
 from deployments.ingress import metrics
-from deployments.keys.metering import StreamUsage
+from deployments.keys.stream_usage import StreamUsage
 from policy.depth import DepthDecision
 from policy.engine_errors import EngineError, Fault, readable_message, response_fault
 from policy.oom import OOM_CODE

@@ -17,14 +17,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from ray import serve
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ErrorResponse,
-)
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 
-from core.config import ClusterConfig, GatewayConfig
+from core.config import ClusterConfig
 from core.errors import ApiError, ErrorCode
 from core.types import Depth, PriorityClass
 from core.wire import ChatJob, Refusal, Reply, Routed, is_embedding
@@ -47,14 +45,13 @@ from deployments.ingress.front_options import front_actor_options
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
-from deployments.keys.metering import Admission, KeyMetering, StreamUsage
+from deployments.keys.metering import Admission, KeyMetering
+from deployments.keys.stream_usage import StreamUsage
 from deployments.router.in_process import InProcessRouter
 from policy.admission import class_limits
 from policy.depth import DEPTH_HEADER, DepthDecision
 from policy.model_access import may_use, usable_names
-from policy.request import (
-    parse_object,
-)
+from policy.request import parse_object
 
 logger = logging.getLogger("ray.serve")
 
@@ -271,7 +268,8 @@ class Ingress:
     async def _serve(self, request: Request, started: float, build: JobBuilder) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
         limits = self._config.gateway
-        payload = _parse_json(await read_body(request, limits.max_body_bytes), limits)
+        body = await read_body(request, limits.max_body_bytes)
+        payload = parse_object(body, limits.max_json_depth)
         headers = request.headers
         job, depth = build(payload, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER))
         job = with_session(job, headers.get(SESSION_HEADER))
@@ -379,10 +377,6 @@ class Ingress:
             self._metering.settle(admission, *totals)
             metrics.observe_tokens(routed.backend, *totals)
             timing.ended()
-
-
-def _parse_json(body: bytes, limits: GatewayConfig) -> dict[str, Any]:
-    return parse_object(body, limits.max_json_depth)
 
 
 @dataclass

@@ -32,11 +32,11 @@ from core.wire import ChatJob, Opening, Routed
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import DONE, ChatShaper
 from deployments.ingress import app as ingress_module
-from deployments.ingress.app import Ingress, _parse_json
+from deployments.ingress.app import Ingress
 from deployments.ingress.jobs import validate_chat
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from policy.context.tokens import CharEstimateCounter, message_text
-from policy.request import embedding_inputs, nesting_exceeds
+from policy.request import embedding_inputs, nesting_exceeds, parse_object
 from policy.request.completion import single_prompt
 
 TESTS = Path(__file__).parents[1]
@@ -429,14 +429,14 @@ def nested(depth: int) -> bytes:
 
 def parse_error(body: bytes, gateway: GatewayConfig = GATEWAY) -> ApiError:
     with pytest.raises(ApiError) as raised:
-        _parse_json(body, gateway)
+        parse_object(body, gateway.max_json_depth)
     assert raised.value.status == 400
     return raised.value
 
 
 def test_nesting_up_to_the_limit_passes_and_one_more_is_refused() -> None:
     limit = GATEWAY.max_json_depth
-    assert _parse_json(nested(limit), GATEWAY)["model"] == "orchestrator"
+    assert parse_object(nested(limit), GATEWAY.max_json_depth)["model"] == "orchestrator"
     assert parse_error(nested(limit + 1)).code == "json_too_deep"
 
 
@@ -466,7 +466,7 @@ def test_a_lone_surrogate_is_invalid_json_and_a_pair_is_fine(escape: str) -> Non
     body = json.dumps(user("X")).replace('"X"', f'"{escape}"').encode()
     assert parse_error(body).code == "invalid_json"
     pair = json.dumps(user("X")).replace('"X"', '"\\ud83d\\ude00"').encode()
-    assert _parse_json(pair, GATEWAY)["messages"][0]["content"] == "\U0001f600"
+    assert parse_object(pair, GATEWAY.max_json_depth)["messages"][0]["content"] == "\U0001f600"
 
 
 @pytest.mark.parametrize("bad", [b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xc0\xaf"])
@@ -476,7 +476,9 @@ def test_bytes_that_are_not_utf8_are_invalid_json(bad: bytes) -> None:
 
 
 def test_a_utf8_byte_order_mark_is_tolerated() -> None:
-    assert _parse_json(b"\xef\xbb\xbf" + json.dumps(chat()).encode(), GATEWAY)["messages"]
+    assert parse_object(b"\xef\xbb\xbf" + json.dumps(chat()).encode(), GATEWAY.max_json_depth)[
+        "messages"
+    ]
 
 
 @pytest.mark.parametrize("body", [b"[]", b'"x"', b"1", b"null", b""])
