@@ -1,13 +1,15 @@
-"""The gateway's own Prometheus metrics (served at /metrics by the ingress)."""
+"""The gateway's own Prometheus metrics: served at /metrics by the ingress (this replica's
+view) and sent through Ray's metrics pipeline (every replica's: deployments/fleet_metrics.py)."""
 
 from __future__ import annotations
 
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
 from core.wire import Routed
+from deployments.fleet_metrics import Counter, Histogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 REGISTRY = CollectorRegistry()

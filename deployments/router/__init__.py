@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -46,6 +47,12 @@ from deployments.router.report import backend_state, overall_status, status_repo
 from deployments.router.serve_ports import serve_ports
 from deployments.router.watch import Watch
 from policy.breaker import BreakerState
+
+logger = logging.getLogger("ray.serve")
+
+# Gauges set from state (queues, breakers) for Ray's metrics pipeline, which exports each
+# worker's every few seconds (docs/operations.md, monitoring).
+GAUGES_INTERVAL_S = 2.0
 
 __all__ = [
     "Router",
@@ -109,19 +116,33 @@ class Router:
         return with_pools(report, self._pools.pools, self._pools.events)
 
     async def metrics_text(self) -> bytes:
+        self.refresh_gauges()
+        return metrics.render()
+
+    def refresh_gauges(self) -> None:
+        """Queue depths and breaker states as they are now: read at each scrape of /metrics,
+        and every few seconds for Ray's metrics pipeline (`gauges_loop`)."""
         for name, link in self._links.items():
             for priority, depth in link.gate.queue.depth_by_class().items():
                 metrics.QUEUE_DEPTH.labels(name, priority.value).set(depth)
             status = link.status()
             for state in BreakerState:
                 if status.parked:  # at zero replicas on purpose: its breaker is not news
-                    metrics.forget(metrics.BREAKER_STATE, name, state.value)
+                    metrics.BREAKER_STATE.forget(name, state.value)
                 else:
                     on = 1 if state is status.breaker else 0
                     metrics.BREAKER_STATE.labels(name, state.value).set(on)
             if not status.reads_kv:  # a last reading of a backend gone is not its usage now
-                metrics.forget(metrics.KV_CACHE_USAGE, name)
-        return metrics.render()
+                metrics.KV_CACHE_USAGE.forget(name)
+
+    async def gauges_loop(self) -> None:
+        while True:
+            try:
+                self.refresh_gauges()
+            except Exception:  # the loop must outlive any one bad reading
+                metrics.LOOP_ERRORS.labels("gauges").inc()
+                logger.exception("router gauge refresh failed")
+            await self._ports.clock.sleep(GAUGES_INTERVAL_S)
 
     @property
     def config(self) -> ClusterConfig:
@@ -165,6 +186,7 @@ class Router:
                 self._health.replicas_loop(),
                 self._health.kv_loop(),
                 self._health.counters_loop(),
+                self.gauges_loop(),
             ]
             if self._placement.follows:
                 loops.append(self._placement.loop())

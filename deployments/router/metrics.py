@@ -1,9 +1,12 @@
-"""The router's Prometheus metrics; the ingress appends them to its own at /metrics."""
+"""The router's Prometheus metrics; the ingress appends them to its own at /metrics, and each
+goes through Ray's metrics pipeline too (deployments/fleet_metrics.py)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
+
+from deployments.fleet_metrics import Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry()
 
@@ -157,11 +160,6 @@ RECOVERY_SECONDS = Histogram(
     buckets=(30, 60, 120, 300, 600, 1200, 1800, 3600),
     registry=REGISTRY,
 )
-
-
-def forget(gauge: Gauge, *labels: str) -> None:
-    """Drop one series of `gauge` (nothing if it has none)."""
-    gauge.remove(*labels)
 
 
 def render() -> bytes:

@@ -12,16 +12,24 @@ pause: sixteen at a time hold 32 of the engine's 33 blocks, the router reports
 `GpsKvCachePressure` fires for that backend. No request may fail on the way, the engine's own
 `vllm:kv_cache_usage_perc` (`ray_vllm_kv_cache_usage_perc`, Ray's target) must be in the same
 Prometheus and agree, and once the clients stop the alert must clear.
+
+The app runs two ingress replicas, and the gateway's metrics reach Prometheus through Ray's
+metrics agents (deployments/fleet_metrics.py), so the router's KV gauge above is two replicas'
+series; after it, every chat answered is counted once over both replicas in
+`sum(gps_requests_total)`, and stays counted when one of them is killed with SIGKILL.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import random
+import signal
 import subprocess
 import threading
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +38,11 @@ import pytest
 import ray
 import yaml
 from ray import serve
+from ray.util.state import list_actors
 
 from bench.multinode import wait_for
 from cluster.app import build_app
+from cluster.ray_runtime import this_cluster
 from core.config import load_config
 from tests.local_ray import start_retrying
 
@@ -237,3 +247,67 @@ def _targets(url: str, job: str) -> list[dict[str, Any]]:
     reply = httpx.get(f"{url}/api/v1/targets", timeout=10)
     reply.raise_for_status()
     return [t for t in reply.json()["data"]["activeTargets"] if t["labels"]["job"] == job]
+
+
+# -- Two ingress replicas, one truth -----------------------------------------------------------
+
+CHAT_REQUESTS = 'sum(gps_requests_total{endpoint="chat"})'
+SHORT = {**BODY, "max_tokens": 2}
+
+
+def chat_requests(url: str) -> float:
+    found = query(url, CHAT_REQUESTS)
+    return float(found[0]["value"][1]) if found else 0.0
+
+
+def ingress_replicas() -> dict[str, int]:
+    """The app's ingress replica actors alive now: actor id to worker pid."""
+    prefix = f"SERVE_REPLICA::{APP}#ingress#"
+    alive = list_actors(this_cluster(), filters=[("state", "=", "ALIVE")], detail=True, limit=1000)
+    return {
+        actor["actor_id"]: int(actor["pid"])
+        for actor in alive
+        if (actor.get("name") or "").startswith(prefix) and actor.get("pid")
+    }
+
+
+def send(count: int) -> list[int]:
+    """`count` short chats, eight at a time: Serve's proxy spreads them over both replicas."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as client:
+
+        def one(_: int) -> int:
+            return client.post("/v1/chat/completions", json=SHORT).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            return list(pool.map(one, range(count)))
+
+
+def test_every_request_is_counted_once_over_two_ingress_replicas_and_a_replica_crash(
+    prometheus: str,
+) -> None:
+    """Counts through Ray's metrics agents add up over replicas: the sum over both ingress
+    replicas is every request answered, and a replica killed with SIGKILL takes none of it
+    away (its series stays at its last value; its replacement counts in a series of its own)."""
+    assert len(ingress_replicas()) == 2
+    before = chat_requests(prometheus)  # the KV test's requests, if it ran first
+    first = send(40)
+    wait_for(lambda: chat_requests(prometheus) == before + 40, 90, f"{before + 40:.0f} counted")
+    series = query(prometheus, 'gps_requests_total{endpoint="chat"}')
+    workers = {s["metric"].get("WorkerId") for s in series}
+
+    victims = ingress_replicas()
+    victim_id, victim_pid = next(iter(victims.items()))
+    os.kill(victim_pid, signal.SIGKILL)
+    wait_for(
+        lambda: len(ingress_replicas()) == 2 and victim_id not in ingress_replicas(),
+        300,
+        "Serve to replace the killed ingress replica",
+    )
+    second = send(20)
+    wait_for(lambda: chat_requests(prometheus) == before + 60, 90, f"{before + 60:.0f} counted")
+    print(
+        f"\ncounted over two ingress replicas: {before:.0f} + 40 + 20 chats, "
+        f"{len(workers)} worker series before the kill"
+    )
+    assert set(first + second) == {200}
+    assert len(workers) == 2, series

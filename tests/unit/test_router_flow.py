@@ -28,7 +28,7 @@ from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed, ScalingNews
 from deployments.router import Router, RouterPorts
 from deployments.router.in_process import InProcessRouter
-from deployments.router.metrics import BACKEND_FAULTS, REGISTRY, STREAM_MIGRATIONS
+from deployments.router.metrics import REGISTRY
 from deployments.router.ports import DeploymentFacts, DeploymentKey
 from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
 from policy.engine_counters import EngineCounters
@@ -352,8 +352,8 @@ def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() ->
         ]
     )
     router = make_router(make_config(), two(coding, orchestrator))
-    migrated = STREAM_MIGRATIONS.labels("coding@local", "orchestrator@local")
-    before = migrated._value.get()
+    migrations = {"from": "coding@local", "to": "orchestrator@local"}
+    before = sample("gps_stream_migrations_total", **migrations)
     routed, *items = asyncio.run(collect(router, job()))
     lines = [line for item in items for line in item]
 
@@ -376,7 +376,7 @@ def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() ->
     assert continued.continue_final_message
     assert not continued.add_generation_prompt
     assert continued.max_tokens == 8 - 2
-    assert migrated._value.get() == before + 1
+    assert sample("gps_stream_migrations_total", **migrations) == before + 1
 
 
 def test_a_long_stream_goes_on_on_a_smaller_window_with_its_newest_text() -> None:
@@ -428,15 +428,14 @@ def test_a_link_that_refuses_to_continue_is_passed_over_without_blame() -> None:
     coding = FakeBackend(lambda _: [[sse("first", {"content": "One"})], RayError("died")])
     refusing = FakeBackend(engine_error(400))
     router = make_router(make_config(), two(coding, refusing))
-    faults = BACKEND_FAULTS.labels("orchestrator@local")
-    before = faults._value.get()
+    before = sample("gps_backend_faults_total", backend="orchestrator@local")
     _routed, _first, last = asyncio.run(collect(router, job()))
     # Nothing left to continue on (the fallback has no handle here): an SSE error, not a 400
     # object in the middle of a stream, and the refusing link's breaker is untouched.
     assert "backend_failed" in last[0]
     assert last[1] == "data: [DONE]\n\n"
     assert refusing.calls == 1
-    assert faults._value.get() == before
+    assert sample("gps_backend_faults_total", backend="orchestrator@local") == before
 
 
 def test_a_stream_no_link_can_continue_ends_with_an_error_event() -> None:
