@@ -3,7 +3,7 @@
     gps run [CONFIG]              serve the app (`serve run cluster.app:build [config=CONFIG]`)
     gps check [CONFIG]            refuse what cannot start, warn what will degrade
     gps capacity MODEL [...]      measure what a model's engine really holds
-    gps keys hash KEY | new       API key digests for `api_keys[].sha256`
+    gps keys hash | new           API key digests for `api_keys[].sha256` (the key on stdin)
     gps batch ...                 the Batch API from a shell
     gps models prepare [...]      the demo model, ready for vLLM and llama.cpp
     gps --version

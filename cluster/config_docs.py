@@ -66,7 +66,7 @@ models:
     pools: [cloud]
 api_keys:
   - name: ide-team
-    sha256: "<python -m cluster.keys hash KEY>"
+    sha256: "<python -m cluster.keys hash < key.txt>"
     models: ["coder-*"]         # anything else: 403 model_not_allowed
 ```
 """

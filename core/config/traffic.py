@@ -31,12 +31,12 @@ ModelPattern = Annotated[
 
 
 class ApiKeyConfig(Frozen):
-    """A client key, stored only as its SHA-256 (`python -m cluster.keys hash KEY`)."""
+    """A client key, stored only as its SHA-256 (`python -m cluster.keys hash`: key on stdin)."""
 
     name: Name = Field(description="Who holds the key (logs and usage name it so).")
     sha256: str = Field(
         description="The key's SHA-256, 64 hex digits, never the key itself "
-        "(`python -m cluster.keys hash KEY` or `... new`)."
+        "(`python -m cluster.keys hash`, which reads the key from stdin or a prompt, or `... new`)."
     )
     priority: PriorityClass = Field(
         PriorityClass.USER, description="The class of its requests without X-Priority."
@@ -71,7 +71,7 @@ class ApiKeyConfig(Frozen):
         if not isinstance(value, str) or not SHA256_HEX.match(value):
             raise ValueError(
                 "must be the 64-hex-digit SHA-256 of the key, never the key itself: "
-                "run `python -m cluster.keys hash KEY`"
+                "run `python -m cluster.keys hash` (it reads the key from stdin or a prompt)"
             )
         return value
 

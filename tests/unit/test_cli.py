@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 from importlib import metadata
 from pathlib import Path
 
@@ -16,8 +17,11 @@ def test_version_names_the_installed_package(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out.strip() == f"gps {metadata.version('gpu-pool-serve')}"
 
 
-def test_keys_hash_is_the_keys_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["keys", "hash", "a-key"]) == 0
+def test_keys_hash_is_the_keys_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("a-key\n"))
+    assert cli.main(["keys", "hash"]) == 0
     assert capsys.readouterr().out.strip() == hashlib.sha256(b"a-key").hexdigest()
 
 
