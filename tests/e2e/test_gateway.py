@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -35,6 +36,9 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
     assert error["message"]
     assert error["type"]
     assert "Traceback" not in response.text
+    # The id Serve tagged the request's log lines with (made by its proxy unless the client
+    # sent one): in the body as in the header.
+    assert error["request_id"] == response.headers["x-request-id"]
     return dict(error)
 
 
@@ -237,6 +241,17 @@ def test_invalid_priority_gets_400(http: httpx.Client) -> None:
 
 def test_unknown_path_gets_openai_404(http: httpx.Client) -> None:
     assert_openai_error(http.get("/v1/nothing-here"), 404, "not_found")
+
+
+def test_a_clients_request_id_comes_back_on_answers_and_errors(http: httpx.Client) -> None:
+    ours = {"X-Request-ID": f"e2e-{uuid.uuid4()}"}
+    answered = http.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=ours)
+    assert answered.status_code == 200
+    assert answered.headers["x-request-id"] == ours["X-Request-ID"]
+    refused = http.post("/v1/chat/completions", json=chat_body(max_tokens=0), headers=ours)
+    assert (
+        assert_openai_error(refused, 400, "invalid_request")["request_id"] == ours["X-Request-ID"]
+    )
 
 
 def test_healthz_reports_every_backend_up(gateway: str) -> None:

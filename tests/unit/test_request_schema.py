@@ -503,3 +503,13 @@ def test_routing_refusals_are_openai_errors_too(
     reply = TestClient(ingress_module.app).request(method, path)
     assert reply.status_code == status
     assert reply.json()["error"]["code"] == code
+
+
+def test_an_error_names_the_request_id_serve_tagged_its_log_lines_with() -> None:
+    # Serve's proxy puts X-Request-ID on every request (the client's, or one it makes).
+    client = TestClient(ingress_module.app)
+    named = client.post("/v1/chat/complete", headers={"X-Request-ID": "req-7f3a"})
+    assert named.status_code == 404
+    assert named.json()["error"]["request_id"] == "req-7f3a"
+    assert named.json()["error"]["code"] == "not_found"
+    assert "request_id" not in client.post("/v1/chat/complete").json()["error"]
