@@ -23,6 +23,7 @@ from core.config import ClusterConfig, ConfigError, load_config
 from core.types import FALLBACK_BACKEND
 from deployments.ingress.app import build_ingress
 from deployments.ingress.front_options import front_actor_options
+from deployments.log_options import serve_logging
 from deployments.router import ServeRouter
 
 
@@ -47,7 +48,7 @@ def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Applica
         ray_actor_options=front_actor_options(config.gateway_resources),
         # The ingress and the proxy already log every request; a third line per request costs
         # CPU the engines need (bench/overhead.py). The router logs what it decides.
-        logging_config={"enable_access_log": False},
+        logging_config=serve_logging(config, enable_access_log=False),
     )
     return build_ingress(config, router.bind(config, dict(backends)))
 

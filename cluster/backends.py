@@ -22,6 +22,7 @@ from deployments.engine.node_init import node_init_config
 from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
 from deployments.engine.replica_choice import ROUTER_PATH
 from deployments.fallback.replica import CpuFallback, FallbackSettings
+from deployments.log_options import serve_logging
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
 # replicas a node takes (docs/design.md, pools and placement).
@@ -41,6 +42,7 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         # Serve learns of a dead replica only from its health check: until then its handles
         # may route to it and hold requests there.
         "health_check_period_s": config.router.replica_health_check_period_s,
+        "logging_config": serve_logging(config),
     }
     placement = placed and placement_matters(config)
     if placement or model.autoscaling is not None:
@@ -195,5 +197,6 @@ def build_fallback(config: ClusterConfig) -> Application:
         # Its check fails while its engine child restarts (seconds, with backoff), and three
         # failed checks in a row stop the replica: Serve's default period leaves that room.
         health_check_period_s=FALLBACK_HEALTH_CHECK_PERIOD_S,
+        logging_config=serve_logging(config),
     )
     return deployment.bind(fallback_settings(config))

@@ -170,6 +170,12 @@ class GatewayConfig(Frozen):
         description="The router in each ingress replica's process (each enforcing cap // "
         "ingress_replicas); false gives the router a deployment of its own.",
     )
+    log_encoding: Literal["TEXT", "JSON"] = Field(
+        "TEXT",
+        description="How every deployment of the app writes its log lines (Serve's logging "
+        "encoding): JSON is one object a line, with the request's id, the deployment and the "
+        "replica as fields, for a fleet's log pipeline.",
+    )
     resource: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",

@@ -28,14 +28,7 @@ from core.types import Depth, PriorityClass
 from core.wire import ChatJob, Refusal, Reply, Routed, is_embedding
 from deployments.batch.actor import replica_batch_actor
 from deployments.batch.http import BatchApi
-from deployments.ingress import metrics
-from deployments.ingress.answers import (
-    engine_error,
-    refusal_error,
-    relay_sse,
-    routing_headers,
-    wants_usage,
-)
+from deployments.ingress import answers, metrics
 from deployments.ingress.auth import PRIORITY_HEADER, Caller, KeyRing
 from deployments.ingress.body import read_body
 from deployments.ingress.catalog import model_cards
@@ -47,6 +40,7 @@ from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader,
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
+from deployments.log_options import serve_logging
 from deployments.router.in_process import InProcessRouter
 from policy.admission import class_limits
 from policy.depth import DEPTH_HEADER, DepthDecision
@@ -280,7 +274,7 @@ class Ingress:
         usage = None
         streamed = not is_embedding(job.request) and bool(job.request.stream)
         if streamed:
-            usage = StreamUsage(wants_usage(job.request))
+            usage = StreamUsage(answers.wants_usage(job.request))
         try:
             admission = await self._metering.admit(job.caller)
         except ApiError as error:  # over the key's limits: counted, under no backend
@@ -329,16 +323,16 @@ class Ingress:
             stream = None
             reply = await self._router.chat_once.remote(job)
         if isinstance(reply, Refusal):
-            raise refusal_error(reply)
+            raise answers.refusal_error(reply)
         routed, first = reply.routed, reply.first
         served.backend = routed.backend
         metrics.observe_routing(routed, depth.depth.value if depth else None)
         # Streaming answers come in batches (lists); an engine error may be the first item of one.
         leading = first[0] if isinstance(first, list) and first else first
         if isinstance(leading, ErrorResponse):
-            raise engine_error(leading)
+            raise answers.engine_error(leading)
         headers = {
-            **routing_headers(routed, job.priority, depth),
+            **answers.routing_headers(routed, job.priority, depth),
             **admission.headers,
             OVERHEAD_HEADER: milliseconds(time.perf_counter() - started - routed.engine_wait_s),
         }
@@ -353,7 +347,7 @@ class Ingress:
             metrics.observe_answer(routed.backend, job.priority.value, 200, seconds)
             return Response(body, media_type="application/json", headers=headers)
         timing = metrics.StreamTiming(routed.backend, job.priority.value, started)
-        relay = relay_sse(first, stream, usage, timing)
+        relay = answers.relay_sse(first, stream, usage, timing)
         return StreamingResponse(
             self._settled(relay, admission, usage, routed, timing),
             media_type="text/event-stream",
@@ -398,4 +392,5 @@ def build_ingress(
         # Backpressure lives in the router; the ingress must never be the queue.
         max_ongoing_requests=10_000,
         ray_actor_options=front_actor_options(config.gateway_resources),
+        logging_config=serve_logging(config),
     ).bind(config, router, None, None if backends is None else dict(backends), True)
