@@ -27,6 +27,7 @@ import random
 import signal
 import subprocess
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -252,12 +253,26 @@ def _targets(url: str, job: str) -> list[dict[str, Any]]:
 # -- Two ingress replicas, one truth -----------------------------------------------------------
 
 CHAT_REQUESTS = 'sum(gps_requests_total{endpoint="chat"})'
+EXPORT_INTERVAL_S = 10  # Ray's metrics_report_interval_ms, by default
 SHORT = {**BODY, "max_tokens": 2}
 
 
 def chat_requests(url: str) -> float:
     found = query(url, CHAT_REQUESTS)
     return float(found[0]["value"][1]) if found else 0.0
+
+
+def settled_chat_requests(url: str) -> float:
+    """The count once it stopped moving: two readings an export interval apart agree (Ray's
+    agents export each worker's metrics every 10 s; Prometheus scrapes them every second)."""
+    last = chat_requests(url)
+    for _ in range(10):
+        time.sleep(EXPORT_INTERVAL_S + 2)
+        now = chat_requests(url)
+        if now == last:
+            return now
+        last = now
+    pytest.fail(f"the chat count never settled (last {last:.0f})")
 
 
 def ingress_replicas() -> dict[str, int]:
@@ -289,7 +304,7 @@ def test_every_request_is_counted_once_over_two_ingress_replicas_and_a_replica_c
     replicas is every request answered, and a replica killed with SIGKILL takes none of it
     away (its series stays at its last value; its replacement counts in a series of its own)."""
     assert len(ingress_replicas()) == 2
-    before = chat_requests(prometheus)  # the KV test's requests, if it ran first
+    before = settled_chat_requests(prometheus)  # the KV test's requests, once all exported
     first = send(40)
     wait_for(lambda: chat_requests(prometheus) == before + 40, 90, f"{before + 40:.0f} counted")
     series = query(prometheus, 'gps_requests_total{endpoint="chat"}')
