@@ -28,11 +28,28 @@ __all__ = ["Counter", "Gauge", "Histogram", "ray_metrics"]
 
 
 class _Metric:
-    """A metric under one name in both sinks; `labels(...)` children cached per label values."""
+    """A metric under one name in both sinks; `labels(...)` children cached per label values.
+    `KIND` names the class in prometheus_client and in ray.util.metrics alike."""
 
-    def __init__(self, local: Any, ray_metric: Any, labelnames: Sequence[str]) -> None:
-        self._local = local
-        self._ray = ray_metric
+    KIND = ""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry,
+        buckets: Sequence[float] | None = None,
+    ) -> None:
+        local_options: dict[str, Any] = {"registry": registry}
+        ray_options: dict[str, Any] = {"tag_keys": tuple(labelnames)}
+        if buckets is not None:
+            local_options["buckets"] = buckets
+            ray_options["boundaries"] = list(buckets)
+        local = getattr(prometheus_client, self.KIND)
+        self._local = local(name, documentation, labelnames, **local_options)
+        # prometheus_client exports a counter as `name_total`; Ray adds `_total` itself.
+        self._ray = getattr(ray_metrics, self.KIND)(name, documentation, **ray_options)
         self._labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], _Child] = {}
 
@@ -70,20 +87,12 @@ class _Child:
 
 
 class Counter(_Metric):
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str],
-        registry: CollectorRegistry,
-    ) -> None:
-        local = prometheus_client.Counter(name, documentation, labelnames, registry=registry)
-        # prometheus_client exports `name_total`; Ray adds `_total` to a counter's name itself.
-        remote = ray_metrics.Counter(name, documentation, tag_keys=tuple(labelnames))
-        super().__init__(local, remote, labelnames)
+    KIND = "Counter"
 
 
 class Histogram(_Metric):
+    KIND = "Histogram"
+
     def __init__(
         self,
         name: str,
@@ -92,26 +101,11 @@ class Histogram(_Metric):
         buckets: Sequence[float],
         registry: CollectorRegistry,
     ) -> None:
-        local = prometheus_client.Histogram(
-            name, documentation, labelnames, buckets=buckets, registry=registry
-        )
-        remote = ray_metrics.Histogram(
-            name, documentation, boundaries=list(buckets), tag_keys=tuple(labelnames)
-        )
-        super().__init__(local, remote, labelnames)
+        super().__init__(name, documentation, labelnames, registry, buckets)
 
 
 class Gauge(_Metric):
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str],
-        registry: CollectorRegistry,
-    ) -> None:
-        local = prometheus_client.Gauge(name, documentation, labelnames, registry=registry)
-        remote = ray_metrics.Gauge(name, documentation, tag_keys=tuple(labelnames))
-        super().__init__(local, remote, labelnames)
+    KIND = "Gauge"
 
     def forget(self, *labelvalues: object) -> None:
         """This series is no longer news: out of /metrics, 0 in Ray's pipeline."""
