@@ -371,7 +371,8 @@ def test_dead_backends_cost_no_wait_and_a_long_stream_goes_on_in_the_fallbacks_w
     replaced_at = orchestrator.running_at or float("inf")
     print(  # the figures behind the assertions (pytest -s)
         "answers:", [(r["backend"], r["failovers"], r["seconds"]) for r in (*early, *late)],
-        f"story: {story['killed_after']} chunks at the kill, {story['chunks']} in all",
+        f"story: {story['killed_after']} chunks at the kill, {story['migrated_after']} at the "
+        f"migration, {story['chunks']} in all",
     )  # fmt: skip
     for reply in (*early, *late):
         assert reply["status"] == 200, reply
@@ -394,9 +395,14 @@ def test_dead_backends_cost_no_wait_and_a_long_stream_goes_on_in_the_fallbacks_w
     assert notes == [f": gps-migrated from={CODING} to=cpu-fallback"], notes
     assert story["chunks"] > story["migrated_after"], "no text after the kill"
     [usage] = [e["usage"] for e in map(_event, lines) if e.get("usage")]
-    # Every token the client received, counted once (one per chunk in both engines' streams).
-    assert usage["completion_tokens"] >= story["chunks"]
-    assert usage["completion_tokens"] <= story["chunks"] + 8
+    # Every token the client received, counted once: at least one per text chunk (a chunk may
+    # hold more: a character of several byte tokens, text held back while it could begin a stop
+    # string; a token of no text, such as a special one, has none), the first link's part as
+    # the client saw it, and the fallback's no more than its window holds. Counting the first
+    # part twice (at least LONG_STREAM_CHUNKS, past the window) breaks the upper bound.
+    counted = (usage, story["chunks"], story["migrated_after"])
+    assert usage["completion_tokens"] >= story["chunks"], counted
+    assert usage["completion_tokens"] < story["migrated_after"] + FALLBACK_WINDOW, counted
     assert left == []
     # No wait for this test's replacements: it is the session's last, and replacement after a
     # kill (a replica and its breaker back) is what its start checked of the kills above.

@@ -150,7 +150,11 @@ def test_the_autoscaler_brings_the_cloud_pool_and_replaces_its_killed_node(
     assert status["pools"]["cloud"]["state"] == "healthy"
     after_kill = [e for e in status["events"] if e["pool"] == "cloud" and e["at"] >= killed_at]
     types = [e["type"] for e in after_kill]
-    assert types[:3] == ["POOL_UNHEALTHY", "POOL_DRAINING", "NODE_PROVISIONING"], types
+    assert types[:2] == ["POOL_UNHEALTHY", "POOL_DRAINING"], types
+    # The manager asks the provisioner a round after it drains. The first node's ask stands
+    # (Ray's autoscaler keeps a request_resources until another replaces it), so on a fast
+    # machine the autoscaler has brought the replacement by then and nothing more is asked.
+    assert types[2:-2] in ([], ["NODE_PROVISIONING"]), types
     assert types[-2:] == ["NODE_JOINED", "GPU_RECOVERED"], types
     recovered = after_kill[-1]
     print(
