@@ -21,6 +21,9 @@ from autoscale.vram import NodeReading
 
 # A stream that ends without [DONE], or with an error event, counts as this status.
 BROKEN_STREAM = 599
+# The status reads Serve's controller, which takes seconds to answer while it replaces what a
+# node's death took (5.2 s seen once under `make test`): httpx's default 5 s is too short.
+STATUS_TIMEOUT_S = 60.0
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> float:
@@ -103,7 +106,8 @@ def report_free(namespace: str, node: str, free_gb: float) -> None:
 
 
 def cluster_status(port: int) -> dict[str, Any]:
-    reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{port}/v1/cluster/status").json()
+    url = f"http://127.0.0.1:{port}/v1/cluster/status"
+    reply: dict[str, Any] = httpx.get(url, timeout=STATUS_TIMEOUT_S).json()
     return reply
 
 

@@ -41,7 +41,13 @@ from ray.serve.llm import build_openai_app
 
 from autoscale.pool_states import manager_actor_name
 from bench import stack
-from bench.multinode import alive_pool_node, kill_started_nodes, report_free, wait_for
+from bench.multinode import (
+    STATUS_TIMEOUT_S,
+    alive_pool_node,
+    kill_started_nodes,
+    report_free,
+    wait_for,
+)
 from cluster.app import build_app
 from cluster.backends import llm_config_for
 from cluster.ray_runtime import SERVE_NAMESPACE
@@ -179,7 +185,8 @@ class Stage:
 
 
 def gateway_status() -> dict[str, Any]:
-    reply: dict[str, Any] = httpx.get(f"http://127.0.0.1:{PORT}/v1/cluster/status").json()
+    url = f"http://127.0.0.1:{PORT}/v1/cluster/status"
+    reply: dict[str, Any] = httpx.get(url, timeout=STATUS_TIMEOUT_S).json()
     return reply
 
 
