@@ -11,10 +11,12 @@ follows the status (`error_type_for`), `code` is one of `ErrorCode`. The tree, b
     │       fim_not_supported (`suffix` to a model whose tokenizer has no FIM markers)
     ├── 401 missing_api_key, invalid_api_key          403 admin_only
     ├── 404 model_not_found, not_found          405 method_not_allowed
+    ├── 409 key_name_taken (POST/PATCH /v1/keys: another key has that name)
     ├── 413 request_too_large
     └── 429 rate_limited, budget_exceeded (over the key's own limits: policy.key_limits)
     the gateway's capacity (the client may retry: Retry-After)
-    └── 429 overloaded (shed by admission, or waited past router.queue_timeout_s)
+    ├── 429 overloaded (shed by admission, or waited past router.queue_timeout_s)
+    └── 503 keys_unavailable (a replica that has not read the run-time keys yet)
     a backend's (charged to its breaker; the job moves down its chain)
     ├── backend_oom          out of memory or a dead engine (policy.oom): the replica is replaced
     ├── backend_error        any other engine failure (5xx, or 502 when the engine said 4xx)
@@ -56,10 +58,12 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    KEY_NAME_TAKEN = "key_name_taken"
     REQUEST_TOO_LARGE = "request_too_large"
     RATE_LIMITED = "rate_limited"
     BUDGET_EXCEEDED = "budget_exceeded"
     OVERLOADED = "overloaded"
+    KEYS_UNAVAILABLE = "keys_unavailable"
     BACKEND_OOM = "backend_oom"
     BACKEND_ERROR = "backend_error"
     BACKEND_UNAVAILABLE = "backend_unavailable"
@@ -74,6 +78,7 @@ _TYPE_BY_STATUS = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     408: "timeout_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",

@@ -43,6 +43,7 @@ from core.config.traffic import (
     DepthConfig,
     DepthRoute,
     GatewayConfig,
+    KeyFields,
     RouterConfig,
 )
 
@@ -65,6 +66,7 @@ __all__ = [
     "FallbackConfig",
     "FrozenDict",
     "GatewayConfig",
+    "KeyFields",
     "ModelConfig",
     "NoProvisioner",
     "PlacementConfig",

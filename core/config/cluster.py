@@ -76,6 +76,11 @@ class ClusterConfig(Frozen):
         return self
 
     @property
+    def keys_db(self) -> Path:
+        """The run-time keys' SQLite file, absolute (the registry may run elsewhere)."""
+        return (self.base_dir / self.gateway.keys_db.expanduser()).resolve()
+
+    @property
     def batch_directory(self) -> Path:
         """Where the Batch API keeps its state, absolute (the service may run elsewhere)."""
         return (self.base_dir / self.batches.directory.expanduser()).resolve()

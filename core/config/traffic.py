@@ -20,6 +20,7 @@ __all__ = [
     "DepthConfig",
     "DepthRoute",
     "GatewayConfig",
+    "KeyFields",
     "RouterConfig",
 ]
 
@@ -30,14 +31,11 @@ ModelPattern = Annotated[
 ]
 
 
-class ApiKeyConfig(Frozen):
-    """A client key, stored only as its SHA-256 (`python -m cluster.keys hash`: key on stdin)."""
+class KeyFields(Frozen):
+    """What a key may do and how much: the fields a config key and a run-time key share
+    (`POST /v1/keys` takes these)."""
 
     name: Name = Field(description="Who holds the key (logs and usage name it so).")
-    sha256: str = Field(
-        description="The key's SHA-256, 64 hex digits, never the key itself "
-        "(`python -m cluster.keys hash`, which reads the key from stdin or a prompt, or `... new`)."
-    )
     priority: PriorityClass = Field(
         PriorityClass.USER, description="The class of its requests without X-Priority."
     )
@@ -54,13 +52,35 @@ class ApiKeyConfig(Frozen):
     budget_period: Literal["day", "week", "month"] = Field(
         "month", description="The calendar period of budget_tokens, in UTC."
     )
-    admin: bool = Field(False, description="May read every key's usage (GET /v1/keys/usage).")
     models: tuple[ModelPattern, ...] | None = Field(
         None,
         description="The models it may use: names or globs (`coder-*`), matched against the "
         "name asked for and the model it reaches (an alias, a role's name); `auto` must be "
         "listed to be used, and its choice must be allowed too. Any other name is a 403 "
         "model_not_allowed, whether or not it exists. None: every model.",
+    )
+
+    @model_validator(mode="after")
+    def _priority_within_cap(self) -> Self:
+        if self.priority.rank < self.max_priority.rank:
+            raise ValueError(
+                f"priority {self.priority.value!r} is above max_priority "
+                f"{self.max_priority.value!r}; lower priority or raise max_priority"
+            )
+        return self
+
+
+class ApiKeyConfig(KeyFields):
+    """A client key, stored only as its SHA-256 (`python -m cluster.keys hash`: key on stdin)."""
+
+    sha256: str = Field(
+        description="The key's SHA-256, 64 hex digits, never the key itself "
+        "(`python -m cluster.keys hash`, which reads the key from stdin or a prompt, or `... new`)."
+    )
+    admin: bool = Field(
+        False,
+        description="May read every key's usage (GET /v1/keys/usage) and create, list, change "
+        "and revoke run-time keys (/v1/keys). Only config keys can be admin keys.",
     )
 
     @field_validator("sha256", mode="before")
@@ -74,15 +94,6 @@ class ApiKeyConfig(Frozen):
                 "run `python -m cluster.keys hash` (it reads the key from stdin or a prompt)"
             )
         return value
-
-    @model_validator(mode="after")
-    def _priority_within_cap(self) -> Self:
-        if self.priority.rank < self.max_priority.rank:
-            raise ValueError(
-                f"priority {self.priority.value!r} is above max_priority "
-                f"{self.max_priority.value!r}; lower priority or raise max_priority"
-            )
-        return self
 
 
 class DepthRoute(Frozen):
@@ -175,6 +186,13 @@ class GatewayConfig(Frozen):
         description="How every deployment of the app writes its log lines (Serve's logging "
         "encoding): JSON is one object a line, with the request's id, the deployment and the "
         "replica as fields, for a fleet's log pipeline.",
+    )
+    keys_db: Path = Field(
+        Path(".keys/keys.sqlite3"),
+        description="The SQLite file of the run-time keys (/v1/keys), relative to the config "
+        "file: they outlive the app, a redeploy and a GCS restart. On a multi-node gateway: "
+        "storage every gateway node mounts, as batches.directory. Used only where api_keys "
+        "are configured.",
     )
     resource: str | None = Field(
         None,

@@ -36,6 +36,7 @@ from deployments.ingress.error_response import install_error_handlers
 from deployments.ingress.files_routes import files_routes, use_batch_api
 from deployments.ingress.front_options import front_actor_options
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
+from deployments.ingress.key_routes import key_routes, replica_registry, serve_run_time_keys
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
@@ -57,6 +58,7 @@ JobBuilder = Callable[
 app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 app.add_middleware(OverheadHeader)
 app.include_router(files_routes)
+app.include_router(key_routes)
 install_error_handlers(app)
 
 
@@ -69,6 +71,7 @@ class Ingress:
         backends: Mapping[str, DeploymentHandle] | None = None,
         start_batches: bool = False,
         batch_service: Callable[[], Any] | None = None,
+        registry: Callable[[], Any] | None = None,
     ) -> None:
         """`router` None: this replica runs its own Router over `backends`
         (`gateway.router_in_ingress`). `start_batches`: start the app's batch service now (in
@@ -95,6 +98,8 @@ class Ingress:
             config.gateway.max_json_depth,
         )
         use_batch_api(self._batches)  # the Files and Batch routes (files_routes.py)
+        # The /v1/keys routes (key_routes.py), and the sync that keeps the run-time keys here.
+        self._key_sync = serve_run_time_keys(config, self._keys, self._metering, registry)
         if start_batches:
             self._batches.start()
         if not self._keys.enabled:
@@ -153,17 +158,6 @@ class Ingress:
             raise
         metrics.observe_request("embeddings", response.status_code, time.perf_counter() - started)
         return response
-
-    @app.get("/v1/keys/usage")
-    async def keys_usage(self, request: Request) -> Response:
-        caller = self._keys.authenticate(request.headers.get("authorization"))
-        if not caller.admin:
-            raise ApiError(
-                403,
-                ErrorCode.ADMIN_ONLY,
-                "Only an admin key (api_keys[].admin: true) may read the keys' usage.",
-            )
-        return JSONResponse({"object": "key_usage", **await self._metering.usage()})
 
     async def batch_answer(self, endpoint: str, body: dict[str, Any], owner: str) -> dict[str, Any]:
         """One batch line, answered as an HTTP request to `endpoint` would be, as `owner`'s
@@ -393,4 +387,5 @@ def build_ingress(
         max_ongoing_requests=10_000,
         ray_actor_options=front_actor_options(config.gateway_resources),
         logging_config=serve_logging(config),
-    ).bind(config, router, None, None if backends is None else dict(backends), True)
+    ).bind(config, router, None, None if backends is None else dict(backends), True,
+           registry=replica_registry(config))  # fmt: skip

@@ -22,15 +22,35 @@ class Caller:
 
 
 class KeyRing:
-    """Keys are held only as SHA-256 digests; with none configured, auth is off."""
+    """Keys are held only as SHA-256 digests; with none configured, auth is off. The config's
+    keys, and with them the run-time keys (/v1/keys) this replica's `KeySync` keeps here:
+    until it has read them once (`run_time_pending`), a key not known is refused with a 503
+    (it may be a run-time key), not a 401."""
 
     def __init__(self, keys: Sequence[ApiKeyConfig], default_priority: PriorityClass) -> None:
-        self._by_digest = {key.sha256: key for key in keys}
+        self._config = {key.sha256: key for key in keys}
+        self._by_digest = dict(self._config)
         self._anonymous = Caller("anonymous", default_priority, PriorityClass.USER)
+        self.run_time_pending = False  # set by the sync that will read them (key_routes.py)
 
     @property
     def enabled(self) -> bool:
-        return bool(self._by_digest)
+        return bool(self._config)
+
+    @property
+    def config_names(self) -> tuple[str, ...]:
+        return tuple(key.name for key in self._config.values())
+
+    def use_run_time(self, keys: Sequence[ApiKeyConfig]) -> None:
+        """The run-time keys from now on (a config key's name or digest wins; none is admin)."""
+        names = set(self.config_names)
+        run_time = {
+            key.sha256: key.model_copy(update={"admin": False})
+            for key in keys
+            if key.name not in names
+        }
+        self._by_digest = {**run_time, **self._config}
+        self.run_time_pending = False
 
     def authenticate(self, authorization: str | None) -> Caller:
         if not self.enabled:
@@ -44,6 +64,13 @@ class KeyRing:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         key = self._by_digest.get(hash_key(token.strip()))
+        if key is None and self.run_time_pending:
+            raise ApiError(
+                503,
+                ErrorCode.KEYS_UNAVAILABLE,
+                "The gateway has not read its run-time keys yet; retry in a second.",
+                headers={"Retry-After": "1"},
+            )
         if key is None:
             raise ApiError(
                 401,

@@ -110,7 +110,8 @@ class Spares:
 
 class KeyMetering:
     def __init__(self, keys: Sequence[ApiKeyConfig], ledger: Callable[[], LedgerClient]) -> None:
-        self._limits = {key.name: key_limits(key) for key in keys}
+        self._config_limits = {key.name: key_limits(key) for key in keys}
+        self._limits = dict(self._config_limits)
         self._connect = ledger
         self._ledger: LedgerClient | None = None
         self._held: list[Settlement] = []
@@ -129,6 +130,10 @@ class KeyMetering:
     @property
     def enabled(self) -> bool:
         return bool(self._limits)
+
+    def use_run_time(self, keys: Sequence[ApiKeyConfig]) -> None:
+        """The run-time keys' limits from now on, beside the config's (whose names win)."""
+        self._limits = {**{key.name: key_limits(key) for key in keys}, **self._config_limits}
 
     async def admit(self, key: str) -> Admission:
         limits = self._limits.get(key)

@@ -23,14 +23,12 @@ series; after it, every chat answered is counted once over both replicas in
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import signal
 import subprocess
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,23 +38,18 @@ import httpx
 import pytest
 import ray
 import yaml
-from ray import serve
 from ray.util.state import list_actors
 
 from bench.multinode import wait_for
-from cluster.app import build_app
 from cluster.ray_runtime import this_cluster
-from core.config import load_config
-from tests.local_ray import start_retrying
+from core.config import ClusterConfig
+from tests.monitoring.pressure_app import APP, EXPORT_INTERVAL_S, LOAD_HEADERS, PORT
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
-CONFIG = HERE / "pressure.yaml"
 SHIPPED = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yaml"
-PORT = 18900
 PROMETHEUS_PORT = 19090
-APP = "pressure"
 BACKEND = "coding@local"
 STORY = (
     "Write a story about a lighthouse keeper who finds a message in a bottle on a stormy night: "
@@ -74,32 +67,6 @@ BODY = {
     "ignore_eos": True,
 }
 ANSWER_TOKENS = (30, 55)
-EXPORT_INTERVAL_S = 1  # Ray's metrics_report_interval_ms for this cluster (app fixture)
-
-
-@pytest.fixture(scope="module")
-def app() -> Iterator[None]:
-    start_retrying(
-        lambda: ray.init(
-            address="local",
-            num_cpus=2,
-            resources={"pool_local": 1},
-            namespace="serve",
-            # Each worker's metrics reach its agent every second (Ray's default is 10 s), as
-            # often as Prometheus scrapes here: the rule's minute is 60 distinct samples.
-            _system_config={"metrics_report_interval_ms": EXPORT_INTERVAL_S * 1000},
-        )
-    )
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(build_app(load_config(CONFIG, environ={})), name=APP, route_prefix="/")
-    yield
-    with warnings.catch_warnings():
-        # Ray's shutdown may drop a node process's Popen while the process still exits (Ray
-        # kills and reaps it; nothing is left after): not a leak of ours.
-        warnings.simplefilter("ignore", ResourceWarning)
-        serve.shutdown()
-        ray.shutdown()
-        gc.collect()
 
 
 def prometheus_config(shipped: dict[str, Any], ray_targets: Path) -> dict[str, Any]:
@@ -120,7 +87,7 @@ def prometheus_config(shipped: dict[str, Any], ray_targets: Path) -> dict[str, A
 
 
 @pytest.fixture(scope="module")
-def prometheus(app: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prometheus(app: ClusterConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("prometheus")
     config = work / "prometheus.yml"
     session = Path(ray._private.worker._global_node.get_session_dir_path())
@@ -187,7 +154,8 @@ class Clients:
 
     def _run(self, seed: int) -> None:
         rng = random.Random(seed)
-        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=600) as client:
+        url = f"http://127.0.0.1:{PORT}"
+        with httpx.Client(base_url=url, headers=LOAD_HEADERS, timeout=600) as client:
             while not self._stop.is_set():
                 body = {**BODY, "max_tokens": rng.randint(*ANSWER_TOKENS)}
                 try:
@@ -308,7 +276,8 @@ def ingress_replicas() -> dict[str, int]:
 
 def send(count: int) -> list[int]:
     """`count` short chats, eight at a time: Serve's proxy spreads them over both replicas."""
-    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=300) as client:
+    url = f"http://127.0.0.1:{PORT}"
+    with httpx.Client(base_url=url, headers=LOAD_HEADERS, timeout=300) as client:
 
         def one(_: int) -> int:
             return client.post("/v1/chat/completions", json=SHORT).status_code

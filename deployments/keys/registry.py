@@ -1,0 +1,310 @@
+"""The key registry: the one writer of an app's run-time keys, and how every ingress replica
+hears of a change within milliseconds.
+
+One detached, named actor per app on the gateway's nodes, beside the key ledger, over its
+SQLite file (deployments/keys/store.py: why a file; `gateway.keys_db`: where). Admin routes
+(`/v1/keys`) call it to create, change and revoke keys; each ingress replica holds a long poll
+on `watch` (`KeySync`), which answers the moment the version moves, so a revoked key is refused
+on every replica well within a second, and a request's own path never calls the registry: it
+reads the replica's copy.
+
+The secret is made here, answered once to the admin who asked, and only its SHA-256 is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from core.config import ApiKeyConfig, KeyFields, hash_key
+from core.errors import ApiError, ErrorCode
+from deployments.keys.store import KeyNameTaken, KeyNotFound, KeyStore, StoredKey
+
+__all__ = [
+    "KeyRegistry",
+    "KeySync",
+    "LocalRegistry",
+    "RayRegistry",
+    "RegistryClient",
+    "ensure_key_registry",
+    "new_secret",
+    "registry_actor_name",
+]
+
+logger = logging.getLogger("ray.serve")
+
+WATCH_S = 30.0  # how long a long poll waits for a change before it is asked again
+RETRY_S = 1.0  # after a failed poll (the registry restarting, or not reachable)
+
+
+def new_secret() -> str:
+    return f"gps-{secrets.token_urlsafe(24)}"
+
+
+def registry_actor_name(app: str) -> str:
+    return f"gps-key-registry-{app}"
+
+
+class KeyRegistry:
+    """An app's run-time keys, over a `KeyStore`; `reserved` names are the config's keys."""
+
+    def __init__(
+        self,
+        app: str,
+        path: str,
+        clock: Callable[[], float] = time.time,
+        secret: Callable[[], str] = new_secret,
+    ) -> None:
+        self._store = KeyStore(path, app, clock)
+        self._secret = secret
+        self._news = asyncio.Event()
+        self._version = self._store.version()
+        self._active = self._store.active()
+        logger.info(
+            "key registry of %s: %d run-time keys in %s", app, len(self._active), self._store.path
+        )
+
+    async def create(self, body: dict[str, Any], reserved: Sequence[str]) -> dict[str, Any]:
+        fields = _fields(body)
+        _not_reserved(fields.name, reserved)
+        secret = self._secret()
+        try:
+            stored = self._store.create(f"key_{secrets.token_hex(8)}", hash_key(secret), fields)
+        except KeyNameTaken as taken:
+            raise ApiError(409, ErrorCode.KEY_NAME_TAKEN, str(taken), param="name") from None
+        self._changed()
+        return {**stored.shown(), "key": secret}
+
+    async def update(
+        self, key_id: str, patch: dict[str, Any], reserved: Sequence[str]
+    ) -> dict[str, Any]:
+        found = _found(self._store.find, key_id)
+        fields = _fields({**found.fields.model_dump(mode="json"), **patch})
+        if fields.name != found.fields.name:
+            _not_reserved(fields.name, reserved)
+        try:
+            stored = self._store.update(key_id, fields)
+        except KeyNameTaken as taken:
+            raise ApiError(409, ErrorCode.KEY_NAME_TAKEN, str(taken), param="name") from None
+        self._changed()
+        return stored.shown()
+
+    async def revoke(self, key_id: str) -> dict[str, Any]:
+        revoked = _found(self._store.revoke, key_id)
+        self._changed()
+        return {"id": revoked.id, "object": "api_key", "name": revoked.fields.name, "deleted": True}
+
+    async def listed(self) -> list[dict[str, Any]]:
+        return [key.shown() for key in self._active]
+
+    async def watch(self, seen: int, timeout_s: float) -> tuple[int, list[dict[str, Any]] | None]:
+        """(version, every active key as an `ApiKeyConfig`'s fields) once the version is not
+        `seen`, at once if it is not now; (seen, None) if nothing changed within `timeout_s`."""
+        if self._version == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), timeout_s)
+            if self._version == seen:
+                return seen, None
+        return self._version, [key.config().model_dump(mode="json") for key in self._active]
+
+    def _changed(self) -> None:
+        self._version = self._store.version()
+        self._active = self._store.active()
+        news, self._news = self._news, asyncio.Event()
+        news.set()
+
+
+def _fields(body: dict[str, Any]) -> KeyFields:
+    try:
+        return KeyFields.model_validate(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        raise ApiError(
+            400, ErrorCode.INVALID_REQUEST, f"Invalid key: {message}", param=where or None
+        ) from None
+
+
+def _found(lookup: Callable[[str], StoredKey], key_id: str) -> StoredKey:
+    try:
+        return lookup(key_id)
+    except KeyNotFound as missing:
+        raise ApiError(404, ErrorCode.NOT_FOUND, str(missing)) from None
+
+
+def _not_reserved(name: str, reserved: Sequence[str]) -> None:
+    if name in reserved:
+        raise ApiError(
+            409,
+            ErrorCode.KEY_NAME_TAKEN,
+            f"A key named {name!r} is in the config (api_keys); pick another name.",
+            param="name",
+        )
+
+
+class RegistryClient(Protocol):
+    """How an ingress reaches the registry: an actor (RayRegistry) or one in process."""
+
+    async def create(self, body: dict[str, Any], reserved: Sequence[str]) -> dict[str, Any]: ...
+
+    async def update(
+        self, key_id: str, patch: dict[str, Any], reserved: Sequence[str]
+    ) -> dict[str, Any]: ...
+
+    async def revoke(self, key_id: str) -> dict[str, Any]: ...
+
+    async def listed(self) -> list[dict[str, Any]]: ...
+
+    async def watch(
+        self, seen: int, timeout_s: float
+    ) -> tuple[int, list[dict[str, Any]] | None]: ...
+
+
+class RayRegistry:
+    """The registry actor; an `ApiError` it raised is raised here as itself."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    async def create(self, body: dict[str, Any], reserved: Sequence[str]) -> dict[str, Any]:
+        made: dict[str, Any] = await _unwrapped(self._actor.create.remote(body, list(reserved)))
+        return made
+
+    async def update(
+        self, key_id: str, patch: dict[str, Any], reserved: Sequence[str]
+    ) -> dict[str, Any]:
+        changed: dict[str, Any] = await _unwrapped(
+            self._actor.update.remote(key_id, patch, list(reserved))
+        )
+        return changed
+
+    async def revoke(self, key_id: str) -> dict[str, Any]:
+        revoked: dict[str, Any] = await _unwrapped(self._actor.revoke.remote(key_id))
+        return revoked
+
+    async def listed(self) -> list[dict[str, Any]]:
+        keys: list[dict[str, Any]] = await _unwrapped(self._actor.listed.remote())
+        return keys
+
+    async def watch(self, seen: int, timeout_s: float) -> tuple[int, list[dict[str, Any]] | None]:
+        news: tuple[int, list[dict[str, Any]] | None] = await _unwrapped(
+            self._actor.watch.remote(seen, timeout_s)
+        )
+        return news
+
+
+async def _unwrapped(call: Awaitable[Any]) -> Any:
+    from ray.exceptions import RayTaskError
+
+    try:
+        return await call
+    except RayTaskError as error:
+        if isinstance(error.cause, ApiError):
+            raise error.cause from None
+        raise
+
+
+class LocalRegistry:
+    """The registry in this process (unit tests, one-process runs): same calls, no actor."""
+
+    def __init__(self, registry: KeyRegistry) -> None:
+        self._registry = registry
+
+    async def create(self, body: dict[str, Any], reserved: Sequence[str]) -> dict[str, Any]:
+        return await self._registry.create(body, reserved)
+
+    async def update(
+        self, key_id: str, patch: dict[str, Any], reserved: Sequence[str]
+    ) -> dict[str, Any]:
+        return await self._registry.update(key_id, patch, reserved)
+
+    async def revoke(self, key_id: str) -> dict[str, Any]:
+        return await self._registry.revoke(key_id)
+
+    async def listed(self) -> list[dict[str, Any]]:
+        return await self._registry.listed()
+
+    async def watch(self, seen: int, timeout_s: float) -> tuple[int, list[dict[str, Any]] | None]:
+        return await self._registry.watch(seen, timeout_s)
+
+
+def ensure_key_registry(
+    app: str, namespace: str, path: str, resources: Mapping[str, float]
+) -> RayRegistry:
+    """The app's registry, started on the gateway's nodes if absent (it outlives the app)."""
+    import ray
+
+    return RayRegistry(
+        ray.remote(num_cpus=0)(KeyRegistry)
+        .options(
+            name=registry_actor_name(app),
+            namespace=namespace,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            max_task_retries=-1,
+            resources=dict(resources),
+        )
+        .remote(app, path)
+    )
+
+
+def replica_key_registry(path: str, resources: Mapping[str, float]) -> RayRegistry:
+    """The key registry of the app this Serve replica belongs to."""
+    import ray
+    from ray import serve
+
+    app = serve.get_replica_context().app_name
+    return ensure_key_registry(app, ray.get_runtime_context().namespace, path, resources)
+
+
+class KeySync:
+    """Keeps this replica's copy of the run-time keys the registry's: a long poll answered at
+    each change; until the first answer `synced` is False (the ring refuses unknown keys with
+    a 503 then, not a 401: they may be run-time keys not read yet)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], RegistryClient],
+        apply: Callable[[list[ApiKeyConfig]], None],
+        watch_s: float = WATCH_S,
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self._connect = connect
+        self._apply = apply
+        self._watch_s = watch_s
+        self._retry_s = retry_s
+        self._registry: RegistryClient | None = None
+        self.version = -1  # never a registry's: the first poll answers at once
+        self.synced = False
+        self.task: asyncio.Task[None] | None = None  # held by its starter: a task is weakly held
+
+    async def run(self) -> None:
+        failing = False
+        while True:
+            try:
+                if self._registry is None:
+                    self._registry = self._connect()
+                version, keys = await self._registry.watch(self.version, self._watch_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the last keys stay; asked again
+                if not failing:
+                    logger.warning("key registry not reachable, keys kept as they were: %r", error)
+                failing = True
+                self._registry = None
+                await asyncio.sleep(self._retry_s)
+                continue
+            failing = False
+            if keys is not None:
+                self._apply([ApiKeyConfig.model_validate(key) for key in keys])
+                self.version = version
+            self.synced = True

@@ -1,0 +1,50 @@
+"""The app both monitoring modules share: one Ray cluster of this suite's own, one engine, two
+ingress replicas (tests/monitoring/pressure.yaml), the config's keys and a run-time keys file of
+the session's own."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from ray import serve
+
+from cluster.app import build_app
+from core.config import ClusterConfig
+from tests.local_ray import start_retrying
+from tests.monitoring.pressure_app import APP, EXPORT_INTERVAL_S, PORT, app_config
+
+
+@pytest.fixture(scope="session")
+def keys_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("keys") / "keys.sqlite3"
+
+
+@pytest.fixture(scope="session")
+def app(keys_db: Path) -> Iterator[ClusterConfig]:
+    start_retrying(
+        lambda: ray.init(
+            address="local",
+            num_cpus=2,
+            resources={"pool_local": 1},
+            namespace="serve",
+            # Each worker's metrics reach its agent every second (Ray's default is 10 s), as
+            # often as Prometheus scrapes here: the rule's minute is 60 distinct samples.
+            _system_config={"metrics_report_interval_ms": EXPORT_INTERVAL_S * 1000},
+        )
+    )
+    config = app_config(keys_db)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.run(build_app(config), name=APP, route_prefix="/")
+    yield config
+    with warnings.catch_warnings():
+        # Ray's shutdown may drop a node process's Popen while the process still exits (Ray
+        # kills and reaps it; nothing is left after): not a leak of ours.
+        warnings.simplefilter("ignore", ResourceWarning)
+        serve.shutdown()
+        ray.shutdown()
+        gc.collect()
