@@ -98,7 +98,8 @@ class KeyAdmin:
 
     async def _call(self, call: Callable[[RegistryClient], Awaitable[T]]) -> T:
         try:
-            return await call(self._registry())
+            # Finding the actor is a GCS call: off the replica's loop.
+            return await call(await asyncio.to_thread(self._registry))
         except ApiError:
             raise
         except Exception as error:  # noqa: BLE001 - the registry down is a 503, never a 500

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -36,20 +37,27 @@ __all__ = [
     "ensure_key_registry",
     "new_secret",
     "registry_actor_name",
+    "replica_key_registry",
 ]
 
 logger = logging.getLogger("ray.serve")
 
 WATCH_S = 30.0  # how long a long poll waits for a change before it is asked again
-RETRY_S = 1.0  # after a failed poll (the registry restarting, or not reachable)
+RETRY_S = 1.0  # after a failed poll (the registry restarting, or not reachable), doubling
+MAX_RETRY_S = 30.0  # to this: a registry that cannot start (an unwritable keys_db) is not
+# started again every second by every replica
+PROTOCOL = 1  # in the actor's name, as the key ledger's: a deploy that changes the calls
 
 
 def new_secret() -> str:
     return f"gps-{secrets.token_urlsafe(24)}"
 
 
-def registry_actor_name(app: str) -> str:
-    return f"gps-key-registry-{app}"
+def registry_actor_name(app: str, path: str) -> str:
+    """The app's registry over the file at `path`: a changed `gateway.keys_db` (or protocol)
+    names another actor, so a deploy never talks to one over another file or calls."""
+    file = hashlib.sha256(path.encode()).hexdigest()[:8]
+    return f"gps-key-registry-{app}-v{PROTOCOL}-{file}"
 
 
 class KeyRegistry:
@@ -174,20 +182,25 @@ class RayRegistry:
     def __init__(self, actor: Any) -> None:
         self._actor = actor
 
+    # A change is never retried by Ray (the actor's default): one that committed before the
+    # actor died would run twice (a second key under the name, or a 404 for a done revocation).
+    # The admin gets a 503 and asks again, seeing the state.
+
     async def create(self, body: dict[str, Any], reserved: Sequence[str]) -> dict[str, Any]:
-        made: dict[str, Any] = await _unwrapped(self._actor.create.remote(body, list(reserved)))
+        call = self._actor.create.options(max_task_retries=0)
+        made: dict[str, Any] = await _unwrapped(call.remote(body, list(reserved)))
         return made
 
     async def update(
         self, key_id: str, patch: dict[str, Any], reserved: Sequence[str]
     ) -> dict[str, Any]:
-        changed: dict[str, Any] = await _unwrapped(
-            self._actor.update.remote(key_id, patch, list(reserved))
-        )
+        call = self._actor.update.options(max_task_retries=0)
+        changed: dict[str, Any] = await _unwrapped(call.remote(key_id, patch, list(reserved)))
         return changed
 
     async def revoke(self, key_id: str) -> dict[str, Any]:
-        revoked: dict[str, Any] = await _unwrapped(self._actor.revoke.remote(key_id))
+        call = self._actor.revoke.options(max_task_retries=0)
+        revoked: dict[str, Any] = await _unwrapped(call.remote(key_id))
         return revoked
 
     async def listed(self) -> list[dict[str, Any]]:
@@ -245,7 +258,7 @@ def ensure_key_registry(
     return RayRegistry(
         ray.remote(num_cpus=0)(KeyRegistry)
         .options(
-            name=registry_actor_name(app),
+            name=registry_actor_name(app, path),
             namespace=namespace,
             lifetime="detached",
             get_if_exists=True,
@@ -288,23 +301,30 @@ class KeySync:
         self.task: asyncio.Task[None] | None = None  # held by its starter: a task is weakly held
 
     async def run(self) -> None:
-        failing = False
+        delay = 0.0  # since the last answer: 0, then retry_s doubling up to MAX_RETRY_S
         while True:
             try:
                 if self._registry is None:
-                    self._registry = self._connect()
+                    # Finding or starting the actor is a GCS call: off the replica's loop.
+                    self._registry = await asyncio.to_thread(self._connect)
                 version, keys = await self._registry.watch(self.version, self._watch_s)
+                if keys is not None:
+                    self._apply([ApiKeyConfig.model_validate(key) for key in keys])
+                    self.version = version
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # noqa: BLE001 - the last keys stay; asked again
-                if not failing:
-                    logger.warning("key registry not reachable, keys kept as they were: %r", error)
-                failing = True
+                if not delay:
+                    logger.error(
+                        "key registry not reachable, this replica keeps the keys it had "
+                        "(revocations wait until it is back): %r",
+                        error,
+                    )
                 self._registry = None
-                await asyncio.sleep(self._retry_s)
+                delay = min(MAX_RETRY_S, 2 * delay or self._retry_s)
+                await asyncio.sleep(delay)
                 continue
-            failing = False
-            if keys is not None:
-                self._apply([ApiKeyConfig.model_validate(key) for key in keys])
-                self.version = version
+            if delay:
+                logger.warning("key registry reachable again: run-time keys at version %d", version)
+            delay = 0.0
             self.synced = True

@@ -3,10 +3,11 @@ config file), one table for every app that shares it.
 
 Why a file, not Ray's key-value store: the keys must outlive the app (a redeploy, `serve
 shutdown`) and the GCS (whose store is memory unless it is backed by Redis); a file on the
-gateway's disk, or on storage every gateway node mounts, is still there when both restart. The
-rollback journal (SQLite's default) works on a network filesystem too. Only the secret's
-SHA-256 is stored; the secret itself is made by the registry (deployments/keys/registry.py),
-answered once and never written anywhere.
+gateway's disk, or on storage every gateway node mounts, is still there when both restart.
+The rollback journal (SQLite's default, not WAL) is the mode a network filesystem can hold, as
+far as its locks are sound: one registry per app writes. Only the secret's SHA-256 is stored;
+the secret itself is made by the registry (deployments/keys/registry.py), answered once and
+never written anywhere.
 
 Each change bumps the app's version in the same transaction, so a reader that saw version N
 knows whether anything changed since. A revoked key keeps its row (who it was, when it went),
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,9 +86,9 @@ class KeyStore:
     def __init__(self, path: str | Path, app: str, clock: Callable[[], float]) -> None:
         file = Path(path).expanduser()
         file.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit off, one transaction per change; a change is durable once it returns
-        # (SQLite's default synchronous=FULL in rollback-journal mode).
-        self._db = sqlite3.connect(file, isolation_level="DEFERRED", check_same_thread=False)
+        # Transactions are ours (`_writing`); a change is durable once it returns (SQLite's
+        # default synchronous=FULL in rollback-journal mode).
+        self._db = sqlite3.connect(file, isolation_level=None, check_same_thread=False)
         self._db.executescript(_SCHEMA)
         self._app = app
         self._clock = clock
@@ -108,7 +110,7 @@ class KeyStore:
 
     def create(self, key_id: str, sha256: str, fields: KeyFields) -> StoredKey:
         now = self._clock()
-        with self._db:
+        with self._writing():
             self._name_free(fields.name, key_id)
             self._db.execute(
                 "INSERT INTO run_time_keys (app, id, sha256, fields, created_at, updated_at) "
@@ -120,7 +122,7 @@ class KeyStore:
 
     def update(self, key_id: str, fields: KeyFields) -> StoredKey:
         now = self._clock()
-        with self._db:
+        with self._writing():
             found = self._one(key_id)
             self._name_free(fields.name, key_id)
             self._db.execute(
@@ -131,7 +133,7 @@ class KeyStore:
         return StoredKey(key_id, found.sha256, fields, found.created_at, now)
 
     def revoke(self, key_id: str) -> StoredKey:
-        with self._db:
+        with self._writing():
             found = self._one(key_id)
             self._db.execute(
                 "UPDATE run_time_keys SET revoked_at = ? WHERE app = ? AND id = ?",
@@ -145,6 +147,19 @@ class KeyStore:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One change, its checks and its version bump in one transaction that holds SQLite's
+        write lock from its start: the name check and the insert are one step even if two
+        registries ever share the file."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _one(self, key_id: str) -> StoredKey:
         row = self._db.execute(

@@ -78,6 +78,11 @@ def bearer(key: dict[str, Any]) -> dict[str, str]:
     return {"Authorization": f"Bearer {key['key']}"}
 
 
+def served(key: dict[str, Any]) -> None:
+    """Until ten requests in a row with `key` are answered (both replicas have it)."""
+    wait_for(lambda: set(chats(bearer(key), 10)) == {200}, 30, f"{key['name']} to be served")
+
+
 def chats(headers: dict[str, str], count: int) -> list[int]:
     with httpx.Client(base_url=URL, headers=headers, timeout=120) as client:
         return [client.post("/v1/chat/completions", json=CHAT).status_code for _ in range(count)]
@@ -88,7 +93,7 @@ def test_a_key_revoked_under_load_is_refused_on_every_replica_within_a_second(
 ) -> None:
     assert app.gateway.ingress_replicas == 2
     key = create("ci-bot")
-    wait_for(lambda: chats(bearer(key), 1) == [200], 30, "the new key to be served")
+    served(key)
     with (
         ClosedLoop(bearer(key), clients=3).running() as revoked_key,
         ClosedLoop(LOAD_HEADERS, clients=2).running() as other_key,
@@ -135,8 +140,8 @@ def test_run_time_keys_outlive_their_registry_and_are_read_back_from_its_file(
     app: ClusterConfig,
 ) -> None:
     kept = create("kept-across")
-    wait_for(lambda: chats(bearer(kept), 1) == [200], 30, "the new key to be served")
-    name = registry_actor_name(APP)
+    served(kept)
+    name = registry_actor_name(APP, str(app.keys_db))
     first = ray.get_actor(name, namespace="serve")
     first_id: str = first._actor_id.hex()
     ray.kill(first, no_restart=True)  # as a GCS restart loses it: the actor and its memory
@@ -154,8 +159,12 @@ def test_run_time_keys_outlive_their_registry_and_are_read_back_from_its_file(
     listed = admin("GET", "/v1/keys").json()["data"]
     assert kept["id"] in [k["id"] for k in listed]  # read back from the SQLite file
     later = create("made-after")
-    wait_for(lambda: chats(bearer(later), 1) == [200], 30, "the later key to be served")
-    assert set(chats(bearer(later), 10)) == {200}
+    served(later)
+    # The registry's refusals come back through the actor as they are (not a 500).
+    taken = admin("POST", "/v1/keys", {"name": "made-after"})
+    unknown = admin("PATCH", "/v1/keys/key_0000", {"rpm": 5})
+    assert (taken.status_code, taken.json()["error"]["code"]) == (409, "key_name_taken")
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "not_found")
     assert admin("DELETE", f"/v1/keys/{kept['id']}").status_code == 200
     wait_for(lambda: chats(bearer(kept), 1) == [401], 30, "the revocation to be served")
     assert set(chats(bearer(kept), 10)) == {401}

@@ -19,7 +19,7 @@ from core.errors import ApiError
 from deployments.ingress.app import Ingress
 from deployments.ingress.key_routes import held_key_admin
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
-from deployments.keys.registry import KeyRegistry, KeySync, LocalRegistry
+from deployments.keys.registry import KeyRegistry, KeySync, LocalRegistry, registry_actor_name
 from deployments.keys.store import KeyNameTaken, KeyNotFound, KeyStore
 from tests.fakes import serve_handle
 
@@ -72,6 +72,20 @@ def test_the_store_refuses_a_taken_name_and_an_unknown_or_revoked_id(tmp_path: P
     with pytest.raises(KeyNotFound):
         store.update("nope", KeyFields(name="x"))
     assert store.version() == 3
+    # A second store over the same file (two registries, which a deploy never starts) still
+    # sees the first's names: the check and the insert are one locked transaction.
+    other = KeyStore(tmp_path / "keys.sqlite3", "app", Clock())
+    with pytest.raises(KeyNameTaken):
+        other.create("key_4", hash_key("s4"), KeyFields(name="ci"))
+    assert other.version() == store.version() == 3
+
+
+def test_the_registrys_name_follows_the_app_and_its_file() -> None:
+    one = registry_actor_name("gateway", "/srv/keys.sqlite3")
+    assert one == registry_actor_name("gateway", "/srv/keys.sqlite3")
+    assert one.startswith("gps-key-registry-gateway-v")
+    assert one != registry_actor_name("gateway", "/srv/other.sqlite3")
+    assert one != registry_actor_name("other", "/srv/keys.sqlite3")
 
 
 # -- The registry ----------------------------------------------------------------------------
@@ -200,10 +214,10 @@ def chat_status(ingress: Ingress, key: str) -> Awaitable[int]:
 
 async def settled(sync: KeySync, version: int) -> None:
     """Until the replica's copy is at `version` (the long poll answers within the loop)."""
-    for _ in range(1000):
+    for _ in range(2000):
         if sync.version >= version:
             return
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.005)
     pytest.fail(f"the sync never reached version {version} (at {sync.version})")
 
 
@@ -301,10 +315,10 @@ def test_the_sync_keeps_the_last_keys_while_the_registry_is_gone_and_catches_up_
         await settled(sync, 1)
         registries.append(None)
         first._changed()  # the waiting poll returns, and the next one fails
-        for _ in range(1000):
+        for _ in range(2000):
             if failures:
                 break
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.005)
         second = KeyRegistry("app", path)  # reads the keys back from the file
         registries.append(second)
         await second.create({"name": "second"}, [])
@@ -314,3 +328,26 @@ def test_the_sync_keeps_the_last_keys_while_the_registry_is_gone_and_catches_up_
     asyncio.run(scenario())
     assert applied == [["first"], ["first", "second"]]
     assert failures >= 1
+
+
+def test_a_failure_to_apply_the_keys_is_retried_not_the_end_of_the_sync(tmp_path: Path) -> None:
+    keys = registry(tmp_path)
+    applied: list[list[str]] = []
+    refusals = [RuntimeError("the ring refused them")]
+
+    def apply(run_time: list[ApiKeyConfig]) -> None:
+        if refusals:
+            raise refusals.pop()
+        applied.append([k.name for k in run_time])
+
+    sync = KeySync(lambda: LocalRegistry(keys), apply, 60, 0.001)
+
+    async def scenario() -> None:
+        await keys.create({"name": "ci"}, [])
+        task = asyncio.create_task(sync.run())
+        await settled(sync, 1)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert applied == [["ci"]]
+    assert sync.synced
