@@ -26,6 +26,7 @@ from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.keys.metering import FLUSH_S, SPARE_TTL_S, key_limits
 from policy.key_limits import Settlement
 from tests.fakes import serve_handle
+from tests.fakes.http_request import keyed_request
 
 TESTS = Path(__file__).parents[1]
 PROMPT, COMPLETION = serve_handle.PROMPT, serve_handle.COMPLETION
@@ -64,22 +65,8 @@ def ingress(config: ClusterConfig, ledger: LocalLedger) -> Ingress:
 
 
 def request(key: str, path: str = "/v1/chat/completions", **body: Any) -> Request:
-    payload = json.dumps(
-        {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}], **body}
-    ).encode()
-    scope = {
-        "type": "http",
-        "method": "POST" if path.endswith("completions") else "GET",
-        "path": path,
-        "query_string": b"",
-        "headers": [(b"authorization", f"Bearer {key}".encode())],
-    }
-    chunks = [{"type": "http.request", "body": payload, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return chunks.pop() if chunks else {"type": "http.disconnect"}
-
-    return Request(scope, receive)
+    chat = {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}], **body}
+    return keyed_request(key, "POST" if path.endswith("completions") else "GET", path, chat)
 
 
 async def call(ingress: Ingress, key: str, **body: Any) -> Response | ApiError:

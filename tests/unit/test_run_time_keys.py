@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.requests import Request
 from starlette.responses import Response
 
 from core.config import ApiKeyConfig, ClusterConfig, KeyFields, hash_key, load_config
@@ -22,6 +21,7 @@ from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.keys.registry import KeyRegistry, KeySync, LocalRegistry, registry_actor_name
 from deployments.keys.store import KeyNameTaken, KeyNotFound, KeyStore
 from tests.fakes import serve_handle
+from tests.fakes.http_request import keyed_request
 
 TESTS = Path(__file__).parents[1]
 ADMIN = "admin-secret"
@@ -180,21 +180,7 @@ def config() -> ClusterConfig:
     return base.model_copy(update={"api_keys": keys})
 
 
-def http(key: str, method: str, path: str, body: dict[str, Any] | None = None) -> Request:
-    payload = json.dumps(body or {}).encode()
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "query_string": b"",
-        "headers": [(b"authorization", f"Bearer {key}".encode())],
-    }
-    chunks = [{"type": "http.request", "body": payload, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return chunks.pop() if chunks else {"type": "http.disconnect"}
-
-    return Request(scope, receive)
+http = keyed_request
 
 
 CHAT = {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}]}
