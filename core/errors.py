@@ -36,9 +36,12 @@ deployments/ingress/error_response.py),
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ApiError", "ErrorCode", "error_type_for"]
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+__all__ = ["ApiError", "ErrorCode", "error_type_for", "invalid_fields"]
 
 
 class ErrorCode(StrEnum):
@@ -117,3 +120,12 @@ class ApiError(Exception):
                 "param": self.param,
             }
         }
+
+
+def invalid_fields(error: ValidationError, what: str = "request") -> ApiError:
+    """A pydantic model's refusal of a client's body as a 400: its first problem, with `param`
+    naming the field."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or None
+    message = f"Invalid {what}: {where}: {first['msg']}" if where else str(first["msg"])
+    return ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where)

@@ -18,7 +18,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 
 from core.config import ClusterConfig, GatewayConfig
-from core.errors import ApiError, ErrorCode
+from core.errors import ApiError, ErrorCode, invalid_fields
 from core.types import Role
 from core.wire import ChatJob
 from deployments.ingress.auth import Caller, claimed_priority
@@ -164,10 +164,7 @@ def validate_chat(payload: dict[str, Any], limits: GatewayConfig) -> Any:
         # Pydantic leaves lazy iterators in message content that Ray cannot pickle.
         return _sanitize_chat_completion_request(request)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or None
-        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
+        raise invalid_fields(error) from None
     except Exception as error:  # noqa: BLE001
         # vLLM's validators raise what pydantic does not wrap (VLLMValidationError, KeyError)
         # and the sanitizer a plain ValueError: all about the body, none a backend's fault.
@@ -226,10 +223,7 @@ def _as_vllm(model: Any, payload: dict[str, Any], kind: str) -> Any:
     try:
         return model.model_validate(payload)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or None
-        message = f"Invalid request: {where}: {first['msg']}" if where else first["msg"]
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param=where) from None
+        raise invalid_fields(error) from None
     except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
         logger.warning("%s refused by vLLM's schema, not ours: %r", kind, error)
         raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from core.config import ApiKeyConfig, KeyFields, hash_key
-from core.errors import ApiError, ErrorCode
+from core.errors import ApiError, ErrorCode, invalid_fields
 from deployments.keys.store import KeyNameTaken, KeyNotFound, KeyStore, StoredKey
 
 __all__ = [
@@ -133,12 +133,7 @@ def _fields(body: dict[str, Any]) -> KeyFields:
     try:
         return KeyFields.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        message = f"{where}: {first['msg']}" if where else str(first["msg"])
-        raise ApiError(
-            400, ErrorCode.INVALID_REQUEST, f"Invalid key: {message}", param=where or None
-        ) from None
+        raise invalid_fields(error, "key") from None
 
 
 def _found(lookup: Callable[[str], StoredKey], key_id: str) -> StoredKey:
