@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import subprocess
 
 import psutil
 import pytest
 
-from tests.local_ray import ATTEMPTS, NODE_TIMEOUT, start_retrying
+from tests.local_ray import ATTEMPTS, NODE_TIMEOUT, RAY_SERVICES_LOGGER, start_retrying
 
 
 def test_a_timed_out_start_is_undone_and_tried_again() -> None:
@@ -66,3 +68,21 @@ def test_a_popen_ray_drops_while_its_process_runs_is_not_an_error_of_the_start()
             process = psutil.Process(pid)
             process.kill()
             process.wait(timeout=10)
+
+
+def test_an_exception_ray_logs_during_a_start_is_kept_as_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def start() -> str:
+        port_check = socket.socket()  # noqa: F841 (Ray drops its port check so, unclosed)
+        try:
+            raise ValueError("Failed to bind to 0.0.0.0:8265 because it's already occupied.")
+        except ValueError as error:
+            logging.getLogger(RAY_SERVICES_LOGGER).error(error)
+        return "up"
+
+    with caplog.at_level(logging.ERROR, logger=RAY_SERVICES_LOGGER):
+        assert start_retrying(start) == "up"
+    [record] = caplog.records
+    assert record.getMessage() == "Failed to bind to 0.0.0.0:8265 because it's already occupied."
+    assert not isinstance(record.msg, BaseException)  # no traceback, so no socket kept alive
