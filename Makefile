@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
+.PHONY: install model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -68,6 +68,12 @@ $(DEMO_MODEL): $(INSTALLED)
 
 run: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
+
+# A new config for the running app, applied in place (keys, limits, caps, chains, the router's
+# and the gateway's settings): `make reload CONFIG=path.yaml [APP=name]` (cluster/reload.py).
+reload: $(INSTALLED)
+	@test -n "$(CONFIG)" || { echo "usage: make reload CONFIG=path.yaml [APP=name]"; exit 2; }
+	$(PY) -m cluster.reload $(CONFIG) $(if $(APP),--app $(APP))
 
 # What one model's engine really holds: `make capacity MODEL=orchestrator [CONFIG=path.yaml]`
 # (python -m cluster.capacity; MODEL is a model's name, an alias or a role's name; run it on a

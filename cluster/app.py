@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,10 +22,12 @@ from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import RayStartError, ensure_ray
 from core.config import ClusterConfig, ConfigError, load_config
 from core.types import FALLBACK_BACKEND
-from deployments.ingress.app import build_ingress
+from deployments.ingress.app import Ingress
+from deployments.ingress.app import app as ingress_app
 from deployments.ingress.front_options import front_actor_options
+from deployments.ingress.key_routes import replica_registry
 from deployments.log_options import serve_logging
-from deployments.router import ServeRouter
+from deployments.router import RouterDeployment
 
 
 def build_app(config: ClusterConfig) -> Application:
@@ -38,10 +41,12 @@ def build_app(config: ClusterConfig) -> Application:
 
 def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Application:
     """Ingress and Router over `backends`: bound deployments, or handles to running ones.
-    With `gateway.router_in_ingress` the Router runs inside each ingress replica."""
+    With `gateway.router_in_ingress` the Router runs inside each ingress replica. Each build
+    has a token of its own, which `make reload` publishes to (deployments/live_config.py)."""
+    build = uuid.uuid4().hex
     if config.gateway.router_in_ingress:
-        return build_ingress(config, None, backends)
-    router = serve.deployment(ServeRouter).options(
+        return build_ingress(config, None, build, backends)
+    router = serve.deployment(RouterDeployment).options(
         name="router",
         num_replicas=config.gateway.router_replicas,
         max_ongoing_requests=10_000,
@@ -50,7 +55,24 @@ def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Applica
         # CPU the engines need (bench/overhead.py). The router logs what it decides.
         logging_config=serve_logging(config, enable_access_log=False),
     )
-    return build_ingress(config, router.bind(config, dict(backends)))
+    return build_ingress(config, router.bind(config, dict(backends), build), build)
+
+
+def build_ingress(
+    config: ClusterConfig, router: Any, build: str, backends: Mapping[str, Any] | None = None
+) -> Any:
+    """The ingress deployment over a bound router, or (`router` None) running its own over
+    `backends`."""
+    deployment = serve.deployment(serve.ingress(ingress_app)(Ingress))
+    return deployment.options(
+        name="ingress",
+        num_replicas=config.gateway.ingress_replicas,
+        # Backpressure lives in the router; the ingress must never be the queue.
+        max_ongoing_requests=10_000,
+        ray_actor_options=front_actor_options(config.gateway_resources),
+        logging_config=serve_logging(config),
+    ).bind(config, router, None, None if backends is None else dict(backends), True,
+           registry=replica_registry(config), build=build)  # fmt: skip
 
 
 def _guard(config: ClusterConfig) -> None:

@@ -1,6 +1,7 @@
 """`gps`: one command line for the project's tools (`[project.scripts]` in pyproject.toml).
 
     gps run [CONFIG]              serve the app (`serve run cluster.app:build [config=CONFIG]`)
+    gps reload CONFIG [--app N]   apply a new config to the running app in place
     gps check [CONFIG]            refuse what cannot start, warn what will degrade
     gps capacity MODEL [...]      measure what a model's engine really holds
     gps keys hash | new           API key digests for `api_keys[].sha256` (the key on stdin)
@@ -8,8 +9,9 @@
     gps models prepare [...]      the demo model, ready for vLLM and llama.cpp
     gps --version
 
-Each subcommand is the module's own CLI (`python -m cluster.config`, `cluster.capacity`,
-`cluster.keys`, `cluster.batch`, `cluster.models`), which keep working as they are.
+Each subcommand is the module's own CLI (`python -m cluster.reload`, `cluster.config`,
+`cluster.capacity`, `cluster.keys`, `cluster.batch`, `cluster.models`), which keep working as
+they are.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def _module_main(module: str, *prefix: str) -> Callable[[Sequence[str]], int]:
 
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "run": _run,
+    "reload": _module_main("cluster.reload"),
     "check": _module_main("cluster.config", "check"),
     "capacity": _module_main("cluster.capacity"),
     "keys": _module_main("cluster.keys"),

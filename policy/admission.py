@@ -122,6 +122,19 @@ class AdmissionQueue:
         self._limits = class_limits(cap, self.shares)
         return self._admit_waiters(now)
 
+    def retune(
+        self,
+        cap: int,
+        max_queue: int,
+        aging_s: float,
+        shares: Mapping[PriorityClass, float],
+        now: float,
+    ) -> list[int]:
+        """New settings (a reload): waiters that now fit are admitted; a shorter queue sheds
+        no one already waiting, it only takes fewer new arrivals."""
+        self.max_queue, self.aging_s, self.shares = max_queue, aging_s, shares
+        return self.resize(cap, now)
+
     def pause(self) -> None:
         self.paused = True
 

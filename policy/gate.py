@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from core.types import PriorityClass
@@ -83,6 +83,19 @@ class BackendGate:
         if cap != self._queue.cap:
             for ticket in self._queue.resize(cap, self._clock()):
                 self._grant(ticket)
+
+    def retune(
+        self,
+        policy: GatePolicy,
+        cap: int,
+        max_queue: int,
+        aging_s: float,
+        shares: Mapping[PriorityClass, float],
+    ) -> None:
+        """New settings (a reload); a waiter's timeout already running keeps its length."""
+        self._policy = policy
+        for ticket in self._queue.retune(cap, max_queue, aging_s, shares, self._clock()):
+            self._grant(ticket)
 
     def pause(self) -> None:
         self._queue.pause()

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
-from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -34,14 +33,17 @@ from deployments.ingress.body import read_body
 from deployments.ingress.catalog import model_cards
 from deployments.ingress.error_response import install_error_handlers
 from deployments.ingress.files_routes import files_routes, use_batch_api
-from deployments.ingress.front_options import front_actor_options
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
-from deployments.ingress.key_routes import key_routes, replica_registry, serve_run_time_keys
+from deployments.ingress.key_routes import (
+    held_key_admin,
+    key_routes,
+    serve_run_time_keys,
+)
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
-from deployments.log_options import serve_logging
+from deployments.live_config import serve_live_config
 from deployments.router.in_process import InProcessRouter
 from policy.admission import class_limits
 from policy.depth import DEPTH_HEADER, DepthDecision
@@ -72,10 +74,12 @@ class Ingress:
         start_batches: bool = False,
         batch_service: Callable[[], Any] | None = None,
         registry: Callable[[], Any] | None = None,
+        build: str = "",
     ) -> None:
         """`router` None: this replica runs its own Router over `backends`
         (`gateway.router_in_ingress`). `start_batches`: start the app's batch service now (in
-        Serve), so batches a restart cut off go on without waiting for a call."""
+        Serve), so batches a restart cut off go on without waiting for a call. `build`: this
+        build of the app's token, whose reloads it applies (deployments/live_config.py)."""
         if router is None:
             from deployments.router import ServeRouter  # only where the router runs here
 
@@ -104,6 +108,29 @@ class Ingress:
             self._batches.start()
         if not self._keys.enabled:
             logger.warning("API keys: none configured, authentication is OFF")
+        # `make reload`'s configs (deployments/live_config.py), applied here in place: the
+        # last one now, before this replica serves.
+        self._build = build
+        self._live = serve_live_config(build, self.apply_config)
+
+    def apply_config(self, config: ClusterConfig) -> None:
+        """A reload: keys and their limits, request limits and, where the router runs in this
+        replica, its caps, chains and settings (core/config/reload.py says what may differ).
+        New objects are built before any is swapped in."""
+        jobs = Jobs(config)
+        if isinstance(self._router, InProcessRouter):
+            self._router.router.apply_config(config)
+        self._keys.use_config(config.api_keys, config.gateway.default_priority)
+        self._metering.use_config(config.api_keys)
+        held_key_admin().use_config(config)
+        self._jobs, self._config = jobs, config
+
+    async def live_config(self) -> dict[str, Any]:
+        """The config this replica runs, its reload revision and its build's token (for
+        `make reload`)."""
+        revision = self._live.revision if self._live is not None else 0
+        config = self._config.model_dump(mode="json")
+        return {"revision": revision, "build": self._build, "config": config}
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> Response:
@@ -372,20 +399,3 @@ class _Served:
     """Which backend a job reached, for the metrics of an answer that failed after it."""
 
     backend: str = metrics.NO_BACKEND
-
-
-def build_ingress(
-    config: ClusterConfig, router: Any, backends: Mapping[str, Any] | None = None
-) -> Any:
-    """The ingress deployment over a bound router, or (`router` None) running its own over
-    `backends`."""
-    deployment = serve.deployment(serve.ingress(app)(Ingress))
-    return deployment.options(
-        name="ingress",
-        num_replicas=config.gateway.ingress_replicas,
-        # Backpressure lives in the router; the ingress must never be the queue.
-        max_ongoing_requests=10_000,
-        ray_actor_options=front_actor_options(config.gateway_resources),
-        logging_config=serve_logging(config),
-    ).bind(config, router, None, None if backends is None else dict(backends), True,
-           registry=replica_registry(config))  # fmt: skip

@@ -30,6 +30,7 @@ class KeyRing:
     def __init__(self, keys: Sequence[ApiKeyConfig], default_priority: PriorityClass) -> None:
         self._config = {key.sha256: key for key in keys}
         self._by_digest = dict(self._config)
+        self._run_time: tuple[ApiKeyConfig, ...] = ()
         self._anonymous = Caller("anonymous", default_priority, PriorityClass.USER)
         self.run_time_pending = False  # set by the sync that will read them (key_routes.py)
 
@@ -43,14 +44,25 @@ class KeyRing:
 
     def use_run_time(self, keys: Sequence[ApiKeyConfig]) -> None:
         """The run-time keys from now on (a config key's name or digest wins; none is admin)."""
+        self._run_time = tuple(keys)
+        self._merge()
+        self.run_time_pending = False
+
+    def use_config(self, keys: Sequence[ApiKeyConfig], default_priority: PriorityClass) -> None:
+        """A reload's config keys (never none where there were some, nor some where there
+        were none: turning auth on or off takes a restart, core/config/reload.py)."""
+        self._config = {key.sha256: key for key in keys}
+        self._anonymous = Caller("anonymous", default_priority, PriorityClass.USER)
+        self._merge()
+
+    def _merge(self) -> None:
         names = set(self.config_names)
         run_time = {
             key.sha256: key.model_copy(update={"admin": False})
-            for key in keys
+            for key in self._run_time
             if key.name not in names
         }
         self._by_digest = {**run_time, **self._config}
-        self.run_time_pending = False
 
     def authenticate(self, authorization: str | None) -> Caller:
         if not self.enabled:

@@ -59,6 +59,10 @@ class KeyAdmin:
         self._registry = registry
         self._max_depth = max_json_depth
 
+    def use_config(self, config: ClusterConfig) -> None:
+        """A reload's config keys (listed here, and never changed here)."""
+        self._config_keys = config.api_keys
+
     async def usage(self, request: Request) -> Response:
         self._admin(request, "read the keys' usage")
         return JSONResponse({"object": "key_usage", **await self._metering.usage()})

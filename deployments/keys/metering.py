@@ -112,6 +112,7 @@ class KeyMetering:
     def __init__(self, keys: Sequence[ApiKeyConfig], ledger: Callable[[], LedgerClient]) -> None:
         self._config_limits = {key.name: key_limits(key) for key in keys}
         self._limits = dict(self._config_limits)
+        self._run_time_limits: dict[str, KeyLimits] = {}
         self._connect = ledger
         self._ledger: LedgerClient | None = None
         self._held: list[Settlement] = []
@@ -133,7 +134,18 @@ class KeyMetering:
 
     def use_run_time(self, keys: Sequence[ApiKeyConfig]) -> None:
         """The run-time keys' limits from now on, beside the config's (whose names win)."""
-        self._limits = {**{key.name: key_limits(key) for key in keys}, **self._config_limits}
+        self._run_time_limits = {key.name: key_limits(key) for key in keys}
+        self._limits = {**self._run_time_limits, **self._config_limits}
+
+    def use_config(self, keys: Sequence[ApiKeyConfig]) -> None:
+        """A reload's config keys and limits from now on. A key whose limits changed gives
+        back the spare admissions its last decision granted under the old ones."""
+        before = self._config_limits
+        self._config_limits = {key.name: key_limits(key) for key in keys}
+        self._limits = {**self._run_time_limits, **self._config_limits}
+        for name, limits in before.items():
+            if self._config_limits.get(name) != limits:
+                self._give_back(name, limits.budget_period)
 
     async def admit(self, key: str) -> Admission:
         limits = self._limits.get(key)

@@ -35,10 +35,11 @@ from ray.serve.handle import DeploymentHandle
 
 from core.config import ClusterConfig
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Reply
+from deployments.live_config import serve_live_config
 from deployments.router import metrics
 from deployments.router.faults import stream_error_event
 from deployments.router.flow import Flow
-from deployments.router.link import build_links
+from deployments.router.link import RouterSettings, build_links
 from deployments.router.load_sync import LoadSync
 from deployments.router.placement_sync import PlacementSync, home_placement
 from deployments.router.pool_sync import PoolSync
@@ -56,6 +57,7 @@ GAUGES_INTERVAL_S = 2.0
 
 __all__ = [
     "Router",
+    "RouterDeployment",
     "RouterPorts",
     "ServeRouter",
     "backend_state",
@@ -148,6 +150,18 @@ class Router:
     def config(self) -> ClusterConfig:
         return self._config
 
+    def apply_config(self, config: ClusterConfig) -> None:
+        """A reload (core/config/reload.py says what may differ): caps, queue, breaker and
+        timeout settings and chains, in place; the links keep their waiters and state."""
+        settings = RouterSettings.of(config)
+        targets = config.targets
+        for name, link in self._links.items():
+            link.retune(targets[name], settings)
+        self._flow.use_config(config)
+        self._placement.use_config(config)
+        self._health.use_settings(config.router)
+        self._config = config
+
     def load(self) -> dict[str, BackendLoad]:
         """What this replica holds of each autoscaled backend (posted once a second)."""
         return self._load.load()
@@ -211,3 +225,14 @@ class ServeRouter(Router):
 
     def __init__(self, config: ClusterConfig, backends: Mapping[str, DeploymentHandle]) -> None:
         super().__init__(config, serve_ports(config, backends))
+
+
+class RouterDeployment(ServeRouter):
+    """The router as a deployment of its own (`gateway.router_in_ingress: false`): it follows
+    `make reload` itself (in an ingress replica, the ingress applies reloads to it)."""
+
+    def __init__(
+        self, config: ClusterConfig, backends: Mapping[str, DeploymentHandle], build: str = ""
+    ) -> None:
+        super().__init__(config, backends)
+        self._live = serve_live_config(build, self.apply_config)

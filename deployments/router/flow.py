@@ -63,6 +63,11 @@ class Flow:
         # that off the event loop that relays every stream (and fits one at a time, in order).
         self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
 
+    def use_config(self, config: ClusterConfig) -> None:
+        """A reload's config for jobs from now on (a job under way keeps its chain)."""
+        self._config = config
+        self._serving = Serving(config.router)
+
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
         chain = self._chain_for(job)

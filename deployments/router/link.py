@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 
-from core.config import ClusterConfig
+from core.config import ClusterConfig, RouterConfig
 from core.topology import Target
 from deployments.router import metrics
 from deployments.router.faults import REPLICA_GONE
@@ -108,6 +108,18 @@ class Link:
         elif self.target.autoscaled:
             per_router = self.target.per_replica_cap * max(1, running) // self.shares
             self.gate.resize(max(1, per_router))
+
+    def retune(self, target: Target, settings: RouterSettings) -> None:
+        """A reload's settings: its cap (where the model's count is fixed), queue, breaker and
+        KV thresholds. What the link holds (waiters, slots taken, breaker state) stays."""
+        self.target = target
+        cap = self.gate.queue.cap
+        if not self.facts.asleep and not target.autoscaled:
+            cap = max(1, target.cap // self.shares)
+        queue = settings.queue
+        self.gate.retune(settings.gate, cap, queue.max_queue, queue.aging_s, queue.class_shares)
+        self.breaker.policy = settings.breaker
+        self.kv.policy = settings.kv
 
     def sleep(self) -> None:
         """Load put the backend at zero replicas: no fault, nothing to probe, no breaker to
@@ -230,6 +242,34 @@ class Link:
         self.seen_transitions = len(self.breaker.transitions)
 
 
+@dataclass(frozen=True)
+class RouterSettings:
+    """The policies every link takes from `router`: built once, shared by the links."""
+
+    queue: RouterConfig
+    gate: GatePolicy
+    breaker: BreakerPolicy
+    kv: KvPolicy
+
+    @classmethod
+    def of(cls, config: ClusterConfig) -> RouterSettings:
+        settings = config.router
+        return cls(
+            queue=settings,
+            gate=GatePolicy(settings.queue_timeout_s, settings.retry_after_s),
+            breaker=BreakerPolicy(
+                failure_threshold=settings.breaker_failures,
+                cooldown_s=settings.breaker_cooldown_s,
+                half_open_probes=settings.half_open_probes,
+            ),
+            kv=KvPolicy(
+                high=settings.kv_cache_high,
+                resume_factor=settings.kv_cache_resume_factor,
+                stale_after_s=settings.kv_stale_after_s,
+            ),
+        )
+
+
 def build_links(
     config: ClusterConfig,
     backends: Mapping[str, Backend],
@@ -238,34 +278,23 @@ def build_links(
 ) -> dict[str, Link]:
     """A link per backend, each holding `cap // router_shares` slots (so the replicas' slots
     never sum past the cap); those not where `placement` puts their model start parked."""
-    settings = config.router
-    breaker_policy = BreakerPolicy(
-        failure_threshold=settings.breaker_failures,
-        cooldown_s=settings.breaker_cooldown_s,
-        half_open_probes=settings.half_open_probes,
-    )
-    kv_policy = KvPolicy(
-        high=settings.kv_cache_high,
-        resume_factor=settings.kv_cache_resume_factor,
-        stale_after_s=settings.kv_stale_after_s,
-    )
-    gate_policy = GatePolicy(settings.queue_timeout_s, settings.retry_after_s)
+    settings = RouterSettings.of(config)
     links = {}
     for name, backend in backends.items():
         target = config.targets[name]
         queue = AdmissionQueue(
             cap=max(1, target.cap // config.gateway.router_shares),
-            max_queue=settings.max_queue,
-            aging_s=settings.aging_s,
-            shares=settings.class_shares,
+            max_queue=settings.queue.max_queue,
+            aging_s=settings.queue.aging_s,
+            shares=settings.queue.class_shares,
         )
         model = target.model
         links[name] = Link(
             target=target,
             backend=backend,
-            gate=BackendGate(queue, gate_policy, clock),
-            breaker=CircuitBreaker(breaker_policy, clock),
-            kv=KvPressure(kv_policy),
+            gate=BackendGate(queue, settings.gate, clock),
+            breaker=CircuitBreaker(settings.breaker, clock),
+            kv=KvPressure(settings.kv),
             clock=clock,
             facts=LinkFacts(parked=model is not None and placement.get(model) != name),
             shares=config.gateway.router_shares,

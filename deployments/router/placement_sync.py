@@ -41,6 +41,7 @@ class PlacementSync:
         clock: Clock,
     ) -> None:
         self._config = config
+        self._built_with = config
         self._links = links
         self._source = source
         self._clock = clock
@@ -53,6 +54,11 @@ class PlacementSync:
         for model, backend in self._placement.items():
             if backend in links:
                 metrics.MODEL_POOL.labels(model, links[backend].target.pool).set(1)
+
+    def use_config(self, config: ClusterConfig) -> None:
+        """A reload's chains from now on (the models and their pools do not change; the
+        placement actor is still started with the config the app was built with)."""
+        self._config = config
 
     @property
     def follows(self) -> bool:
@@ -102,8 +108,10 @@ class PlacementSync:
         view = await asyncio.wait_for(source.sync(self._view_version, self.held()), SYNC_TIMEOUT_S)
         if view is None:
             # Restarted by Ray with the config it was first made with, maybe older than ours:
-            # start it with ours, and keep routing on the last view meanwhile.
-            await source.start(self._config)
+            # start it with the one the app was built with (not a reload's: the actor keeps
+            # its saved placements only for the config it was started with, autoscale/saved.py),
+            # and keep routing on the last view meanwhile.
+            await source.start(self._built_with)
         else:
             self.apply(view)
 

@@ -39,6 +39,10 @@ class Watch:
         self._clock = clock
         self._read_news = read_news
 
+    def use_settings(self, settings: RouterConfig) -> None:
+        """A reload's settings (its intervals are the same: a reload cannot change them)."""
+        self._settings = settings
+
     async def health_loop(self) -> None:
         while True:
             try:

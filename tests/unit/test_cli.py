@@ -32,6 +32,15 @@ def test_check_refuses_a_broken_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "pools" in capsys.readouterr().err
 
 
+def test_reload_refuses_a_broken_file_before_it_looks_for_the_app(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("pools: []\n")
+    assert cli.main(["reload", str(broken), "--app", "none"]) == 2
+    assert "gpu-pool-serve: reload refused:" in capsys.readouterr().err
+
+
 def test_unknown_commands_and_no_command_say_how_to_use_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

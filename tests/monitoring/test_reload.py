@@ -1,0 +1,116 @@
+"""`make reload` on the running app of two ingress replicas (pressure.yaml), under a closed loop
+of requests, with the command itself (`python -m cluster.reload`) as an operator runs it:
+
+- a reload that adds a key and changes a cap and a router setting is applied by both replicas
+  (the command waits for both), the new key is served and the new cap is every router's;
+- a config that changes an engine's setting, and one the config guard refuses, change nothing;
+- a reload back to the first config takes the key away and the cap back.
+
+Not one request of the loop fails meanwhile, and no replica restarts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+import yaml
+
+from core.config import ClusterConfig, hash_key
+from tests.monitoring.pressure_app import ADMIN_HEADERS, APP, CONFIG, LOAD_HEADERS
+from tests.monitoring.test_run_time_keys import URL, ClosedLoop, chats
+
+RELOADED_KEY = "monitoring-reloaded-key"
+BACKEND = "coding@local"
+# Status calls each reach one of the two replicas at random: 16 miss one with odds 1 in 32768.
+CALLS = 16
+
+
+def config_file(folder: Path, app: ClusterConfig, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """pressure.yaml as the app runs it, from another folder (its paths made absolute, the
+    session's keys file), with `edit` applied."""
+    raw = yaml.safe_load(CONFIG.read_text())
+    for model in raw["models"]:
+        model["source"] = app.resolve_path(model["source"])
+    raw["fallback"]["source"] = app.fallback_source
+    raw["gateway"]["keys_db"] = str(app.keys_db)
+    raw["batches"] = {"directory": str(app.batch_directory)}
+    edit(raw)
+    path = folder / "reloaded.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def run_reload(path: Path) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    command = [sys.executable, "-m", "cluster.reload", str(path), "--app", APP]
+    return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300)
+
+
+def caps() -> set[int]:
+    with httpx.Client(base_url=URL, headers=ADMIN_HEADERS, timeout=60) as client:
+        return {
+            client.get("/v1/cluster/status").json()["backends"][BACKEND]["cap"]
+            for _ in range(CALLS)
+        }
+
+
+def ingress_replicas() -> set[str]:
+    """The ingress replicas' actor names (Serve names each replica's actor by its id)."""
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return {a["name"] for a in named if a["name"].startswith(f"SERVE_REPLICA::{APP}#ingress#")}
+
+
+def add_key_and_lower_cap(raw: dict[str, Any]) -> None:
+    raw["api_keys"].append({"name": "reloaded", "sha256": hash_key(RELOADED_KEY), "rpm": 10_000})
+    raw["models"][0]["max_concurrency"] = 12
+    raw["router"]["max_queue"] = 32
+
+
+def test_a_reload_applies_in_place_on_both_replicas_and_a_refused_one_changes_nothing(
+    app: ClusterConfig, tmp_path: Path
+) -> None:
+    reloaded_key = {"Authorization": f"Bearer {RELOADED_KEY}"}
+    replicas = ingress_replicas()
+    with ClosedLoop(LOAD_HEADERS, clients=2).running() as load:
+        seen: dict[str, Any] = {"key_before": set(chats(reloaded_key, CALLS)), "cap": caps()}
+        applied = run_reload(config_file(tmp_path, app, add_key_and_lower_cap))
+        seen |= {"key_after": set(chats(reloaded_key, CALLS)), "cap_after": caps()}
+
+        def change_engine(raw: dict[str, Any]) -> None:
+            add_key_and_lower_cap(raw)
+            raw["models"][0]["context_window"] = 256
+            del raw["api_keys"][-1]
+
+        engine = run_reload(config_file(tmp_path, app, change_engine))
+        guarded = run_reload(
+            config_file(tmp_path, app, lambda raw: raw["models"][0].update(context_window=16384))
+        )
+        seen |= {"key_kept": set(chats(reloaded_key, CALLS)), "cap_kept": caps()}
+        back = run_reload(config_file(tmp_path, app, lambda raw: None))
+        seen |= {"key_back": set(chats(reloaded_key, CALLS)), "cap_back": caps()}
+    statuses = sorted(set(load.statuses()))
+    print(
+        f"\nreload: {applied.stdout.strip()} | refused: {engine.stderr.strip()} | back: "
+        f"{back.stdout.strip()}; the loop: {len(load.answers)} answers {statuses}"
+    )
+    assert (applied.returncode, back.returncode) == (0, 0), applied.stderr + back.stderr
+    assert "2 of 2 replicas run it" in applied.stdout
+    assert "api_keys" in applied.stdout
+    assert "models[coding].max_concurrency" in applied.stdout
+    assert (seen["key_before"], seen["key_after"]) == ({401}, {200})
+    assert (seen["cap"], seen["cap_after"]) == ({8}, {6})  # 16, then 12, over 2 routers
+    assert engine.returncode == 2
+    assert "models[coding].context_window" in engine.stderr
+    assert guarded.returncode == 2
+    assert "the config guard refused it" in guarded.stderr
+    assert (seen["key_kept"], seen["cap_kept"]) == ({200}, {6})
+    assert (seen["key_back"], seen["cap_back"]) == ({401}, {8})
+    assert set(load.statuses()) == {200}
+    assert len(replicas) == 2
+    assert ingress_replicas() == replicas  # the same two replicas: none restarted
