@@ -66,6 +66,7 @@ class Outcome:
     acked: int
     keys_added: tuple[str, ...] = ()
     keys_removed: tuple[str, ...] = ()
+    seconds: float = 0.0  # from the publication to the last acknowledgement awaited
 
     @property
     def complete(self) -> bool:
@@ -93,7 +94,8 @@ def reload(
         return None
     revision = max(running.revision, app.published_revision()) + 1
     app.publish(Publication(revision, running.build, new.model_dump(mode="json")))
-    deadline = clock() + wait_s
+    published = clock()
+    deadline = published + wait_s
     while True:
         # A replica that died after its ack is not counted; one that started since must ack.
         alive = app.replicas()
@@ -102,7 +104,8 @@ def reload(
             before = {k.name for k in running.config.api_keys}
             after = {k.name for k in new.api_keys}
             added, removed = tuple(sorted(after - before)), tuple(sorted(before - after))
-            return Outcome(revision, changes.live, len(alive), len(done), added, removed)
+            seconds = clock() - published
+            return Outcome(revision, changes.live, len(alive), len(done), added, removed, seconds)
         sleep(POLL_S)
 
 
@@ -173,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"gpu-pool-serve: revision {outcome.revision} applied in place: {', '.join(outcome.live)}"
     )
-    print(f"gpu-pool-serve: {outcome.acked} of {outcome.replicas} replicas run it")
+    print(
+        f"gpu-pool-serve: {outcome.acked} of {outcome.replicas} replicas run it "
+        f"({outcome.seconds:.1f} s after it was published)"
+    )
     return 0 if outcome.complete else 1
 
 
