@@ -17,12 +17,13 @@ Callers pass the time in, so tests need no clock; `policy.gate` wraps this in as
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.types import PriorityClass
 
-__all__ = ["CLASSES", "AdmissionQueue", "Arrival", "Waiter", "class_limits"]
+__all__ = ["CLASSES", "AdmissionQueue", "Arrival", "Waiter", "background_slots", "class_limits"]
 
 CLASSES = tuple(PriorityClass)
 
@@ -54,6 +55,18 @@ def class_limits(cap: int, shares: Mapping[PriorityClass, float]) -> dict[Priori
     """Slots each class may fill: its share of the cap, at least one (none at a cap of zero: a
     backend asleep, whose requests wait for it to wake)."""
     return {c: max(min(cap, 1), math.floor(cap * shares.get(c, 1.0))) for c in CLASSES}
+
+
+def background_slots(
+    backends: Iterable[Mapping[str, Any]], model: str, shares: Mapping[PriorityClass, float]
+) -> int:
+    """Slots the background class may fill on `model`'s backends that take work, from one
+    router's status report (each backend's `model`, `state` and `cap`)."""
+    return sum(
+        class_limits(int(backend["cap"]), shares)[PriorityClass.BACKGROUND]
+        for backend in backends
+        if backend.get("model") == model and backend.get("state") in ("up", "degraded")
+    )
 
 
 @dataclass

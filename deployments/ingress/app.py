@@ -45,7 +45,7 @@ from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
 from deployments.live_config import serve_live_config
 from deployments.router.in_process import InProcessRouter
-from policy.admission import class_limits
+from policy.admission import background_slots
 from policy.depth import DEPTH_HEADER, DepthDecision
 from policy.model_access import may_use, usable_names
 from policy.request import parse_object
@@ -108,15 +108,12 @@ class Ingress:
             self._batches.start()
         if not self._keys.enabled:
             logger.warning("API keys: none configured, authentication is OFF")
-        # `make reload`'s configs (deployments/live_config.py), applied here in place: the
-        # last one now, before this replica serves.
-        self._build = build
+        self._build = build  # make reload's configs applied in place, the last one from now
         self._live = serve_live_config(build, self.apply_config)
 
     def apply_config(self, config: ClusterConfig) -> None:
-        """A reload: keys and their limits, request limits and, where the router runs in this
-        replica, its caps, chains and settings (core/config/reload.py says what may differ).
-        New objects are built before any is swapped in."""
+        """A reload (deployments/live_config.py): keys and their limits, request limits and,
+        where the router runs here, its caps, chains and settings (core/config/reload.py)."""
         jobs = Jobs(config)
         if isinstance(self._router, InProcessRouter):
             self._router.router.apply_config(config)
@@ -126,11 +123,13 @@ class Ingress:
         self._jobs, self._config = jobs, config
 
     async def live_config(self) -> dict[str, Any]:
-        """The config this replica runs, its reload revision and its build's token (for
-        `make reload`)."""
-        revision = self._live.revision if self._live is not None else 0
+        """The config this replica runs, its revision and build (for `make reload`)."""
         config = self._config.model_dump(mode="json")
-        return {"revision": revision, "build": self._build, "config": config}
+        return {"revision": self._revision, "build": self._build, "config": config}
+
+    @property
+    def _revision(self) -> int:
+        return self._live.revision if self._live is not None else 0  # 0: its file's config
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> Response:
@@ -221,12 +220,8 @@ class Ingress:
         named = self._served.get(model) or self._config.depth_route(Depth.BALANCED)[0]
         name = self._config.base_model(named).name  # an adapter runs on its base's backends
         status: dict[str, Any] = await self._router.status.remote()
-        shares = self._config.router.class_shares
-        slots = sum(
-            class_limits(int(backend["cap"]), shares)[PriorityClass.BACKGROUND]
-            for backend in status.get("backends", {}).values()
-            if backend.get("model") == name and backend.get("state") in ("up", "degraded")
-        )
+        backends = status.get("backends", {}).values()
+        slots = background_slots(backends, name, self._config.router.class_shares)
         return max(1, slots * self._config.gateway.router_shares)
 
     @app.get("/healthz")
@@ -254,7 +249,10 @@ class Ingress:
             }
             for p in self._config.pools
         }
-        return JSONResponse({**status, "pools": pools, "events": status.get("events", [])})
+        events, revision = status.get("events", []), self._revision
+        return JSONResponse(
+            {**status, "pools": pools, "events": events, "config_revision": revision}
+        )
 
     @app.get("/metrics")
     async def prometheus(self) -> Response:

@@ -52,12 +52,11 @@ def run_reload(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300)
 
 
-def caps() -> set[int]:
+def caps() -> set[tuple[int, int]]:
+    """(config revision, the backend's cap) as each replica answers the status."""
     with httpx.Client(base_url=URL, headers=ADMIN_HEADERS, timeout=60) as client:
-        return {
-            client.get("/v1/cluster/status").json()["backends"][BACKEND]["cap"]
-            for _ in range(CALLS)
-        }
+        answers = [client.get("/v1/cluster/status").json() for _ in range(CALLS)]
+    return {(a["config_revision"], a["backends"][BACKEND]["cap"]) for a in answers}
 
 
 def ingress_replicas() -> set[str]:
@@ -104,13 +103,14 @@ def test_a_reload_applies_in_place_on_both_replicas_and_a_refused_one_changes_no
     assert "api_keys" in applied.stdout
     assert "models[coding].max_concurrency" in applied.stdout
     assert (seen["key_before"], seen["key_after"]) == ({401}, {200})
-    assert (seen["cap"], seen["cap_after"]) == ({8}, {6})  # 16, then 12, over 2 routers
+    # (revision, cap): 16, then 12, over 2 routers; every status call (either replica) agrees
+    assert (seen["cap"], seen["cap_after"]) == ({(0, 8)}, {(1, 6)})
     assert engine.returncode == 2
     assert "models[coding].context_window" in engine.stderr
     assert guarded.returncode == 2
     assert "the config guard refused it" in guarded.stderr
-    assert (seen["key_kept"], seen["cap_kept"]) == ({200}, {6})
-    assert (seen["key_back"], seen["cap_back"]) == ({401}, {8})
+    assert (seen["key_kept"], seen["cap_kept"]) == ({200}, {(1, 6)})
+    assert (seen["key_back"], seen["cap_back"]) == ({401}, {(2, 8)})
     assert set(load.statuses()) == {200}
     assert len(replicas) == 2
     assert ingress_replicas() == replicas  # the same two replicas: none restarted
