@@ -7,8 +7,8 @@
    fallback...) refuses the whole reload, naming each field: nothing changes, and such a change
    takes a new `make run`.
 3. The config is published (deployments/live_config.py) for the running build of the app.
-   Every ingress and router replica applies it within a second, without a restart and with
-   nothing in flight lost; the command waits until each replica alive has acknowledged it,
+   Every ingress and router replica reads it once a second and applies it, without a restart
+   and with nothing in flight lost; the command waits until each replica alive has acked it,
    and names the keys added and removed (GPU_POOL_SERVE_API_KEYS is read here, from this
    command's environment, as `serve run` reads it from its own).
 
