@@ -34,11 +34,7 @@ from deployments.ingress.catalog import model_cards
 from deployments.ingress.error_response import install_error_handlers
 from deployments.ingress.files_routes import files_routes, use_batch_api
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
-from deployments.ingress.key_routes import (
-    held_key_admin,
-    key_routes,
-    serve_run_time_keys,
-)
+from deployments.ingress.key_routes import held_key_admin, key_routes, serve_run_time_keys
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering

@@ -22,6 +22,7 @@ import ray
 import yaml
 
 from core.config import ClusterConfig, hash_key
+from deployments.live_config import replica_ids
 from tests.monitoring.pressure_app import ADMIN_HEADERS, APP, CONFIG, LOAD_HEADERS
 from tests.monitoring.test_run_time_keys import URL, ClosedLoop, chats
 
@@ -59,12 +60,6 @@ def caps() -> set[tuple[int, int]]:
     return {(a["config_revision"], a["backends"][BACKEND]["cap"]) for a in answers}
 
 
-def ingress_replicas() -> set[str]:
-    """The ingress replicas' actor names (Serve names each replica's actor by its id)."""
-    named = ray.util.list_named_actors(all_namespaces=True)
-    return {a["name"] for a in named if a["name"].startswith(f"SERVE_REPLICA::{APP}#ingress#")}
-
-
 def add_key_and_lower_cap(raw: dict[str, Any]) -> None:
     raw["api_keys"].append({"name": "reloaded", "sha256": hash_key(RELOADED_KEY), "rpm": 10_000})
     raw["models"][0]["max_concurrency"] = 12
@@ -75,7 +70,7 @@ def test_a_reload_applies_in_place_on_both_replicas_and_a_refused_one_changes_no
     app: ClusterConfig, tmp_path: Path
 ) -> None:
     reloaded_key = {"Authorization": f"Bearer {RELOADED_KEY}"}
-    replicas = ingress_replicas()
+    replicas = replica_ids(APP, ("ingress",))
     with ClosedLoop(LOAD_HEADERS, clients=2).running() as load:
         seen: dict[str, Any] = {"key_before": set(chats(reloaded_key, CALLS)), "cap": caps()}
         applied = run_reload(config_file(tmp_path, app, add_key_and_lower_cap))
@@ -113,4 +108,4 @@ def test_a_reload_applies_in_place_on_both_replicas_and_a_refused_one_changes_no
     assert (seen["key_back"], seen["cap_back"]) == ({401}, {(2, 8)})
     assert set(load.statuses()) == {200}
     assert len(replicas) == 2
-    assert ingress_replicas() == replicas  # the same two replicas: none restarted
+    assert replica_ids(APP, ("ingress",)) == replicas  # the same two: none restarted
