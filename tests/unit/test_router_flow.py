@@ -851,7 +851,13 @@ def test_kv_pressure_read_by_the_kv_loop_moves_work_down_the_chain() -> None:
 
     async def scenario() -> tuple[str, dict[str, Any]]:
         await router.status()  # starts the loops
-        await asyncio.sleep(0.05)  # one round each
+        # Until the KV loop's first round has read both (a fixed sleep lost that race on a
+        # loaded machine: the job met coding's gate paused under it, run of 1953022).
+        for _ in range(2000):
+            backends = (await router.status())["backends"]
+            if all(backends[name]["kv_cache_usage"] is not None for name in backends):
+                break
+            await asyncio.sleep(0.005)
         return await served_by(router), (await router.status())["backends"]
 
     backend, report = asyncio.run(scenario())
