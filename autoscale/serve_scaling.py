@@ -1,8 +1,10 @@
 """The Serve autoscaling policy that carries out placement and load decisions.
 
-Every `model@pool` deployment that placement or load may resize is built with `ReplicaPolicy`:
-placement decides the pool (the count the placement actor last asked for there, read from
-Ray's internal key-value store, GCS: zero means not here), and where the model has
+Every `model@pool` deployment is built with `ReplicaPolicy`. A model with neither placement
+nor load keeps the count it starts with, until a reload removes it: `retire` then takes it to
+zero for good (cluster/reload.py). Otherwise placement decides the pool (the count the
+placement actor last asked for there, read from Ray's internal key-value store, GCS: zero
+means not here), and where the model has
 `autoscaling`, load decides the count on it (policy/load_scaling.py) from what the router
 replicas report there once a second. Serve applies a policy's answer to that deployment alone,
 without touching `ray_actor_options`, so no other replica restarts. With nothing asked yet, a
@@ -79,6 +81,29 @@ class KvReplicaScaler:
         return asked_replicas(self.app, deployment)
 
 
+def retired_key(app: str, deployment: str) -> bytes:
+    return f"retired/{app}/{deployment}".encode()
+
+
+def retire(app: str, deployment: str, build: str) -> None:
+    """Take a deployment of `build` (a model a reload removed or replaced) to zero replicas for
+    good: its policy answers 0 whatever placement or load ask. A later build of the app (a new
+    `make run`) carries another token, so the mark never reaches its deployments."""
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(
+        retired_key(app, deployment), build.encode(), overwrite=True, namespace=KV_NAMESPACE
+    )
+
+
+def retired_by(app: str, deployment: str) -> str | None:
+    """The build whose deployment of this name was retired, if any."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(retired_key(app, deployment), namespace=KV_NAMESPACE)
+    return None if raw is None else raw.decode()
+
+
 def load_key(app: str, router: str) -> bytes:
     return f"load/{app}/{router}".encode()
 
@@ -143,10 +168,13 @@ class ReplicaPolicy:
     """Serve's custom autoscaling policy (`AutoscalingConfig.policy`, a class: Serve makes one
     per deployment with `policy_kwargs` and calls it every control-loop tick).
 
-    `load`: the model's LoadScalingPolicy fields, or None for placement alone."""
+    `load`: the model's LoadScalingPolicy fields, or None for placement alone; `build`: the
+    app build's token (cluster/app.py), which a reload's `retire` names."""
 
-    def __init__(self, load: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, load: Mapping[str, Any] | None = None, build: str = "") -> None:
         self._load = LoadScalingPolicy(**load) if load else None
+        self._build = build
+        self._retired = False
         self._timers = ScalingTimers()
         self._asked: int | None = None
         self._reports: list[LoadReport] = []
@@ -163,6 +191,8 @@ class ReplicaPolicy:
             self._read_at = now
             self._read(app, deployment, now)
         current = int(ctx.target_num_replicas)
+        if self._retired:  # removed from the app by a reload: the routers send it nothing
+            return 0, {}
         asked = self._asked
         asleep = bool(self._asleep) and current == 0
         # Placement alone; placed elsewhere; or parked since the start, before placement's
@@ -188,6 +218,8 @@ class ReplicaPolicy:
         """Placement's count and the routers' load; on a failed read, the last ones (this runs
         in Serve's controller: an exception here would stall every app's control loop)."""
         try:
+            if self._build:
+                self._retired = retired_by(app, deployment) == self._build
             self._asked = asked_replicas(app, deployment)
             if self._load is not None:
                 self._reports = read_load(app, deployment, now)
@@ -239,13 +271,14 @@ class ReplicaPolicy:
             logger.warning("autoscaling %s: publishing the decision failed: %r", deployment, error)
 
 
-def policy_kwargs(model: ModelConfig) -> dict[str, Any]:
+def policy_kwargs(model: ModelConfig, build: str = "") -> dict[str, Any]:
     """`ReplicaPolicy`'s kwargs for a model's backends (JSON, as Serve requires)."""
+    built = {"build": build} if build else {}
     scaling = model.autoscaling
     if scaling is None:
-        return {}
+        return built
     # The config's keys are the policy's fields (but for what the router alone does with a
     # request for a backend asleep); the cap per replica comes from the model.
     fields = scaling.model_dump(exclude={"when_asleep", "wake_timeout_s"})
     load = LoadScalingPolicy(**fields, per_replica_cap=model.per_replica_cap)
-    return {"load": asdict(load)}
+    return {"load": asdict(load), **built}

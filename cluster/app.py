@@ -33,17 +33,21 @@ from deployments.router import RouterDeployment
 def build_app(config: ClusterConfig) -> Application:
     """The whole app: the gateway over one LLMServer deployment per backend (those off their
     model's home pool start with no replica, for the placement actor to raise) and the CPU
-    fallback."""
-    backends = {b.name: build_backend(config, b) for b in config.backends}
-    backends[FALLBACK_BACKEND] = build_fallback(config)
-    return build_gateway(config, backends)
-
-
-def build_gateway(config: ClusterConfig, backends: Mapping[str, Any]) -> Application:
-    """Ingress and Router over `backends`: bound deployments, or handles to running ones.
-    With `gateway.router_in_ingress` the Router runs inside each ingress replica. Each build
-    has a token of its own, which `make reload` publishes to (deployments/live_config.py)."""
+    fallback. Each build has a token of its own, which `make reload` publishes to
+    (deployments/live_config.py) and retires a removed model's deployments by
+    (autoscale/serve_scaling.py)."""
     build = uuid.uuid4().hex
+    backends = {b.name: build_backend(config, b, build=build) for b in config.backends}
+    backends[FALLBACK_BACKEND] = build_fallback(config)
+    return build_gateway(config, backends, build)
+
+
+def build_gateway(
+    config: ClusterConfig, backends: Mapping[str, Any], build: str | None = None
+) -> Application:
+    """Ingress and Router over `backends`: bound deployments, or handles to running ones.
+    With `gateway.router_in_ingress` the Router runs inside each ingress replica."""
+    build = build or uuid.uuid4().hex
     if config.gateway.router_in_ingress:
         return build_ingress(config, None, build, backends)
     router = serve.deployment(RouterDeployment).options(

@@ -29,10 +29,14 @@ from deployments.log_options import serve_logging
 POOL_RESOURCE_SLIVER = RESOURCE_SLIVER
 
 
-def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True) -> LLMConfig:
-    """The backend's LLMConfig. `placed` (and some model may use more than one pool): its
-    replica count follows the placement actor, home backends starting with the model's replicas
-    and the others at zero; otherwise it is fixed."""
+def llm_config_for(
+    config: ClusterConfig, backend: Backend, placed: bool = True, build: str = ""
+) -> LLMConfig:
+    """The backend's LLMConfig. Its replica count follows `ReplicaPolicy`
+    (autoscale/serve_scaling.py): where `placed` (and some model may use more than one pool),
+    the placement actor's, home backends starting with the model's replicas and the others at
+    zero; where the model autoscales, load's; otherwise the model's replicas, until a reload of
+    `build` (the app build's token) retires it."""
     model = config.model_named(backend.model)
     pool_resource = {config.pool(backend.pool).resource: POOL_RESOURCE_SLIVER}
     options: dict[str, Any] = {
@@ -45,26 +49,23 @@ def llm_config_for(config: ClusterConfig, backend: Backend, placed: bool = True)
         "logging_config": serve_logging(config),
     }
     placement = placed and placement_matters(config)
-    if placement or model.autoscaling is not None:
-        home = backend.pool == model.home_pool or not placement
-        scaling = model.autoscaling
-        options["autoscaling_config"] = {
-            # Zero: placement parks a model's backends on the pools it left; load puts an idle
-            # one to sleep (scale_to_zero_after_s).
-            "min_replicas": (
-                0
-                if placement or scaling is None or scaling.scale_to_zero_after_s is not None
-                else scaling.min_replicas
-            ),
-            "max_replicas": model.max_replicas,
-            "initial_replicas": model.replicas if home else 0,
-            # Serve's delays would hold a decision back; placement and load keep their own.
-            "upscale_delay_s": 0,
-            "downscale_delay_s": 0,
-            "policy": {"policy_function": ReplicaPolicy, "policy_kwargs": policy_kwargs(model)},
-        }
-    else:
-        options["num_replicas"] = model.replicas
+    home = backend.pool == model.home_pool or not placement
+    scaling = model.autoscaling
+    options["autoscaling_config"] = {
+        # Zero: placement parks a model's backends on the pools it left; load puts an idle
+        # one to sleep (scale_to_zero_after_s); a reload retires a removed model's.
+        "min_replicas": (
+            scaling.min_replicas
+            if scaling is not None and scaling.scale_to_zero_after_s is None and not placement
+            else 0
+        ),
+        "max_replicas": model.max_replicas,
+        "initial_replicas": model.replicas if home else 0,
+        # Serve's delays would hold a decision back; placement and load keep their own.
+        "upscale_delay_s": 0,
+        "downscale_delay_s": 0,
+        "policy": {"policy_function": ReplicaPolicy, "policy_kwargs": policy_kwargs(model, build)},
+    }
     if config.router.prefix_routing and model.generates and model.max_replicas > 1:
         slack = config.router.prefix_imbalance
         options["request_router_config"] = {
@@ -152,10 +153,16 @@ def tool_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, A
 
 
 def build_backend(
-    config: ClusterConfig, backend: Backend, server_cls: type[LLMServer] = ObservedLLMServer
+    config: ClusterConfig,
+    backend: Backend,
+    server_cls: type[LLMServer] = ObservedLLMServer,
+    build: str = "",
+    placed: bool = True,
 ) -> Application:
     return build_llm_deployment(
-        llm_config_for(config, backend), name_prefix=DEPLOYMENT_PREFIX, deployment_cls=server_cls
+        llm_config_for(config, backend, placed, build),
+        name_prefix=DEPLOYMENT_PREFIX,
+        deployment_cls=server_cls,
     )
 
 

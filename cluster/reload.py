@@ -3,17 +3,23 @@
 
 1. The new config is loaded and guarded as at a start (`gps check`): a refusal changes nothing.
 2. The running config is read from an ingress replica, and core/config/reload.py sorts what
-   changed. A change built into a deployment (models, pools, engines, replica counts, the
-   fallback...) refuses the whole reload, naming each field: nothing changes, and such a change
-   takes a new `make run`.
-3. The config is published (deployments/live_config.py) for the running build of the app.
-   Every ingress and router replica reads it once a second and applies it, without a restart
-   and with nothing in flight lost; the command waits until each replica alive has acked it,
-   and names the keys added and removed (GPU_POOL_SERVE_API_KEYS is read here, from this
-   command's environment, as `serve run` reads it from its own).
+   changed. A change built into a deployment (pools, the fallback, a model placement moves or
+   load sizes...) refuses the whole reload, naming each field: nothing changes, and such a
+   change takes a new `make run`.
+3. The engines of models added or changed are started, each in a Serve app of its own
+   (cluster/model_apps.py), and awaited running and healthy (--start-timeout). One that fails
+   refuses the reload: the engines it started are deleted, and nothing else changed.
+4. The config is published (deployments/live_config.py) for the running build of the app,
+   with where each new engine runs. Every ingress and router replica reads it once a second and
+   applies it, without a restart and with nothing in flight lost; the command waits until each
+   replica alive has acked it, and names the keys added and removed (GPU_POOL_SERVE_API_KEYS is
+   read here, from this command's environment, as `serve run` reads it from its own).
+5. Once every replica runs it, no router sends work to the engines of models removed or
+   changed: they are stopped (Serve lets their replicas finish what they run first).
 
 Exit status: 0 applied (or nothing to change), 2 refused (nothing changed), 1 published but not
-acknowledged by every replica within --wait seconds (those that did run it).
+acknowledged by every replica within --wait seconds (those that did run it; the engines it
+would have stopped are left running, for a reload of the same config to stop).
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from typing import Protocol
 from cluster import config as config_check
 from core.config import ClusterConfig, ConfigError, load_config
 from core.config.reload import reload_changes
-from deployments.live_config import Publication
+from core.topology import Backend
+from deployments.live_config import Homes, Publication
 
 DEFAULT_APP = "default"  # `serve run`'s name for the app
 WAIT_S = 30.0
+START_TIMEOUT_S = 900.0  # a new engine: a model's download, load and warm-up
 POLL_S = 0.2
 SYNCED_DEPLOYMENTS = ("ingress", "router")  # the replicas that apply a reload
 
@@ -40,11 +48,16 @@ SYNCED_DEPLOYMENTS = ("ingress", "router")  # the replicas that apply a reload
 class RunningApp(Protocol):
     """The app as the reload sees it (`ServeApp` is Serve's)."""
 
+    name: str  # the Serve app of the gateway and the engines it was built with
+
     def running(self) -> Running: ...  # as an ingress replica answers
     def published_revision(self) -> int: ...
     def publish(self, publication: Publication) -> None: ...
     def replicas(self) -> set[str]: ...  # the ingress and router replicas alive now (ids)
     def acked(self, revision: int) -> set[str]: ...  # replicas that run `revision` (ids)
+    def homes(self) -> dict[str, tuple[str, str]]: ...  # backends earlier reloads started
+    def start(self, config: ClusterConfig, backends: list[Backend], revision: int) -> Homes: ...
+    def retire(self, build: str, leaving: Homes) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,8 @@ class Outcome:
     keys_added: tuple[str, ...] = ()
     keys_removed: tuple[str, ...] = ()
     seconds: float = 0.0  # from the publication to the last acknowledgement awaited
+    started: tuple[str, ...] = ()  # backends whose new engines serve now
+    stopped: tuple[str, ...] = ()  # backends whose engines are being stopped
 
     @property
     def complete(self) -> bool:
@@ -93,7 +108,16 @@ def reload(
     if not changes.live:
         return None
     revision = max(running.revision, app.published_revision()) + 1
-    app.publish(Publication(revision, running.build, new.model_dump(mode="json")))
+    engines = (*changes.added, *changes.replaced)
+    leaving_models = (*changes.removed, *changes.replaced)
+    earlier = app.homes()
+    try:
+        started = app.start(new, [b for b in new.backends if b.model in engines], revision)
+    except Exception as error:  # noqa: BLE001 - whatever the cause, nothing was changed
+        raise ReloadRefused(f"{error}; nothing was changed") from None
+    gone = {b.name: b for b in running.config.backends if b.model in leaving_models}
+    homes = {name: home for name, home in earlier.items() if name not in gone} | dict(started)
+    app.publish(Publication(revision, running.build, new.model_dump(mode="json"), homes))
     published = clock()
     deadline = published + wait_s
     while True:
@@ -101,12 +125,20 @@ def reload(
         alive = app.replicas()
         done = alive & app.acked(revision)
         if done == alive or clock() >= deadline:
-            before = {k.name for k in running.config.api_keys}
-            after = {k.name for k in new.api_keys}
-            added, removed = tuple(sorted(after - before)), tuple(sorted(before - after))
-            seconds = clock() - published
-            return Outcome(revision, changes.live, len(alive), len(done), added, removed, seconds)
+            break
         sleep(POLL_S)
+    seconds = clock() - published
+    if done == alive and gone:  # no router sends them work now
+        leaving = {n: earlier.get(n, (app.name, b.deployment_name)) for n, b in gone.items()}
+        app.retire(running.build, leaving)
+    before = {k.name for k in running.config.api_keys}
+    after = {k.name for k in new.api_keys}
+    added, removed = tuple(sorted(after - before)), tuple(sorted(before - after))
+    stopped = tuple(sorted(gone)) if done == alive else ()
+    return Outcome(
+        revision, changes.live, len(alive), len(done), added, removed, seconds,
+        tuple(sorted(started)), stopped,
+    )  # fmt: skip
 
 
 class ServeApp:
@@ -120,35 +152,60 @@ class ServeApp:
             ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
         if name not in serve.status().applications:
             raise ReloadRefused(f"no Serve application named {name!r} is running")
-        self._name = name
+        self.name = name
+        self.start_timeout_s = START_TIMEOUT_S
 
     def running(self) -> Running:
         from ray import serve
 
-        answer = serve.get_app_handle(self._name).live_config.remote().result(timeout_s=60)
+        answer = serve.get_app_handle(self.name).live_config.remote().result(timeout_s=60)
         config = ClusterConfig.model_validate(answer["config"])
         return Running(int(answer["revision"]), str(answer["build"]), config)
 
     def published_revision(self) -> int:
         from deployments.live_config import read_publication
 
-        publication = read_publication(self._name)
+        publication = read_publication(self.name)
         return 0 if publication is None else publication.revision
 
     def publish(self, publication: Publication) -> None:
         from deployments.live_config import publish
 
-        publish(self._name, publication)
+        publish(self.name, publication)
 
     def replicas(self) -> set[str]:
         from deployments.live_config import replica_ids
 
-        return replica_ids(self._name, SYNCED_DEPLOYMENTS)
+        return replica_ids(self.name, SYNCED_DEPLOYMENTS)
 
     def acked(self, revision: int) -> set[str]:
         from deployments.live_config import acked
 
-        return acked(self._name, revision)
+        return acked(self.name, revision)
+
+    def homes(self) -> dict[str, tuple[str, str]]:
+        from deployments.live_config import read_publication
+
+        publication = read_publication(self.name)
+        return {} if publication is None else dict(publication.homes)
+
+    def start(self, config: ClusterConfig, backends: list[Backend], revision: int) -> Homes:
+        from cluster.model_apps import start_engines
+
+        if not backends:
+            return {}
+        names = ", ".join(b.name for b in backends)
+        print(f"gpu-pool-serve: starting {names} (waiting until it serves)", flush=True)
+        began = time.monotonic()
+        homes = start_engines(config, backends, self.name, revision, self.start_timeout_s)
+        print(f"gpu-pool-serve: {names} running and healthy {time.monotonic() - began:.0f} s "
+              "after it was deployed", flush=True)  # fmt: skip
+        return homes
+
+    def retire(self, build: str, leaving: Homes) -> None:
+        from cluster.model_apps import retire_engines
+
+        retire_engines(self.name, build, leaving)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", type=Path, help="the new config file")
     parser.add_argument("--app", default=DEFAULT_APP, help="the Serve application's name")
     parser.add_argument("--wait", type=float, default=WAIT_S, help="seconds to wait for acks")
+    parser.add_argument(
+        "--start-timeout", type=float, default=START_TIMEOUT_S,
+        help="seconds a new model's engine may take to serve",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         new = load_config(args.config)
@@ -166,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ReloadRefused(f"the config guard refused it; nothing was changed:\n{found}")
         for finding in findings:  # warnings, as at a start
             print(f"gpu-pool-serve: {finding}", file=sys.stderr)
-        outcome = reload(new, ServeApp(args.app), args.wait)
+        app = ServeApp(args.app)
+        app.start_timeout_s = args.start_timeout
+        outcome = reload(new, app, args.wait)
     except (ConfigError, ReloadRefused) as error:
         print(f"gpu-pool-serve: reload refused: {error}", file=sys.stderr)
         return 2
@@ -180,6 +243,16 @@ def main(argv: list[str] | None = None) -> int:
         f"gpu-pool-serve: {outcome.acked} of {outcome.replicas} replicas run it "
         f"({outcome.seconds:.1f} s after it was published)"
     )
+    if outcome.started:
+        print(f"gpu-pool-serve: new engines serve: {', '.join(outcome.started)}")
+    if outcome.stopped:
+        print(
+            f"gpu-pool-serve: engines stopping (after the requests they run): "
+            f"{', '.join(outcome.stopped)}"
+        )
+    elif not outcome.complete and outcome.started:
+        print("gpu-pool-serve: engines of removed or changed models left running until every "
+              "replica runs this config (reload it again)")  # fmt: skip
     return 0 if outcome.complete else 1
 
 

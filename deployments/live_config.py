@@ -19,8 +19,8 @@ import asyncio
 import contextvars
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from core.config import ClusterConfig
@@ -32,13 +32,20 @@ POLL_S = 1.0
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"  # Serve names a replica's actor by its full id
 
 
+# Where a backend a reload started runs: its Serve app and deployment (cluster/model_apps.py).
+Homes = Mapping[str, tuple[str, str]]
+Apply = Callable[[ClusterConfig, Homes], None]
+
+
 @dataclass(frozen=True)
 class Publication:
-    """A reload as published, for the replicas of one build of the app."""
+    """A reload as published, for the replicas of one build of the app: the config, and the
+    Serve app of each backend a reload started (the others are the build's own)."""
 
     revision: int
     build: str
     config: dict[str, Any]
+    homes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -46,7 +53,8 @@ class Publication:
     @classmethod
     def decode(cls, data: bytes) -> Publication:
         fields = json.loads(data)
-        return cls(int(fields["revision"]), str(fields["build"]), dict(fields["config"]))
+        homes = {name: (str(app), str(dep)) for name, (app, dep) in fields.get("homes", {}).items()}
+        return cls(int(fields["revision"]), str(fields["build"]), dict(fields["config"]), homes)
 
 
 def config_key(app: str) -> bytes:
@@ -64,20 +72,23 @@ def ack_key(app: str, replica: str) -> bytes:
 class LiveConfigSync:
     """Applies newer revisions of its build's published config in this replica, and acks them.
 
-    Its ports: `read` (the publication, or None), `apply` and `ack`."""
+    Its ports: `read` (the publication, or None), `apply`, `ack`, and `orphaned`: engines an
+    earlier build's reloads started (its publication's homes), which nothing routes to now."""
 
     def __init__(
         self,
         build: str,
         read: Callable[[], Publication | None],
-        apply: Callable[[ClusterConfig], None],
+        apply: Apply,
         ack: Callable[[int], None],
         poll_s: float = POLL_S,
+        orphaned: Callable[[Homes], None] = lambda _homes: None,
     ) -> None:
         self._build = build
         self._read = read
         self._apply = apply
         self._ack = ack
+        self._orphaned = orphaned
         self._poll_s = poll_s
         self.revision = 0  # the config it was built with; published revisions start at 1
         self._seen = 0  # the newest revision looked at, applied or not
@@ -122,10 +133,14 @@ class LiveConfigSync:
             return
         self._seen = publication.revision  # applied or not, it is not tried again
         if publication.build != self._build:
-            return  # published for another build of the app
+            # Published for an earlier build of the app (a new `serve run` replaced it): the
+            # engines its reloads started outlived it, and serve nobody.
+            if publication.homes:
+                self._orphaned(publication.homes)
+            return
         try:
             config = ClusterConfig.model_validate(publication.config)
-            self._apply(config)
+            self._apply(config, publication.homes)
         except Exception:  # a bug, not a client's mistake: the reload validated it
             logger.exception("live config revision %d not applied", publication.revision)
             return
@@ -174,7 +189,19 @@ def replica_ids(app: str, deployments: tuple[str, ...]) -> set[str]:
     return ids
 
 
-def serve_live_config(build: str, apply: Callable[[ClusterConfig], None]) -> LiveConfigSync | None:
+def delete_apps(names: Iterable[str]) -> None:
+    """Delete Serve apps (engines a reload started); Serve drains their replicas meanwhile.
+    Each replica of a new build may ask: one already gone is not an error."""
+    from ray import serve
+
+    for name in names:
+        try:
+            serve.delete(name, _blocking=False)
+        except Exception as error:  # noqa: BLE001 - gone already, or the controller busy
+            logger.info("deleting app %s: %r", name, error)
+
+
+def serve_live_config(build: str, apply: Apply) -> LiveConfigSync | None:
     """This Serve replica's sync (the composition root's adapter), its publication applied
     now; None outside a Serve replica's event loop (a test building the class)."""
     from ray import serve
@@ -193,7 +220,12 @@ def serve_live_config(build: str, apply: Callable[[ClusterConfig], None]) -> Liv
             ack_key(app, replica), str(revision).encode(), overwrite=True, namespace=KV_NAMESPACE
         )
 
-    sync = LiveConfigSync(build, lambda: read_publication(app), apply, ack)
+    def orphaned(homes: Homes) -> None:
+        engine_apps = sorted({home_app for home_app, _ in homes.values()})
+        logger.warning("deleting the engines an earlier build's reloads started: %s", engine_apps)
+        delete_apps(engine_apps)
+
+    sync = LiveConfigSync(build, lambda: read_publication(app), apply, ack, orphaned=orphaned)
     sync.first()
     # A fresh context: a task copies the current one, and Serve would tie it to a request.
     sync.task = loop.create_task(sync.run(), context=contextvars.Context())

@@ -2,10 +2,14 @@
 
 A reload (`make reload`, cluster/reload.py) hands the running gateway a new config. What the
 ingress and router decide per request takes it at once: keys and their limits, chains, caps,
-the gateway's request limits, the router's queue, breaker and timeout settings, `model: auto`'s
-depth rules. What was built into a deployment (an engine's settings, a pool, replica counts, a
-deployment option, where state is kept) is not changed by a reload: the reload refuses the
-whole config, naming each such change, and the app runs on as it was.
+roles and aliases, the gateway's request limits, the router's queue, breaker and timeout
+settings, `model: auto`'s depth rules. The set of models changes too: a model added is started
+beside the app before the routers send it work, one removed is drained and stopped, and one
+whose engine settings changed is replaced make-before-break, as long as each runs on one pool
+without autoscaling (a model placement moves, or load sizes, is the app's own). What else was
+built into a deployment (pools, the fallback, a deployment option, where state is kept) is not
+changed by a reload: the reload refuses the whole config, naming each such change, and the app
+runs on as it was.
 
 Pure: two validated configs in, names of changed fields out.
 """
@@ -13,7 +17,7 @@ Pure: two validated configs in, names of changed fields out.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.config.cluster import ClusterConfig
@@ -46,8 +50,9 @@ LIVE_FIELDS = {
         }
     ),
 }
-# The router's cap on a backend; an autoscaled model's is also its policy's per-replica load.
-LIVE_MODEL_FIELDS = frozenset({"max_concurrency"})
+# What the router alone reads of a model: its cap (an autoscaled model's is also its policy's
+# per-replica load), and the names it answers to. Any other field is its engine's.
+LIVE_MODEL_FIELDS = frozenset({"max_concurrency", "role", "default", "fallbacks", "aliases"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ class ReloadChanges:
 
     live: tuple[str, ...]
     fixed: tuple[str, ...]
+    # Models (by name) whose engines the reload starts, stops, or starts anew and then stops.
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
 
     @property
     def applies(self) -> bool:
@@ -68,6 +77,7 @@ def reload_changes(running: ClusterConfig, new: ClusterConfig) -> ReloadChanges:
     old_dump, new_dump = _dump(running), _dump(new)
     live: list[str] = []
     fixed: list[str] = []
+    models = _ModelChanges()
     for section in sorted(old_dump.keys() | new_dump.keys()):
         before, after = old_dump.get(section), new_dump.get(section)
         if before == after:
@@ -78,12 +88,12 @@ def reload_changes(running: ClusterConfig, new: ClusterConfig) -> ReloadChanges:
             for name in _changed_keys(before or {}, after or {}):
                 (live if name in LIVE_FIELDS[section] else fixed).append(f"{section}.{name}")
         elif section == "models":
-            _sort_models(before or [], after or [], live, fixed)
+            models = _sort_models(before or [], after or [], live, fixed)
         else:
             fixed.append(section)
     if bool(running.api_keys) != bool(new.api_keys):  # auth on or off is a restart's decision
         fixed.append("api_keys (authentication on/off)")
-    return ReloadChanges(tuple(live), tuple(fixed))
+    return ReloadChanges(tuple(live), tuple(fixed), *models.named())
 
 
 def _dump(config: ClusterConfig) -> dict[str, Any]:
@@ -113,15 +123,54 @@ def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> Iterat
             yield key
 
 
+@dataclass
+class _ModelChanges:
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+
+    def named(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        return tuple(self.added), tuple(self.removed), tuple(self.replaced)
+
+
+def _startable(raw: Mapping[str, Any]) -> bool:
+    """A model whose engine a reload can start: on one pool, its count fixed."""
+    return len(raw["pools"]) == 1 and raw["autoscaling"] is None
+
+
 def _sort_models(
     before: list[dict[str, Any]], after: list[dict[str, Any]], live: list[str], fixed: list[str]
-) -> None:
+) -> _ModelChanges:
     old_models = {raw["name"]: raw for raw in before}
     new_models = {raw["name"]: raw for raw in after}
-    if list(old_models) != list(new_models):  # added, removed or reordered (role defaults)
-        fixed.append("models (added, removed or reordered)")
-    for name in sorted(old_models.keys() & new_models.keys()):
-        was = old_models[name]
-        for key in _changed_keys(was, new_models[name]):
-            in_place = key in LIVE_MODEL_FIELDS and was["autoscaling"] is None
-            (live if in_place else fixed).append(f"models[{name}].{key}")
+    changes = _ModelChanges()
+    for name in sorted(new_models.keys() - old_models.keys()):
+        if _startable(new_models[name]):
+            live.append(f"models[{name}] (added)")
+            changes.added.append(name)
+        else:
+            fixed.append(f"models[{name}] (added: a reload starts a model on one pool, "
+                         "without autoscaling)")  # fmt: skip
+    for name in sorted(old_models.keys() - new_models.keys()):
+        if len(old_models[name]["pools"]) == 1:
+            live.append(f"models[{name}] (removed)")
+            changes.removed.append(name)
+        else:
+            fixed.append(f"models[{name}] (removed: placement moves it between pools)")
+    common = [name for name in old_models if name in new_models]
+    if common != [name for name in new_models if name in old_models]:
+        live.append("models (order: the roles' default models)")
+    for name in sorted(common):
+        was, now = old_models[name], new_models[name]
+        engine = []
+        for key in _changed_keys(was, now):
+            if key in LIVE_MODEL_FIELDS and (key != "max_concurrency" or not was["autoscaling"]):
+                live.append(f"models[{name}].{key}")
+            else:
+                engine.append(f"models[{name}].{key}")
+        if engine and _startable(was) and _startable(now):
+            live.extend(f"{path} (engine replaced)" for path in engine)
+            changes.replaced.append(name)
+        else:
+            fixed.extend(engine)
+    return changes

@@ -39,7 +39,7 @@ from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader,
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
-from deployments.live_config import serve_live_config
+from deployments.live_config import Homes, serve_live_config
 from deployments.router.in_process import InProcessRouter
 from policy.admission import background_slots
 from policy.depth import DEPTH_HEADER, DepthDecision
@@ -107,15 +107,17 @@ class Ingress:
         self._build = build  # make reload's configs applied in place, the last one from now
         self._live = serve_live_config(build, self.apply_config)
 
-    def apply_config(self, config: ClusterConfig) -> None:
-        """A reload (deployments/live_config.py): keys and their limits, request limits and,
-        where the router runs here, its caps, chains and settings (core/config/reload.py)."""
-        jobs = Jobs(config)
+    def apply_config(self, config: ClusterConfig, homes: Homes | None = None) -> None:
+        """A reload (deployments/live_config.py): keys and their limits, request limits, the
+        models served and, where the router runs here, its backends, caps, chains and settings
+        (core/config/reload.py)."""
+        jobs, served = Jobs(config), config.served_names
         if isinstance(self._router, InProcessRouter):
-            self._router.router.apply_config(config)
+            self._router.router.apply_config(config, homes or {})
         self._keys.use_config(config.api_keys, config.gateway.default_priority)
         self._metering.use_config(config.api_keys)
         held_key_admin().use_config(config)
+        self._served, self._cards = served, model_cards(config, served)
         self._jobs, self._config = jobs, config
 
     async def live_config(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from ray.serve.handle import DeploymentHandle
 
 from core.config import ClusterConfig
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Reply
-from deployments.live_config import serve_live_config
+from deployments.live_config import Homes, serve_live_config
 from deployments.router import metrics
 from deployments.router.faults import stream_error_event
 from deployments.router.flow import Flow
@@ -48,6 +48,7 @@ from deployments.router.report import backend_state, overall_status, status_repo
 from deployments.router.serve_ports import serve_ports
 from deployments.router.watch import Watch
 from policy.breaker import BreakerState
+from policy.context.counters import counters_for
 
 logger = logging.getLogger("ray.serve")
 
@@ -74,6 +75,7 @@ class Router:
         self._watch = watch
         clock = ports.clock
         self._links = build_links(config, ports.backends, home_placement(config), clock.monotonic)
+        self._counters = dict(ports.counters)  # grows with the backends a reload adds
         source = ports.placement if watch else None
         self._placement = PlacementSync(config, self._links, source, clock)
         self._pools = PoolSync(self._links, ports.pools if watch else None, clock)
@@ -81,7 +83,7 @@ class Router:
         self._load = LoadSync(
             self._links, ports.load if watch else None, ports.deployments, ports.scaled, clock
         )
-        self._flow = Flow(config, self._links, self._placement, ports.counters, clock)
+        self._flow = Flow(config, self._links, self._placement, self._counters, clock)
         self._loops: list[asyncio.Task[None]] = []
 
     async def chat(self, job: ChatJob) -> AsyncGenerator[Reply | list[Any], None]:
@@ -150,17 +152,49 @@ class Router:
     def config(self) -> ClusterConfig:
         return self._config
 
-    def apply_config(self, config: ClusterConfig) -> None:
-        """A reload (core/config/reload.py says what may differ): caps, queue, breaker and
-        timeout settings and chains, in place; the links keep their waiters and state."""
+    def apply_config(self, config: ClusterConfig, homes: Homes | None = None) -> None:
+        """A reload (core/config/reload.py says what may differ): the backends of the models
+        it added or changed join, from the Serve apps `homes` names; those of the models it
+        removed (or of a changed model's engine before) leave, their jobs under way finishing
+        there; caps, queue, breaker and timeout settings and chains change in place, and the
+        links kept keep their waiters and state."""
+        self._use_backends(config, homes or {})
         settings = RouterSettings.of(config)
         targets = config.targets
         for name, link in self._links.items():
             link.retune(targets[name], settings)
+        self._load.use_links(self._links)
         self._flow.use_config(config)
         self._placement.use_config(config)
         self._health.use_settings(config.router)
         self._config = config
+
+    def _use_backends(self, config: ClusterConfig, homes: Homes) -> None:
+        """Links for `config`'s backends: a new one where a backend is new or runs in another
+        Serve app now (a changed model's new engine), none for a backend gone."""
+        targets = config.targets
+        for name in [name for name in self._links if name not in targets]:
+            del self._links[name]  # jobs under way hold the link itself, and end there
+            metrics.forget_backend(name)
+            logger.info("reload: backend %s removed", name)
+        joining = {}
+        for name, home in homes.items():
+            link = self._links.get(name)
+            if name in targets and (link is None or link.backend.deployment != home):
+                if self._ports.connect is None:
+                    raise RuntimeError(f"backend {name} runs in {home[0]}: no way to reach it")
+                joining[name] = self._ports.connect(home, frozenset(targets[name].adapters))
+        fresh = build_links(config, joining, home_placement(config), self._ports.clock.monotonic)
+        for name, link in fresh.items():
+            metrics.forget_backend(name)  # a replaced engine's series start again
+            self._links[name] = link
+            logger.info("reload: backend %s serves from %s", name, link.backend.deployment[0])
+        counted = self._counters
+        counted.update(
+            counters_for(
+                t for t in (k.target for k in fresh.values()) if t.counter_key not in counted
+            )
+        )
 
     def load(self) -> dict[str, BackendLoad]:
         """What this replica holds of each autoscaled backend (posted once a second)."""

@@ -121,6 +121,8 @@ class Flow:
         return chain
 
     def _choose(self, chain: tuple[str, ...], tried: list[str], passed: set[str]) -> str | None:
+        # A job's chain is taken as it starts: a reload may have removed a link of it since.
+        chain = tuple(name for name in chain if name in self._links)
         statuses = {name: link.status() for name, link in self._links.items()}
         views = {name: status.view() for name, status in statuses.items()}
         chosen = choose_link(chain, views, tried)

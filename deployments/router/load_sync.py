@@ -40,13 +40,18 @@ class LoadSync:
         read_news: Callable[[str], ScalingNews | None],
         clock: Clock,
     ) -> None:
-        self._links = {name: link for name, link in links.items() if link.target.autoscaled}
+        self._links: dict[str, Link] = {}
+        self.use_links(links)
         self._board = board
         self._deployments = deployments
         self._read_news = read_news
         self._clock = clock
         self._seen: dict[str, int | None] = {}
         self._news: dict[str, ScalingNews | None] = {}
+
+    def use_links(self, links: Mapping[str, Link]) -> None:
+        """The autoscaled links among `links` (a reload adds and removes backends)."""
+        self._links = {name: link for name, link in links.items() if link.target.autoscaled}
 
     @property
     def follows(self) -> bool:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
+from core.types import PriorityClass
 from deployments.fleet_metrics import Counter, Gauge, Histogram
+from policy.breaker import BreakerState
 
 REGISTRY = CollectorRegistry()
 
@@ -164,3 +166,13 @@ RECOVERY_SECONDS = Histogram(
 
 def render() -> bytes:
     return generate_latest(REGISTRY)
+
+
+def forget_backend(backend: str) -> None:
+    """A backend a reload removed or replaced: its state gauges are no longer news (counters
+    and the in-flight gauge stay, its jobs under way still end there)."""
+    for priority in PriorityClass:
+        QUEUE_DEPTH.forget(backend, priority.value)
+    for state in BreakerState:
+        BREAKER_STATE.forget(backend, state.value)
+    KV_CACHE_USAGE.forget(backend)

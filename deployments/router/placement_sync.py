@@ -56,8 +56,15 @@ class PlacementSync:
                 metrics.MODEL_POOL.labels(model, links[backend].target.pool).set(1)
 
     def use_config(self, config: ClusterConfig) -> None:
-        """A reload's chains from now on (the models and their pools do not change; the
-        placement actor is still started with the config the app was built with)."""
+        """A reload's chains from now on. The placement actor is still started with the config
+        the app was built with, unless the reload added or removed models: a restarted actor
+        starts from the models as they are now (the models that move are not removed or
+        changed by a reload, core/config/reload.py, so a running actor's moves stand)."""
+        if _model_pools(config) != _model_pools(self._config):
+            self._built_with = config
+        homes = home_placement(config)  # a model added starts home, one removed is placed nowhere
+        kept = {model: backend for model, backend in self._placement.items() if model in homes}
+        self._placement = homes | kept
         self._config = config
 
     @property
@@ -163,3 +170,7 @@ class PlacementSync:
         metrics.MODEL_POOL.labels(model, link.target.pool).set(1)
         self._placement[model] = link.target.name
         logger.info("placement: %s now served by %s", model, link.target.name)
+
+
+def _model_pools(config: ClusterConfig) -> list[tuple[str, tuple[str, ...]]]:
+    return [(m.name, m.pools) for m in config.models]

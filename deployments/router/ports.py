@@ -126,3 +126,5 @@ class RouterPorts:
     load: LoadBoard | None = None  # None: no model autoscales, so nobody reads the load
     # The autoscaling policy's last decision on a deployment (blocking: called in a thread).
     scaled: Callable[[str], ScalingNews | None] = lambda _deployment: None
+    # A backend a reload started, by its (app, deployment) and LoRA adapters; None: none can be.
+    connect: Callable[[DeploymentKey, frozenset[str]], Backend] | None = None

@@ -197,4 +197,11 @@ def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) 
         pools=ManagerPools.connect(config),
         load=KvLoadBoard.connect() if any(m.autoscaling for m in config.models) else None,
         scaled=partial(read_scaled, serve.get_replica_context().app_name),
+        connect=connect_backend,
     )
+
+
+def connect_backend(home: DeploymentKey, adapters: frozenset[str]) -> ServeBackend:
+    """A backend in another Serve app (one a reload started, cluster/model_apps.py)."""
+    app, deployment = home
+    return ServeBackend(serve.get_deployment_handle(deployment, app), adapters)

@@ -80,10 +80,14 @@ def test_an_autoscaled_backend_is_built_with_the_policy_and_its_load_settings() 
     load = scaling["policy"]["policy_kwargs"]["load"]
     assert load["per_replica_cap"] == 4
     assert load["max_replicas"] == 3
-    # A model without autoscaling on one pool keeps a fixed count.
-    fixed = llm_config_for(config, Backend(model="orchestrator", pool="local")).deployment_config
-    assert fixed["num_replicas"] == 1
-    assert "autoscaling_config" not in fixed
+    # A model without autoscaling on one pool keeps its count, under the policy too (which a
+    # reload's retirement takes to zero), with the build's token to know its retirement by.
+    fixed = llm_config_for(
+        config, Backend(model="orchestrator", pool="local"), build="b1"
+    ).deployment_config
+    held = fixed["autoscaling_config"]
+    assert (held["min_replicas"], held["max_replicas"], held["initial_replicas"]) == (0, 1, 1)
+    assert held["policy"]["policy_kwargs"] == {"build": "b1"}
     # Serve checks every engine replica often: the check is how it learns one died.
     for deployment in (options, fixed):
         assert deployment["health_check_period_s"] == config.router.replica_health_check_period_s
@@ -103,7 +107,9 @@ class Store:
         self.asked: int | None = None
         self.reports: list[LoadReport] = []
         self.news: list[ScalingNews] = []
+        self.retired: str | None = None  # the build whose deployment a reload retired
         monkeypatch.setattr(replica_policy, "asked_replicas", lambda app, dep: self.asked)
+        monkeypatch.setattr(replica_policy, "retired_by", lambda app, dep: self.retired)
         monkeypatch.setattr(replica_policy, "read_load", lambda app, dep, now: list(self.reports))
         monkeypatch.setattr(
             replica_policy, "publish_scaled", lambda app, dep, news: self.news.append(news)
@@ -130,6 +136,24 @@ def test_the_policy_follows_load_on_the_pool_placement_chose(
     assert policy(ctx(0, 104))[0] == 1
     store.reports = [LoadReport(at=105, waiting=0, running=0)]
     assert policy(ctx(1, 105))[0] == 1  # already at min_replicas
+
+
+def test_a_retired_deployment_goes_to_zero_whatever_is_asked_and_only_for_its_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store(monkeypatch)
+    config = config_with(SCALING)
+    fixed = ReplicaPolicy(**policy_kwargs(config.model_for(Role.ORCHESTRATOR), build="b1"))
+    scaled = ReplicaPolicy(**policy_kwargs(config.model_for(Role.CODING), build="b1"))
+    assert (fixed(ctx(1, 100))[0], scaled(ctx(1, 100))[0]) == (1, 1)  # nothing asked: held
+    store.retired = "b0"  # a deployment of the same name in an earlier build of the app
+    assert (fixed(ctx(1, 102))[0], scaled(ctx(1, 102))[0]) == (1, 1)
+    store.retired, store.asked = "b1", 1
+    store.reports = [LoadReport(at=104, waiting=9, running=2)]
+    assert (fixed(ctx(1, 104))[0], scaled(ctx(1, 104))[0]) == (0, 0)
+    # Built without a token (a test's app, a benchmark's): never retired.
+    plain = ReplicaPolicy(**policy_kwargs(config.model_for(Role.ORCHESTRATOR)))
+    assert plain(ctx(1, 106))[0] == 1
 
 
 def test_the_policy_steps_down_after_the_delay_and_holds_without_fresh_reports(

@@ -6,6 +6,7 @@ published revisions (deployments/live_config.py), and the command's decisions
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from cluster.model_apps import EngineStartFailed, engine_app
 from cluster.reload import ReloadRefused, Running, reload
 from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config, parse_config
 from core.config.reload import ReloadChanges, reload_changes
 from core.errors import ApiError
+from core.topology import Backend
 from core.types import PriorityClass
 from core.wire import PlacementView, Refusal
 from deployments.ingress.app import Ingress
@@ -77,27 +80,62 @@ def test_caps_chains_and_router_settings_change_in_place() -> None:
 
 def test_what_a_deployment_was_built_with_refuses_the_reload_and_names_each_field() -> None:
     old = make_config()
-    new = with_model(old, "coding", context_window=2048, max_concurrency=9)
-    new = with_router(new, replica_health_check_period_s=7, max_queue=1)
+    new = with_router(old, replica_health_check_period_s=7, max_queue=1)
     new = changed(new, gateway={**old.gateway.model_dump(mode="json"), "ingress_replicas": 2})
+    new = changed(new, fallback={**old.fallback.model_dump(mode="json"), "threads": 3})
     changes = reload_changes(old, new)
     assert changes.fixed == (
+        "fallback",
         "gateway.ingress_replicas",
-        "models[coding].context_window",
         "router.replica_health_check_period_s",
     )
     assert "router.max_queue" in changes.live
     assert not changes.applies
 
 
-def test_a_model_added_or_removed_and_auth_turned_on_are_not_reloads() -> None:
+def test_a_model_added_removed_or_changed_is_a_reload_of_its_engines() -> None:
     old = make_config()
-    fewer = changed(
-        old,
-        models=[old.models[0].model_dump(mode="json")],
-        chains={},
+    added = {**old.models[1].model_dump(mode="json"), "name": "coder-2", "role": None}
+    new = changed(old, models=[old.models[1].model_dump(mode="json"), added], chains={})
+    new = with_model(new, "coding", context_window=2048, aliases=["coder"])
+    changes = reload_changes(old, new)
+    assert changes.fixed == ()
+    assert (changes.added, changes.removed, changes.replaced) == (
+        ("coder-2",), ("orchestrator",), ("coding",)
+    )  # fmt: skip
+    assert changes.live == (
+        "chains",
+        "models[coder-2] (added)",
+        "models[orchestrator] (removed)",
+        "models[coding].aliases",
+        "models[coding].context_window (engine replaced)",
     )
-    assert "models (added, removed or reordered)" in reload_changes(old, fewer).fixed
+    # Names alone change no engine.
+    renamed = reload_changes(old, with_model(old, "coding", aliases=["coder"], default=True))
+    assert (renamed.replaced, renamed.fixed) == ((), ())
+    swapped = changed(old, models=[m.model_dump(mode="json") for m in reversed(old.models)])
+    assert reload_changes(old, swapped).live == ("models (order: the roles' default models)",)
+
+
+def test_a_model_placement_moves_or_load_sizes_is_not_started_or_stopped_by_a_reload() -> None:
+    two_pools = [{"name": "local", "kind": "local"}, {"name": "mesh", "kind": "mesh"}]
+    old = changed(make_config(), pools=two_pools)
+    roaming = {**old.models[1].model_dump(mode="json"), "name": "roamer", "role": None,
+               "pools": ["local", "mesh"]}  # fmt: skip
+    grown = changed(old, models=[*(m.model_dump(mode="json") for m in old.models), roaming])
+    assert reload_changes(old, grown).fixed == (
+        "models[roamer] (added: a reload starts a model on one pool, without autoscaling)",
+    )
+    assert reload_changes(grown, old).fixed == (
+        "models[roamer] (removed: placement moves it between pools)",
+    )
+    assert reload_changes(grown, with_model(grown, "roamer", context_window=2048)).fixed == (
+        "models[roamer].context_window",
+    )
+
+
+def test_auth_turned_on_is_not_a_reload() -> None:
+    old = make_config()
     keyed = changed(old, api_keys=[{"name": "a", "sha256": hash_key("secret-a")}])
     assert "api_keys (authentication on/off)" in reload_changes(old, keyed).fixed
 
@@ -132,6 +170,70 @@ def test_a_raised_cap_admits_the_jobs_waiting_for_a_slot() -> None:
 
     asyncio.run(scenario())
     assert coding.max_running == 4
+
+
+class Engines:
+    """The engines reloads started, by (app, deployment), as the router's `connect` port."""
+
+    def __init__(self) -> None:
+        self.started: dict[tuple[str, str], FakeBackend] = {}
+
+    def connect(self, home: tuple[str, str], adapters: frozenset[str]) -> FakeBackend:
+        backend = self.started[home]
+        backend.deployment = home
+        return backend
+
+
+def test_the_router_turns_to_new_engines_and_lets_jobs_on_the_old_ones_finish() -> None:
+    slow_coding, orchestrator = FakeBackend(ok, step_s=0.05), FakeBackend(ok)
+    config = make_config()
+    engines = Engines()
+    router = make_router(config, two(slow_coding, orchestrator), connect=engines.connect)
+    new_coding, coder_2 = FakeBackend(ok), FakeBackend(ok)
+    engines.started = {
+        ("gateway--coding@local--r1", "model:coding@local"): new_coding,
+        ("gateway--coder-2@local--r1", "model:coder-2@local"): coder_2,
+    }
+    added = {**config.models[1].model_dump(mode="json"), "name": "coder-2", "role": None}
+    new = changed(config, models=[config.models[1].model_dump(mode="json"), added], chains={})
+    new = with_model(new, "coding", context_window=2048)
+    homes = {name: home for home, name in (
+        (("gateway--coding@local--r1", "model:coding@local"), "coding@local"),
+        (("gateway--coder-2@local--r1", "model:coder-2@local"), "coder-2@local"),
+    )}  # fmt: skip
+
+    async def scenario() -> list[Any]:
+        under_way = asyncio.create_task(collect(router, job()))  # on the old coding engine
+        await asyncio.sleep(0.01)
+        router.apply_config(new, homes)
+        after = await collect(router, job())
+        await collect(router, dataclasses.replace(job(), model="coder-2"))
+        return [await under_way, after]
+
+    before, after = asyncio.run(scenario())
+    assert before[-1] == ["data: [DONE]\n\n"]  # the job under way ended on the old engine
+    assert after[-1] == ["data: [DONE]\n\n"]
+    assert (slow_coding.calls, new_coding.calls, coder_2.calls) == (1, 1, 1)
+    status = asyncio.run(router.status())
+    assert sorted(status["backends"]) == ["coder-2@local", "coding@local"]
+
+
+def test_a_job_under_way_never_fails_over_to_a_link_a_reload_removed() -> None:
+    coding, orchestrator = FakeBackend(dead, step_s=0.05), FakeBackend(ok)
+    config = make_config()
+    router = make_router(config, two(coding, orchestrator))
+    fewer = changed(config, models=[config.models[1].model_dump(mode="json")], chains={})
+
+    async def scenario() -> list[Any]:
+        under_way = asyncio.create_task(collect(router, job()))  # its chain: coding, orchestrator
+        await asyncio.sleep(0.01)
+        router.apply_config(fewer)  # orchestrator removed while coding fails the job
+        return await under_way
+
+    [refusal] = asyncio.run(scenario())
+    assert isinstance(refusal, Refusal)
+    assert refusal.status == 503
+    assert (coding.calls, orchestrator.calls) == (1, 0)
 
 
 def test_a_new_chain_and_breaker_setting_hold_from_the_next_job() -> None:
@@ -254,7 +356,7 @@ class Published:
         self.acks: list[int] = []
         self.broken = False
 
-    def apply(self, config: ClusterConfig) -> None:
+    def apply(self, config: ClusterConfig, homes: Mapping[str, tuple[str, str]]) -> None:
         if self.broken:
             raise KeyError("a bug of ours")
         self.applied.append(config)
@@ -296,6 +398,22 @@ def test_a_revision_for_another_build_of_the_app_is_not_applied() -> None:
     assert (gcs.applied, gcs.acks, sync.revision) == ([], [], 0)
 
 
+def test_engines_an_earlier_build_started_are_given_up_by_the_next_build_once() -> None:
+    gcs, orphans = Published(), list[Mapping[str, tuple[str, str]]]()
+    homes = {"coder-2@local": ("gateway--coder-2@local--r4", "model:coder-2@local")}
+    gcs.publication = Publication(4, "an-earlier-build", {}, homes)
+    sync = LiveConfigSync(
+        BUILD, lambda: gcs.publication, gcs.apply, gcs.acks.append, orphaned=orphans.append
+    )
+    sync.first()
+    asyncio.run(sync.sync_once())
+    assert (orphans, gcs.applied, sync.revision) == ([homes], [], 0)
+    # Its own build's engines are its own.
+    gcs.publication = Publication(5, BUILD, make_config().model_dump(mode="json"), homes)
+    asyncio.run(sync.sync_once())
+    assert (len(orphans), sync.revision) == (1, 5)
+
+
 def test_a_revision_that_fails_to_apply_is_logged_not_acked_and_not_tried_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -323,8 +441,14 @@ class FakeApp:
     """A running app: an ingress at `revision` running `config`; its replicas ack a
     publication after `ack_after` polls; `replaced` replicas die and start after the first."""
 
+    name = "gateway"
+
     def __init__(self, config: ClusterConfig, revision: int = 0, replicas: int = 2) -> None:
         self.current = Running(revision, BUILD, config)
+        self.earlier: dict[str, tuple[str, str]] = {}  # homes of backends earlier reloads started
+        self.steps: list[str] = []  # starts, publications and retirements, in order
+        self.start_fails = False
+        self.retired: dict[str, tuple[str, str]] = {}
         self.kv_revision = revision
         self.alive = {f"r{i}" for i in range(replicas)}
         self.published: list[Publication] = []
@@ -339,7 +463,26 @@ class FakeApp:
         return self.kv_revision
 
     def publish(self, publication: Publication) -> None:
+        self.steps.append(f"publish {publication.revision}")
         self.published.append(publication)
+
+    def homes(self) -> dict[str, tuple[str, str]]:
+        return dict(self.earlier)
+
+    def start(
+        self, config: ClusterConfig, backends: list[Backend], revision: int
+    ) -> dict[str, tuple[str, str]]:
+        self.steps.extend(f"start {b.name}" for b in backends)
+        if self.start_fails:
+            raise EngineStartFailed("a new engine failed to start (out of memory)")
+        return {
+            b.name: (engine_app(self.name, b.name, revision), b.deployment_name) for b in backends
+        }
+
+    def retire(self, build: str, leaving: Mapping[str, tuple[str, str]]) -> None:
+        assert build == BUILD
+        self.steps.append(f"retire {sorted(leaving)}")
+        self.retired |= leaving
 
     def replicas(self) -> set[str]:
         return set(self.alive)
@@ -410,7 +553,78 @@ def test_the_command_names_the_keys_a_reload_adds_and_removes() -> None:
 def test_a_refused_or_empty_reload_publishes_nothing() -> None:
     old = make_config()
     app = FakeApp(old)
-    with pytest.raises(ReloadRefused, match=r"models\[coding\].context_window"):
-        reload(with_model(old, "coding", context_window=2048), app)
+    with pytest.raises(ReloadRefused, match=r"fallback"):
+        reload(changed(old, fallback={**old.fallback.model_dump(mode="json"), "threads": 3}), app)
     assert reload(old.model_copy(), app) is None
     assert app.published == []
+
+
+def coder_2(config: ClusterConfig) -> dict[str, Any]:
+    return {**config.models[1].model_dump(mode="json"), "name": "coder-2", "role": None}
+
+
+def test_new_engines_serve_before_the_routers_turn_to_them_and_old_ones_stop_after() -> None:
+    old = make_config()
+    app = FakeApp(old)
+    app.earlier = {"gone@local": ("gateway--gone@local--r1", "model:gone@local")}  # not in `old`
+    # coder-2 added, orchestrator removed, coding's engine changed; a cap changed too.
+    new = changed(old, models=[old.models[1].model_dump(mode="json"), coder_2(old)], chains={})
+    new = with_model(new, "coding", context_window=2048, max_concurrency=3)
+    clock, sleep = no_wait()
+    outcome = reload(new, app, wait_s=10, clock=clock, sleep=sleep)
+    assert outcome is not None
+    assert app.steps == [
+        "start coding@local",
+        "start coder-2@local",
+        "publish 1",
+        "retire ['coding@local', 'orchestrator@local']",
+    ]
+    [publication] = app.published
+    assert publication.homes == {
+        "coding@local": ("gateway--coding@local--r1", "model:coding@local"),
+        "coder-2@local": ("gateway--coder-2@local--r1", "model:coder-2@local"),
+        "gone@local": ("gateway--gone@local--r1", "model:gone@local"),
+    }
+    # Both leaving engines are the build's own: retired in the gateway's app.
+    assert app.retired == {
+        "coding@local": ("gateway", "model:coding@local"),
+        "orchestrator@local": ("gateway", "model:orchestrator@local"),
+    }
+    assert (outcome.started, outcome.stopped) == (
+        ("coder-2@local", "coding@local"), ("coding@local", "orchestrator@local")
+    )  # fmt: skip
+
+
+def test_an_engine_a_reload_started_is_stopped_in_its_own_app_by_a_later_one() -> None:
+    old = make_config()
+    first = changed(old, models=[*(m.model_dump(mode="json") for m in old.models), coder_2(old)])
+    app = FakeApp(first, revision=1)
+    app.earlier = {"coder-2@local": ("gateway--coder-2@local--r1", "model:coder-2@local")}
+    clock, sleep = no_wait()
+    outcome = reload(old, app, wait_s=10, clock=clock, sleep=sleep)
+    assert outcome is not None
+    assert outcome.stopped == ("coder-2@local",)
+    assert app.retired == {"coder-2@local": ("gateway--coder-2@local--r1", "model:coder-2@local")}
+    assert app.published[0].homes == {}
+
+
+def test_an_engine_that_fails_to_start_refuses_the_reload_and_nothing_is_published() -> None:
+    old = make_config()
+    app = FakeApp(old)
+    app.start_fails = True
+    grown = changed(old, models=[*(m.model_dump(mode="json") for m in old.models), coder_2(old)])
+    with pytest.raises(ReloadRefused, match=r"out of memory\); nothing was changed"):
+        reload(grown, app)
+    assert (app.published, app.retired) == ([], {})
+
+
+def test_engines_are_not_stopped_while_some_replica_may_still_send_them_work() -> None:
+    old = make_config()
+    app = FakeApp(old)
+    app.ack_after = 10**6
+    fewer = changed(old, models=[old.models[1].model_dump(mode="json")], chains={})
+    clock, sleep = no_wait()
+    outcome = reload(fewer, app, wait_s=1, clock=clock, sleep=sleep)
+    assert outcome is not None
+    assert not outcome.complete
+    assert (outcome.stopped, app.retired) == ((), {})

@@ -183,6 +183,7 @@ def make_router(
     clock: FakeClock | None = None,
     counters: Mapping[str, Any] | None = None,
     scaled: Callable[[str], ScalingNews | None] | None = None,
+    connect: Callable[[DeploymentKey, frozenset[str]], FakeBackend] | None = None,
 ) -> Router:
     deployments = deployments or FakeDeployments()
     for name, backend in backends.items():
@@ -196,6 +197,7 @@ def make_router(
         | dict(counters or {}),
         clock=clock or FakeClock(),
         scaled=scaled or (lambda _deployment: None),
+        connect=connect,
     )
     return Router(config, ports, watch=watch)
 
