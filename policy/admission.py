@@ -60,10 +60,13 @@ def class_limits(cap: int, shares: Mapping[PriorityClass, float]) -> dict[Priori
 def background_slots(
     backends: Iterable[Mapping[str, Any]], model: str, shares: Mapping[PriorityClass, float]
 ) -> int:
-    """Slots the background class may fill on `model`'s backends that take work, from one
-    router's status report (each backend's `model`, `state` and `cap`)."""
+    """Slots the background class may fill on `model`'s backends that take work, over every
+    router, from one router's status report (each backend's `model`, `state` and `cap_total`,
+    or `cap` from a router that reports no total)."""
     return sum(
-        class_limits(int(backend["cap"]), shares)[PriorityClass.BACKGROUND]
+        class_limits(int(backend.get("cap_total", backend["cap"])), shares)[
+            PriorityClass.BACKGROUND
+        ]
         for backend in backends
         if backend.get("model") == model and backend.get("state") in ("up", "degraded")
     )

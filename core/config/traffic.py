@@ -172,14 +172,21 @@ class GatewayConfig(Frozen):
         1,
         ge=1,
         description="Router replicas when the router has a deployment of its own "
-        "(router_in_ingress: false); each enforces cap // replicas of every backend.",
+        "(router_in_ingress: false); they share each backend's slots (shared_slots).",
     )
     # One Serve hop fewer per request is what keeps the gateway within 10% of bare
     # ray.serve.llm at 32 clients (bench/overhead.py).
     router_in_ingress: bool = Field(
         True,
-        description="The router in each ingress replica's process (each enforcing cap // "
-        "ingress_replicas); false gives the router a deployment of its own.",
+        description="The router in each ingress replica's process; false gives the router a "
+        "deployment of its own.",
+    )
+    shared_slots: bool = Field(
+        True,
+        description="With several routers (ingress_replicas, or router_replicas), one set of "
+        "slots per backend for all: each router admits under a lease the app's slot broker "
+        "moves to where requests wait, best class first; false: each router keeps cap // "
+        "routers.",
     )
     log_encoding: Literal["TEXT", "JSON"] = Field(
         "TEXT",

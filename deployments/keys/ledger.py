@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from deployments.detached import gateway_actor
 from policy.key_limits import KeyLimits, KeyMeter, Settlement, Verdict
 
 logger = logging.getLogger("ray.serve")
@@ -329,19 +330,7 @@ def ensure_key_ledger(app: str, namespace: str, resources: Mapping[str, float]) 
             logger.warning("key ledger: stopped the one of protocol %d", older)
         except ValueError:  # none of that protocol
             pass
-    return RayLedger(
-        ray.remote(num_cpus=0)(KeyLedger)
-        .options(
-            name=ledger_actor_name(app),
-            namespace=namespace,
-            lifetime="detached",
-            get_if_exists=True,
-            max_restarts=-1,
-            max_task_retries=-1,
-            resources=dict(resources),
-        )
-        .remote(app)
-    )
+    return RayLedger(gateway_actor(KeyLedger, ledger_actor_name(app), namespace, resources, app))
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from core.config import ApiKeyConfig, KeyFields, hash_key
 from core.errors import ApiError, ErrorCode, invalid_fields
+from deployments.detached import gateway_actor
 from deployments.keys.store import KeyNameTaken, KeyNotFound, KeyStore, StoredKey
 
 __all__ = [
@@ -248,20 +249,8 @@ def ensure_key_registry(
     app: str, namespace: str, path: str, resources: Mapping[str, float]
 ) -> RayRegistry:
     """The app's registry, started on the gateway's nodes if absent (it outlives the app)."""
-    import ray
-
     return RayRegistry(
-        ray.remote(num_cpus=0)(KeyRegistry)
-        .options(
-            name=registry_actor_name(app, path),
-            namespace=namespace,
-            lifetime="detached",
-            get_if_exists=True,
-            max_restarts=-1,
-            max_task_retries=-1,
-            resources=dict(resources),
-        )
-        .remote(app, path)
+        gateway_actor(KeyRegistry, registry_actor_name(app, path), namespace, resources, app, path)
     )
 
 

@@ -12,8 +12,11 @@ out at once while its Serve handle holds no replica (`handle_replicas.py`: the c
 the running set to every handle), so no job waits in a handle for a replacement to start. A
 link's state is derived from what was recorded about it (`policy.links`).
 
-State is in memory. With `gateway.router_replicas` > 1, each replica enforces `cap // replicas`
-of every backend, so the sum of slots never exceeds the cap; queues are then ordered per replica.
+State is in memory. With several routers (`gateway.router_replicas`, or ingress replicas that
+each run one) the slots of each backend are one set for all: each router admits under a lease
+the app's slot broker moves to where requests wait, best class first, the sum never past the
+cap (`slot_sync.py`; `gateway.shared_slots: false`, or the broker out of reach: `cap //
+routers` each).
 Where each model serves now every replica pulls from the placement actor (`placement_sync.py`),
 so all of them follow each move, and one that starts late or restarts routes by it at once; which
 pools are down, from the cluster manager (`pool_sync.py`): their links take no new work.
@@ -46,6 +49,7 @@ from deployments.router.pool_sync import PoolSync
 from deployments.router.ports import BackendLoad, RouterPorts
 from deployments.router.report import backend_state, overall_status, status_report, with_pools
 from deployments.router.serve_ports import serve_ports
+from deployments.router.slot_sync import SlotSync
 from deployments.router.watch import Watch
 from policy.breaker import BreakerState
 from policy.context.counters import counters_for
@@ -84,6 +88,7 @@ class Router:
             self._links, ports.load if watch else None, ports.deployments, ports.scaled, clock
         )
         self._flow = Flow(config, self._links, self._placement, self._counters, clock)
+        self._slots = SlotSync(self._links, ports.slots, clock)
         self._loops: list[asyncio.Task[None]] = []
 
     async def chat(self, job: ChatJob) -> AsyncGenerator[Reply | list[Any], None]:
@@ -215,6 +220,10 @@ class Router:
         await self._load.follow_news()
         await self._load.follow_replicas()
 
+    async def post_slots_once(self) -> None:
+        """Post this router's slots to the app's slot broker and run under its leases."""
+        await self._slots.post_once()
+
     def held(self) -> dict[str, int]:
         """Jobs this replica holds per backend: being fitted, queued for a slot or in flight."""
         return self._placement.held()
@@ -242,6 +251,8 @@ class Router:
                 loops.append(self._pools.loop())
             if self._load.follows:
                 loops.append(self._load.loop())
+            if self._slots.follows:
+                loops.append(self._slots.loop())
             # A fresh context each: a task copies the current one, and Serve ties handle calls
             # made in it to the request that started the loops, cancelling them with it.
             self._loops = [asyncio.create_task(c, context=contextvars.Context()) for c in loops]

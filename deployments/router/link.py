@@ -23,6 +23,7 @@ from policy.gate import BackendGate, GatePolicy
 from policy.kv_pressure import KvPolicy, KvPressure
 from policy.links import Health, LinkFacts, LinkStatus, link_status
 from policy.oom import OOM_CODE
+from policy.slot_leases import Lease, fallback_share
 
 logger = logging.getLogger("ray.serve")
 
@@ -50,6 +51,9 @@ class Link:
     # last said were running (None until the first health check).
     shares: int = 1
     running_replicas: int | None = None
+    # This router's lease of the backend's slots from the app's slot broker (several routers,
+    # deployments/router/slot_sync.py); None: an equal share, total_cap // shares.
+    lease: Lease | None = None
     # Jobs that chose this link and have not finished: being fitted, queued for a slot or in
     # flight. A placement move drains the source until no router replica holds any.
     claims: int = 0
@@ -103,20 +107,39 @@ class Link:
         """Serve's running replica count: an autoscaled backend's slots follow it. Asleep, it
         has none: requests wait in its queue until it wakes."""
         self.running_replicas = running
+        self.gate.resize(self.local_cap())
+
+    @property
+    def total_cap(self) -> int:
+        """The backend's slots over every router: its cap, or an autoscaled backend's per
+        replica cap times its running replicas; none while it sleeps."""
         if self.facts.asleep:
-            self.gate.resize(0)
-        elif self.target.autoscaled:
-            per_router = self.target.per_replica_cap * max(1, running) // self.shares
-            self.gate.resize(max(1, per_router))
+            return 0
+        if self.target.autoscaled and self.running_replicas is not None:
+            return self.target.per_replica_cap * max(1, self.running_replicas)
+        return self.target.cap
+
+    def local_cap(self) -> int:
+        """The slots this router admits under: its lease (scaled by the backend's slots since
+        it was granted) or an equal share."""
+        total = self.total_cap
+        if self.lease is None or (self.lease.of_total == 0 and total):  # nothing leased yet
+            return fallback_share(total, self.shares)
+        if self.lease.of_total == total:
+            return self.lease.slots
+        return self.lease.slots * total // max(1, self.lease.of_total)
+
+    def leased(self, lease: Lease | None) -> None:
+        """A lease from the slot broker (None: back to an equal share)."""
+        self.lease = lease
+        self.gate.resize(self.local_cap())
 
     def retune(self, target: Target, settings: RouterSettings) -> None:
         """A reload's settings: its cap (where the model's count is fixed), queue, breaker and
         KV thresholds. What the link holds (waiters, slots taken, breaker state) stays."""
         self.target = target
-        cap = self.gate.queue.cap
-        if not self.facts.asleep and not target.autoscaled:
-            cap = max(1, target.cap // self.shares)
         queue = settings.queue
+        cap = self.local_cap()
         self.gate.retune(settings.gate, cap, queue.max_queue, queue.aging_s, queue.class_shares)
         self.breaker.policy = settings.breaker
         self.kv.policy = settings.kv
@@ -132,7 +155,7 @@ class Link:
         if self.breaker.state is not BreakerState.CLOSED:  # a health check saw it go first
             self.breaker.reset("asleep by autoscaling")
             self.count_transitions()
-        self.gate.resize(0)
+        self.gate.resize(self.local_cap())  # none: its requests wait for it to wake
         logger.info("backend %s is asleep (idle)", self.target.name)
 
     def wake(self, running: int) -> None:
@@ -283,7 +306,7 @@ def build_links(
     for name, backend in backends.items():
         target = config.targets[name]
         queue = AdmissionQueue(
-            cap=max(1, target.cap // config.gateway.router_shares),
+            cap=fallback_share(target.cap, config.gateway.router_shares),
             max_queue=settings.queue.max_queue,
             aging_s=settings.queue.aging_s,
             shares=settings.queue.class_shares,

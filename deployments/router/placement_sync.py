@@ -64,6 +64,13 @@ class PlacementSync:
             self._built_with = config
         homes = home_placement(config)  # a model added starts home, one removed is placed nowhere
         kept = {model: backend for model, backend in self._placement.items() if model in homes}
+        pools = {b.name: b.pool for c in (self._config, config) for b in c.backends}
+        for model, backend in self._placement.items():
+            if model not in homes:
+                metrics.MODEL_POOL.forget(model, pools[backend])
+        for model, backend in homes.items():
+            if model not in self._placement:
+                metrics.MODEL_POOL.labels(model, pools[backend]).set(1)
         self._placement = homes | kept
         self._config = config
 

@@ -21,6 +21,7 @@ from core.config import ClusterConfig
 from core.wire import PlacementView, ScalingNews
 from policy.context.tokens import TokenCounter
 from policy.engine_counters import EngineCounters
+from policy.slot_leases import Lease, SlotReport
 
 DeploymentKey = tuple[str, str]  # (application, deployment)
 
@@ -115,6 +116,13 @@ class LoadBoard(Protocol):
         ...
 
 
+class SlotSource(Protocol):
+    """The app's slot broker (deployments/router/slot_broker.py): this router's post of each
+    backend's slots, answered with its leases."""
+
+    async def post(self, reports: Mapping[str, SlotReport]) -> Mapping[str, Lease]: ...
+
+
 @dataclass(frozen=True)
 class RouterPorts:
     backends: Mapping[str, Backend]  # by backend name (`model@pool`, `cpu-fallback`)
@@ -128,3 +136,5 @@ class RouterPorts:
     scaled: Callable[[str], ScalingNews | None] = lambda _deployment: None
     # A backend a reload started, by its (app, deployment) and LoRA adapters; None: none can be.
     connect: Callable[[DeploymentKey, frozenset[str]], Backend] | None = None
+    # The app's slot broker, with several routers sharing each cap; None: an equal share each.
+    slots: SlotSource | None = None

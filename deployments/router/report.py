@@ -86,7 +86,8 @@ def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, 
         # What Serve's handle would send to now (None: it cannot tell); 0 takes the link out.
         "routable_replicas": link.backend.routable_replicas(),
         "in_flight": link.in_flight,
-        "cap": queue.cap,
+        "cap": queue.cap,  # this router's slots now (its lease, with several routers)
+        "cap_total": link.total_cap,  # the backend's slots over every router
         "queue_depth": queue.depth,
         "queue_by_priority": {p.value: n for p, n in queue.depth_by_class().items()},
         "kv_cache_usage": link.kv.usage,

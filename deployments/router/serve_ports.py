@@ -34,9 +34,11 @@ from deployments.router.ports import (
     DeploymentKey,
     RouterPorts,
 )
+from deployments.router.slot_broker import ensure_slot_broker
 from policy.context.counters import counters_for
 from policy.engine_counters import EngineCounters
 from policy.load_scaling import LoadReport
+from policy.slot_leases import Lease, SlotReport
 
 
 class ServeBackend:
@@ -198,7 +200,37 @@ def serve_ports(config: ClusterConfig, handles: Mapping[str, DeploymentHandle]) 
         load=KvLoadBoard.connect() if any(m.autoscaling for m in config.models) else None,
         scaled=partial(read_scaled, serve.get_replica_context().app_name),
         connect=connect_backend,
+        slots=BrokerSlots.connect(config) if shares_slots(config) else None,
     )
+
+
+def shares_slots(config: ClusterConfig) -> bool:
+    return config.gateway.shared_slots and config.gateway.router_shares > 1
+
+
+class BrokerSlots:
+    """The app's slot broker, started by the first router replica, posted to by each."""
+
+    def __init__(self, actor: Any, replica: str, routers: int) -> None:
+        self._actor = actor
+        self._replica = replica
+        self._routers = routers
+
+    @classmethod
+    def connect(cls, config: ClusterConfig) -> BrokerSlots:
+        context = serve.get_replica_context()
+        namespace = ray.get_runtime_context().namespace
+        routers = config.gateway.router_shares
+        actor = ensure_slot_broker(context.app_name, namespace, config.gateway_resources, routers)
+        return cls(actor, context.replica_id.unique_id, routers)
+
+    async def post(self, reports: Mapping[str, SlotReport]) -> dict[str, Lease]:
+        posted = {
+            name: [r.lease, r.in_flight, {c.value: n for c, n in r.waiting.items()}, r.total]
+            for name, r in reports.items()
+        }
+        answer = await self._actor.post.remote(self._replica, self._routers, posted)
+        return {name: Lease(int(slots), int(of)) for name, (slots, of) in answer.items()}
 
 
 def connect_backend(home: DeploymentKey, adapters: frozenset[str]) -> ServeBackend:

@@ -2,7 +2,7 @@
 of requests, with the command itself (`python -m cluster.reload`) as an operator runs it:
 
 - a reload that adds a key and changes a cap and a router setting is applied by both replicas
-  (the command waits for both), the new key is served and the new cap is every router's;
+  (the command waits for both), the new key is served and every router counts the new cap;
 - a config that changes the fallback (built into the app), and one the config guard refuses,
   change nothing;
 - a reload back to the first config takes the key away and the cap back;
@@ -28,11 +28,11 @@ import psutil
 import ray
 import yaml
 from ray import serve
-from ray.util.state import list_actors
 
 from bench.multinode import wait_for
 from core.config import ClusterConfig, hash_key
 from deployments.live_config import replica_ids
+from deployments.router.slot_broker import broker_name
 from tests.monitoring.pressure_app import ADMIN_HEADERS, APP, CONFIG, LOAD_HEADERS
 from tests.monitoring.test_run_time_keys import CHAT, URL, ClosedLoop, chats
 
@@ -67,7 +67,7 @@ def caps() -> set[tuple[int, int]]:
     """(config revision, the backend's cap) as each replica answers the status."""
     with httpx.Client(base_url=URL, headers=ADMIN_HEADERS, timeout=60) as client:
         answers = [client.get("/v1/cluster/status").json() for _ in range(CALLS)]
-    return {(a["config_revision"], a["backends"][BACKEND]["cap"]) for a in answers}
+    return {(a["config_revision"], a["backends"][BACKEND]["cap_total"]) for a in answers}
 
 
 def add_key_and_lower_cap(raw: dict[str, Any]) -> None:
@@ -76,9 +76,21 @@ def add_key_and_lower_cap(raw: dict[str, Any]) -> None:
     raw["router"]["max_queue"] = 32
 
 
+def ingress_running() -> None:
+    """Both ingress replicas serve (test_prometheus kills one: its replacement may still be
+    starting, and a reload waits for every replica alive)."""
+
+    def both() -> bool:
+        ingress = serve.status().applications[APP].deployments["ingress"]
+        return ingress.replica_states.get("RUNNING", 0) == 2 and len(ingress.replica_states) == 1
+
+    wait_for(both, 300, "both ingress replicas running")
+
+
 def test_a_reload_applies_in_place_on_both_replicas_and_a_refused_one_changes_nothing(
     app: ClusterConfig, tmp_path: Path
 ) -> None:
+    ingress_running()
     reloaded_key = {"Authorization": f"Bearer {RELOADED_KEY}"}
     replicas = replica_ids(APP, ("ingress",))
     with ClosedLoop(LOAD_HEADERS, clients=2).running() as load:
@@ -108,17 +120,22 @@ def test_a_reload_applies_in_place_on_both_replicas_and_a_refused_one_changes_no
     assert "api_keys" in applied.stdout
     assert "models[coding].max_concurrency" in applied.stdout
     assert (seen["key_before"], seen["key_after"]) == ({401}, {200})
-    # (revision, cap): 16, then 12, over 2 routers; every status call (either replica) agrees
-    assert (seen["cap"], seen["cap_after"]) == ({(0, 8)}, {(1, 6)})
+    # (revision, the backend's slots over both routers): 16, then 12; every status call
+    # (either replica) agrees
+    assert (seen["cap"], seen["cap_after"]) == ({(0, 16)}, {(1, 12)})
     assert engine.returncode == 2
     assert "\n  fallback" in engine.stderr
     assert guarded.returncode == 2
     assert "the config guard refused it" in guarded.stderr
-    assert (seen["key_kept"], seen["cap_kept"]) == ({200}, {(1, 6)})
-    assert (seen["key_back"], seen["cap_back"]) == ({401}, {(2, 8)})
+    assert (seen["key_kept"], seen["cap_kept"]) == ({200}, {(1, 12)})
+    assert (seen["key_back"], seen["cap_back"]) == ({401}, {(2, 16)})
     assert set(load.statuses()) == {200}
     assert len(replicas) == 2
     assert replica_ids(APP, ("ingress",)) == replicas  # the same two: none restarted
+    # Both routers run under the app's slot broker's leases (tests/unit/test_slot_leases.py
+    # checks what they get; here, that the real actor is posted to by each replica).
+    broker = ray.get_actor(broker_name(APP), namespace="serve")
+    assert replicas <= set(ray.get(broker.stats.remote(), timeout=60)["routers"])
 
 
 ADDED = "coder-2"
@@ -134,12 +151,13 @@ def swap_coding_for_coder_2(raw: dict[str, Any]) -> None:
 def engine_pids(deployment: str) -> set[int]:
     """The processes of the app's replicas of `deployment`: the replica's and its engine's."""
     prefix = f"SERVE_REPLICA::{APP}#{deployment}#"
-    actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000)
     pids = set()
-    for actor in actors:
-        if str(actor.name).startswith(prefix) and actor.pid:
-            process = psutil.Process(actor.pid)
-            pids |= {process.pid, *(child.pid for child in process.children(recursive=True))}
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if str(actor["name"]).startswith(prefix):
+            replica = ray.get_actor(actor["name"], namespace=actor["namespace"])
+            pid = ray.get(replica.__ray_call__.remote(lambda _self: os.getpid()), timeout=60)
+            process = psutil.Process(pid)
+            pids |= {pid, *(child.pid for child in process.children(recursive=True))}
     return pids
 
 
@@ -164,6 +182,7 @@ def backends_seen() -> set[tuple[str, ...]]:
 def test_a_reload_starts_a_new_model_before_it_serves_and_stops_a_removed_one_after(
     app: ClusterConfig, tmp_path: Path
 ) -> None:
+    ingress_running()
     old_engine = engine_pids("model:coding@local")
     replicas = replica_ids(APP, ("ingress",))
     with ClosedLoop(LOAD_HEADERS, clients=2).running() as load:

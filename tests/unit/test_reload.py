@@ -216,6 +216,13 @@ def test_the_router_turns_to_new_engines_and_lets_jobs_on_the_old_ones_finish() 
     assert (slow_coding.calls, new_coding.calls, coder_2.calls) == (1, 1, 1)
     status = asyncio.run(router.status())
     assert sorted(status["backends"]) == ["coder-2@local", "coding@local"]
+    placed = [
+        line
+        for line in asyncio.run(router.metrics_text()).decode().splitlines()
+        if line.startswith("gps_model_pool{")
+    ]
+    assert 'gps_model_pool{model="coder-2",pool="local"} 1.0' in placed
+    assert not [line for line in placed if 'model="orchestrator"' in line]
 
 
 def test_a_job_under_way_never_fails_over_to_a_link_a_reload_removed() -> None:

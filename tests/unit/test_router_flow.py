@@ -184,6 +184,7 @@ def make_router(
     counters: Mapping[str, Any] | None = None,
     scaled: Callable[[str], ScalingNews | None] | None = None,
     connect: Callable[[DeploymentKey, frozenset[str]], FakeBackend] | None = None,
+    slots: Any = None,
 ) -> Router:
     deployments = deployments or FakeDeployments()
     for name, backend in backends.items():
@@ -198,6 +199,7 @@ def make_router(
         clock=clock or FakeClock(),
         scaled=scaled or (lambda _deployment: None),
         connect=connect,
+        slots=slots,
     )
     return Router(config, ports, watch=watch)
 

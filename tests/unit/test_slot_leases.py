@@ -1,0 +1,256 @@
+"""One set of slots per backend over every router (policy/slot_leases.py): where the slots
+should be, and a ledger that moves them there without the routers ever admitting past the
+cap, checked against a seeded simulation of routers admitting under their leases."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from core.types import PriorityClass
+from deployments.router.link import build_links
+from deployments.router.slot_broker import SILENT_AFTER_S, SlotBroker
+from deployments.router.slot_sync import FALLBACK_AFTER_S, SlotSync
+from policy.slot_leases import Lease, SlotLedger, SlotReport, fallback_share, targets
+from tests.unit.test_reload import changed
+from tests.unit.test_router_flow import (
+    FakeBackend,
+    FakeClock,
+    collect,
+    job,
+    make_config,
+    make_router,
+    ok,
+    two,
+)
+
+USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
+
+
+def report(lease: int, in_flight: int = 0, total: int = 16, **waiting: int) -> SlotReport:
+    return SlotReport(lease, in_flight, {PriorityClass(c): n for c, n in waiting.items()}, total)
+
+
+def test_slots_nobody_waits_for_are_split_evenly() -> None:
+    assert targets(16, {"a": report(8), "b": report(8)}) == {"a": 8, "b": 8}
+    assert targets(16, {"a": report(8, 3), "b": report(8, 1)}) == {"a": 9, "b": 7}
+    assert fallback_share(16, 3) == 5
+
+
+def test_free_slots_go_to_where_requests_wait_best_class_first() -> None:
+    # b: 10 running, 4 users waiting; a: nothing running, 6 background waiting. 6 free.
+    got = targets(16, {"a": report(8, 0, background=6), "b": report(8, 10, user=4)})
+    assert got == {"a": 2, "b": 14}
+    assert sum(got.values()) == 16
+
+
+def test_a_saturated_backend_gives_the_next_freed_slots_to_the_users_waiting_elsewhere() -> None:
+    # Every slot runs; users wait at b; a runs 8 and only background waits there: as a's
+    # requests end, their slots go to b's users, not to a's background work.
+    got = targets(16, {"a": report(8, 8, background=5), "b": report(8, 8, user=3)})
+    assert got == {"a": 5, "b": 11}
+    # Where users wait at both, each keeps its own.
+    both = targets(16, {"a": report(8, 8, user=1), "b": report(8, 8, user=3)})
+    assert both == {"a": 8, "b": 8}
+
+
+def test_a_lease_grows_only_into_slots_no_other_router_holds() -> None:
+    ledger = SlotLedger(routers=2)
+    ledger.post("a", {"m": report(8, 0)}, 0.0)
+    # b's users wait; a still holds its 8 (as it last reported): b may not have them yet.
+    assert ledger.post("b", {"m": report(8, 8, user=4)}, 0.1) == {"m": Lease(8, 16)}
+    # a posts again: its lease shrinks to what its target is...
+    assert ledger.post("a", {"m": report(8, 0)}, 0.2)["m"].slots == 2
+    # ...but b gets those slots only once a runs under the smaller lease.
+    assert ledger.post("b", {"m": report(8, 8, user=4)}, 0.3)["m"].slots == 8
+    ledger.post("a", {"m": report(2, 0)}, 0.4)
+    assert ledger.post("b", {"m": report(8, 8, user=4)}, 0.5)["m"].slots == 14
+    # Users waited at b while a held 8 unused slots, then 2: counted.
+    assert ledger.user_wait_seconds["m"] > ledger.idle_while_user_waits["m"] > 0
+
+
+def test_a_silent_router_keeps_its_fallback_share_until_it_is_known_gone() -> None:
+    ledger = SlotLedger(routers=2)
+    ledger.post("a", {"m": report(8, 0)}, 0.0)
+    ledger.post("b", {"m": report(8, 0, user=20)}, 0.1)
+    ledger.post("a", {"m": report(8, 0)}, 0.2)  # a shrinks to 2...
+    ledger.post("a", {"m": report(2, 0)}, 0.3)  # ...and runs under it
+    ledger.silent("a")  # then falls silent: it runs under its share of 8 once it notices
+    assert ledger.post("b", {"m": report(8, 8, user=12)}, 0.4)["m"].slots == 8
+    # Gone: Serve starts a replacement, which runs under its share until it posts.
+    ledger.forget(["a"])
+    assert ledger.post("b", {"m": report(8, 8, user=12)}, 0.5)["m"].slots == 8
+    ledger.post("c", {"m": report(8, 0)}, 0.6)
+    ledger.post("c", {"m": report(0, 0)}, 0.7)  # it runs under the lease it was given
+    assert ledger.post("b", {"m": report(8, 8, user=12)}, 0.8)["m"].slots == 16
+
+
+def test_routers_not_heard_from_yet_hold_their_fallback_share() -> None:
+    ledger = SlotLedger(routers=4)
+    assert ledger.post("a", {"m": report(1, 0, total=4, user=3)}, 0.0)["m"].slots == 1
+
+
+@dataclass
+class SimRouter:
+    """A router admitting under its lease, best class first (as its gate does)."""
+
+    lease: int
+    in_flight: int = 0
+    queue: list[PriorityClass] = field(default_factory=list)
+
+    def admit(self) -> None:
+        self.queue.sort(key=lambda c: c.rank)
+        while self.queue and self.in_flight < self.lease:
+            self.queue.pop(0)
+            self.in_flight += 1
+
+    def post(self, name: str, ledger: SlotLedger, cap: int, now: float) -> None:
+        waiting = {c: self.queue.count(c) for c in PriorityClass}
+        lease = ledger.post(name, {"m": SlotReport(self.lease, self.in_flight, waiting, cap)}, now)
+        self.lease = lease["m"].slots
+        self.admit()
+
+
+def test_routers_posting_in_any_order_never_admit_past_the_cap_and_users_get_free_slots() -> None:
+    for seed in range(40):
+        rng = random.Random(seed)
+        cap, names = rng.choice([4, 8, 16, 17]), [f"r{i}" for i in range(rng.choice([2, 3, 4]))]
+        ledger = SlotLedger(routers=len(names))
+        routers = {n: SimRouter(fallback_share(cap, len(names))) for n in names}
+        for step in range(600):
+            name = rng.choice(names)
+            router = routers[name]
+            event = rng.random()
+            if event < 0.35:
+                router.queue.append(rng.choice([USER, AGENT, BACKGROUND, BACKGROUND]))
+                router.admit()
+            elif event < 0.7 and router.in_flight:
+                router.in_flight -= 1
+                router.admit()
+            else:
+                router.post(name, ledger, cap, step * 0.1)
+            running = sum(r.in_flight for r in routers.values())
+            assert running <= cap, f"seed {seed} step {step}: {running} running past {cap}"
+        # Quiet now: nobody arrives, every request ends; a user arrives at one router after
+        # another held every slot. Two rounds of posts bring it a slot.
+        for router in routers.values():
+            router.in_flight, router.queue = 0, []
+        routers[names[0]].lease = cap - (len(names) - 1)  # one router held almost all
+        for router in list(routers.values())[1:]:
+            router.lease = 1
+        last = routers[names[-1]]
+        last.in_flight, last.queue = 1, [USER]
+        for round_ in range(3):
+            for name in names:
+                routers[name].post(name, ledger, cap, 100.0 + round_)
+        assert last.queue == [], f"seed {seed}: the user still waits"
+
+
+class LedgerSlots:
+    """The slot broker as one router posts to it (an in-process ledger, shared)."""
+
+    def __init__(self, ledger: SlotLedger, router: str) -> None:
+        self._ledger = ledger
+        self._router = router
+        self.now = 0.0
+
+    async def post(self, reports: Mapping[str, SlotReport]) -> Mapping[str, Lease]:
+        self.now += 0.1
+        return self._ledger.post(self._router, reports, self.now)
+
+
+def test_a_user_waiting_at_one_router_gets_the_slots_another_leaves_unused() -> None:
+    config = make_config(cap=4)
+    config = changed(config, gateway={**config.gateway.model_dump(mode="json"),
+                                      "ingress_replicas": 2})  # fmt: skip
+    assert config.gateway.router_shares == 2
+    ledger = SlotLedger(routers=2)
+    busy_coding = FakeBackend(ok, step_s=0.2)
+    idle = make_router(
+        config, two(FakeBackend(ok), FakeBackend(ok)), slots=LedgerSlots(ledger, "a")
+    )
+    busy = make_router(config, two(busy_coding, FakeBackend(ok)), slots=LedgerSlots(ledger, "b"))
+
+    async def scenario() -> list[Any]:
+        jobs = [asyncio.create_task(collect(busy, job())) for _ in range(4)]
+        await asyncio.sleep(0.02)  # two run on b's equal share of 2, two wait
+        assert busy_coding.running == 2
+        for _ in range(2):  # a gives up the slots it leaves unused; b runs under them
+            await idle.post_slots_once()
+            await busy.post_slots_once()
+        await asyncio.sleep(0.02)
+        return [busy_coding.running, await asyncio.gather(*jobs)]
+
+    running, answers = asyncio.run(scenario())
+    assert running == 4
+    assert all(answer[-1] == ["data: [DONE]\n\n"] for answer in answers)
+    caps = {name: r["cap"] for name, r in asyncio.run(busy.status())["backends"].items()}
+    assert caps["coding@local"] >= 2
+
+
+class FlakySlots:
+    """A broker that answers `leases` until it is `down`."""
+
+    def __init__(self, leases: Mapping[str, Lease]) -> None:
+        self.leases = leases
+        self.down = False
+
+    async def post(self, reports: Mapping[str, SlotReport]) -> Mapping[str, Lease]:
+        if self.down:
+            raise ConnectionError("the broker's node is gone")
+        return self.leases
+
+
+def test_a_router_cut_off_from_the_broker_keeps_its_leases_a_while_then_an_equal_share() -> None:
+    config = make_config(cap=4)
+    config = changed(config, gateway={**config.gateway.model_dump(mode="json"),
+                                      "ingress_replicas": 2})  # fmt: skip
+    clock = FakeClock()
+    links = build_links(config, two(FakeBackend(ok), FakeBackend(ok)), {}, clock.monotonic)
+    broker = FlakySlots({"coding@local": Lease(3, 4), "orchestrator@local": Lease(1, 4)})
+    sync = SlotSync(links, broker, clock)
+
+    def caps() -> tuple[int, int]:
+        return links["coding@local"].gate.queue.cap, links["orchestrator@local"].gate.queue.cap
+
+    assert caps() == (2, 2)  # an equal share before the first post
+    asyncio.run(sync.step())
+    assert caps() == (3, 1)
+    broker.down = True
+    clock.now += FALLBACK_AFTER_S / 2
+    asyncio.run(sync.step())
+    assert caps() == (3, 1)  # a broker restarting: the leases stand
+    clock.now += FALLBACK_AFTER_S
+    asyncio.run(sync.step())
+    assert caps() == (2, 2)
+    broker.down = False
+    asyncio.run(sync.step())
+    assert caps() == (3, 1)
+
+
+def test_the_broker_frees_a_router_only_once_it_is_silent_and_its_replica_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import deployments.live_config as live_config
+
+    broker = SlotBroker("gateway", routers=2)
+    listed: set[str] = set()  # a busy GCS may list no replica at all
+    monkeypatch.setattr(live_config, "replica_ids", lambda app, deployments: set(listed))
+    idle = {"m": [8, 0, {}, 16]}
+
+    async def scenario() -> list[Any]:
+        await broker.post("a", 2, idle)
+        await broker.post("b", 2, idle)
+        await broker.prune()  # neither listed, both just heard: both kept
+        kept = broker.stats()["routers"]
+        broker._heard["a"] -= SILENT_AFTER_S + 1  # a falls silent (its replica died)
+        await broker.prune()
+        return [kept, broker.stats()["routers"]]
+
+    kept, after = asyncio.run(scenario())
+    assert (kept, after) == (["a", "b"], ["b"])
