@@ -7,11 +7,11 @@ and what waits there, by class, to the app's slot broker a few times a second, a
 the lease the broker hands back; admission itself stays local (no round trip per request).
 
 Where the slots should be (`targets`): every request in flight keeps its slot; the free ones go
-to the requests waiting, user first, then agent, then background, round robin over the routers
-within a class; what nobody waits for is split evenly, so a request arriving anywhere starts at
-once. When no slot is free and users wait at one router, a router where only lower classes (or
-nobody) wait gives back the slots its requests free as they end: its target drops below what
-it runs, so its own background work does not take them first.
+to the users waiting, round robin over the routers, then back towards each router's fair share
+(what a fixed split would give it, so its class shares keep headroom for the users who arrive
+there), then evenly. When no slot is free and users wait at one router, a router where no
+user waits gives back the slots its requests free as they end: its target drops below what it
+runs, so its own background work does not take them first.
 
 The ledger hands out targets without ever letting the routers' slots sum past the cap: a
 router's holding is the most it may admit under before its next post (the larger of the lease
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from core.types import PriorityClass
 
-__all__ = ["Lease", "SlotLedger", "SlotReport", "fallback_share", "targets"]
+__all__ = ["Lease", "SlotAnswer", "SlotLedger", "SlotReport", "fallback_share", "targets"]
 
 
 @dataclass(frozen=True)
@@ -50,48 +50,65 @@ class Lease:
     of_total: int
 
 
+@dataclass(frozen=True)
+class SlotAnswer:
+    """The broker's answer to a post: the router's leases, and whether users wait at some
+    router (then every router posts more often, so slots reach them sooner)."""
+
+    leases: Mapping[str, Lease]
+    hurry: bool = False
+
+
 def fallback_share(total: int, routers: int) -> int:
     """What a router admits under without a lease: an equal share (as without a broker)."""
     return max(1, total // max(1, routers)) if total else 0
 
 
 def targets(cap: int, reports: Mapping[str, SlotReport]) -> dict[str, int]:
-    """Where each router's slots should be (their sum never past `cap`, unless what runs is)."""
+    """Where each router's slots should be (their sum never past `cap`, unless what runs is).
+
+    Each router's fair share (as with fixed shares) unless users wait: the free slots go to the
+    users waiting first, then back towards each router's fair share, then evenly. Only users
+    pull slots: a router's class shares let background (and agent) work fill only part of its
+    lease, so a slot moved to a router for its background waiters would sit idle there while
+    users wait elsewhere; its fair share keeps the headroom its class shares hold for the users
+    who arrive there."""
     routers = sorted(reports)
     target = {r: reports[r].in_flight for r in routers}
     free = cap - sum(target.values())
-    for cls in PriorityClass:  # best first
-        waiting = {r: reports[r].waiting.get(cls, 0) for r in routers}
-        granted = _round_robin(waiting, max(free, 0))
-        for r, n in granted.items():
-            target[r] += n
-        free -= sum(granted.values())
-        unserved = {r: waiting[r] - granted.get(r, 0) for r in routers}
-        unserved = {r: n for r, n in unserved.items() if n > 0}
-        if unserved:  # no slot free: the lower classes get none either
-            _reclaim(target, reports, cls, unserved)
-            break
-    if free > 0:  # nobody waits for these: evenly, so an arrival anywhere starts at once
+    users = {r: reports[r].waiting.get(PriorityClass.USER, 0) for r in routers}
+    granted = _round_robin(users, max(free, 0))
+    for r, n in granted.items():
+        target[r] += n
+    free -= sum(granted.values())
+    unserved = {r: users[r] - granted.get(r, 0) for r in routers}
+    unserved = {r: n for r, n in unserved.items() if n > 0}
+    if unserved:  # no slot free
+        _reclaim(target, unserved)
+        return target
+    fair = _fair_shares(cap, routers)
+    below = {r: max(0, fair[r] - target[r]) for r in routers}
+    towards_fair = _round_robin(below, max(free, 0))
+    for r, n in towards_fair.items():
+        target[r] += n
+    free -= sum(towards_fair.values())
+    if free > 0:  # evenly, so an arrival anywhere starts at once
         for r, n in _round_robin(dict.fromkeys(routers, free), free).items():
             target[r] += n
     return target
 
 
-def _reclaim(
-    target: dict[str, int],
-    reports: Mapping[str, SlotReport],
-    cls: PriorityClass,
-    unserved: Mapping[str, int],
-) -> None:
-    """No slot free and `cls` requests still waiting: routers where nothing of `cls` or better
-    waits give back the slots their requests free, one per waiting request, to the routers
-    where those wait (round robin both ways)."""
-    donors = {
-        r: target[r]
-        for r, report in reports.items()
-        if r not in unserved
-        and not any(report.waiting.get(c, 0) for c in PriorityClass if c.rank <= cls.rank)
-    }
+def _fair_shares(cap: int, routers: list[str]) -> dict[str, int]:
+    """`cap` split as evenly as it goes (the first routers get the remainder)."""
+    share, extra = divmod(cap, max(1, len(routers)))
+    return {r: share + (1 if i < extra else 0) for i, r in enumerate(routers)}
+
+
+def _reclaim(target: dict[str, int], unserved: Mapping[str, int]) -> None:
+    """No slot free and users still waiting: routers where no user waits give back the slots
+    their requests free as they end, one per waiting user, to the routers where those wait
+    (round robin both ways)."""
+    donors = {r: n for r, n in target.items() if r not in unserved}
     given = _round_robin(donors, sum(unserved.values()))
     for r, n in given.items():
         target[r] -= n
@@ -161,6 +178,14 @@ class SlotLedger:
         for book in self._books.values():
             for router in gone & book.keys():
                 del book[router]
+
+    def users_waiting(self) -> bool:
+        """Whether some router's last post had users waiting."""
+        return any(
+            e.report.waiting.get(PriorityClass.USER, 0)
+            for book in self._books.values()
+            for e in book.values()
+        )
 
     def routers_known(self) -> set[str]:
         return {router for book in self._books.values() for router in book}

@@ -185,8 +185,7 @@ class GatewayConfig(Frozen):
         True,
         description="With several routers (ingress_replicas, or router_replicas), one set of "
         "slots per backend for all: each router admits under a lease the app's slot broker "
-        "moves to where requests wait, best class first; false: each router keeps cap // "
-        "routers.",
+        "moves to where users wait; false: each router keeps cap // routers.",
     )
     log_encoding: Literal["TEXT", "JSON"] = Field(
         "TEXT",

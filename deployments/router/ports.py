@@ -21,7 +21,7 @@ from core.config import ClusterConfig
 from core.wire import PlacementView, ScalingNews
 from policy.context.tokens import TokenCounter
 from policy.engine_counters import EngineCounters
-from policy.slot_leases import Lease, SlotReport
+from policy.slot_leases import SlotAnswer, SlotReport
 
 DeploymentKey = tuple[str, str]  # (application, deployment)
 
@@ -120,7 +120,7 @@ class SlotSource(Protocol):
     """The app's slot broker (deployments/router/slot_broker.py): this router's post of each
     backend's slots, answered with its leases."""
 
-    async def post(self, reports: Mapping[str, SlotReport]) -> Mapping[str, Lease]: ...
+    async def post(self, reports: Mapping[str, SlotReport]) -> SlotAnswer: ...
 
 
 @dataclass(frozen=True)

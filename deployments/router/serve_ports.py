@@ -38,7 +38,7 @@ from deployments.router.slot_broker import ensure_slot_broker
 from policy.context.counters import counters_for
 from policy.engine_counters import EngineCounters
 from policy.load_scaling import LoadReport
-from policy.slot_leases import Lease, SlotReport
+from policy.slot_leases import Lease, SlotAnswer, SlotReport
 
 
 class ServeBackend:
@@ -224,13 +224,16 @@ class BrokerSlots:
         actor = ensure_slot_broker(context.app_name, namespace, config.gateway_resources, routers)
         return cls(actor, context.replica_id.unique_id, routers)
 
-    async def post(self, reports: Mapping[str, SlotReport]) -> dict[str, Lease]:
+    async def post(self, reports: Mapping[str, SlotReport]) -> SlotAnswer:
         posted = {
             name: [r.lease, r.in_flight, {c.value: n for c, n in r.waiting.items()}, r.total]
             for name, r in reports.items()
         }
         answer = await self._actor.post.remote(self._replica, self._routers, posted)
-        return {name: Lease(int(slots), int(of)) for name, (slots, of) in answer.items()}
+        leases = {
+            name: Lease(int(slots), int(of)) for name, (slots, of) in answer["leases"].items()
+        }
+        return SlotAnswer(leases, bool(answer["hurry"]))
 
 
 def connect_backend(home: DeploymentKey, adapters: frozenset[str]) -> ServeBackend:

@@ -28,7 +28,8 @@ WATCH_S = 0.5
 GONE_CHECK_S = 5.0
 ROUTER_DEPLOYMENTS = ("ingress", "router")  # whichever runs the routers
 
-# On the wire: {backend: [lease, in_flight, {class: waiting}, total]} -> {backend: [slots, of]}
+# On the wire: {backend: [lease, in_flight, {class: waiting}, total]} ->
+# {"leases": {backend: [slots, of]}, "hurry": bool}
 Posted = Mapping[str, list[Any]]
 
 
@@ -44,8 +45,9 @@ class SlotBroker:
         self._started = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
-    async def post(self, router: str, routers: int, posted: Posted) -> dict[str, list[int]]:
-        """`router`'s post (one of `routers` sharing each cap): its leases."""
+    async def post(self, router: str, routers: int, posted: Posted) -> dict[str, Any]:
+        """`router`'s post (one of `routers` sharing each cap): its leases, and whether users
+        wait somewhere (`hurry`)."""
         self._ledger.routers = routers  # a redeploy of the app may run another number
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch())
@@ -60,11 +62,12 @@ class SlotBroker:
         }  # fmt: skip
         leases = self._ledger.post(router, reports, now)
         warming = now - self._started < WARM_UP_S
-        return {
+        granted = {
             backend: [min(lease.slots, reports[backend].lease) if warming else lease.slots,
                       lease.of_total]
             for backend, lease in leases.items()
         }  # fmt: skip
+        return {"leases": granted, "hurry": self._ledger.users_waiting()}
 
     def stats(self) -> dict[str, Any]:
         """Slot-seconds users waited at one router while another held an unused slot, and

@@ -1,9 +1,10 @@
 """This router's leases of each backend's slots, from the app's slot broker (several routers
 with `gateway.shared_slots`: policy/slot_leases.py says how the slots move).
 
-Every POST_S the router posts, per backend, the slots it admits under, what it runs and what
-waits in its queue by class, and runs under the leases the broker answers (a raised lease
-admits waiters at once; a lowered one admits nobody new until what runs fits under it).
+Every POST_S (HURRY_S while users wait at some router) the router posts, per backend, the
+slots it admits under, what it runs and what waits in its queue by class, and runs under the
+leases the broker answers (a raised lease admits waiters at once; a lowered one admits nobody
+new until what runs fits under it).
 Admission itself never calls the broker. Cut off from it for FALLBACK_AFTER_S, the router goes
 back to an equal share of each cap, which the broker holds for it from slot_broker.SILENT_AFTER_S
 on.
@@ -24,6 +25,7 @@ from policy.slot_leases import SlotReport
 logger = logging.getLogger("ray.serve")
 
 POST_S = 0.1
+HURRY_S = 0.02  # while users wait at some router: slots move to them in a few of these
 POST_TIMEOUT_S = 1.0
 FALLBACK_AFTER_S = 3.0
 
@@ -35,6 +37,7 @@ class SlotSync:
         self._clock = clock
         self._last_ok = clock.monotonic()
         self._failing = False
+        self._hurry = False
 
     @property
     def follows(self) -> bool:
@@ -43,7 +46,7 @@ class SlotSync:
     async def loop(self) -> None:
         while True:
             await self.step()
-            await self._clock.sleep(POST_S)
+            await self._clock.sleep(HURRY_S if self._hurry else POST_S)
 
     async def step(self) -> None:
         """One post; a failed one keeps the leases, until the broker has been out of reach
@@ -51,6 +54,7 @@ class SlotSync:
         try:
             await self.post_once()
         except Exception as error:  # noqa: BLE001 - the broker restarting: keep the leases a while
+            self._hurry = False
             self._cut_off(error)
 
     async def post_once(self) -> None:
@@ -73,9 +77,10 @@ class SlotSync:
             )
             for name, link in list(self._links.items())
         }
-        leases = await asyncio.wait_for(source.post(reports), POST_TIMEOUT_S)
+        answer = await asyncio.wait_for(source.post(reports), POST_TIMEOUT_S)
+        self._hurry = answer.hurry
         shrank = False
-        for name, lease in leases.items():
+        for name, lease in answer.leases.items():
             link = self._links.get(name)
             if link is not None:
                 before = link.gate.queue.cap

@@ -15,8 +15,15 @@ import pytest
 from core.types import PriorityClass
 from deployments.router.link import build_links
 from deployments.router.slot_broker import SILENT_AFTER_S, SlotBroker
-from deployments.router.slot_sync import FALLBACK_AFTER_S, SlotSync
-from policy.slot_leases import Lease, SlotLedger, SlotReport, fallback_share, targets
+from deployments.router.slot_sync import FALLBACK_AFTER_S, HURRY_S, POST_S, SlotSync
+from policy.slot_leases import (
+    Lease,
+    SlotAnswer,
+    SlotLedger,
+    SlotReport,
+    fallback_share,
+    targets,
+)
 from tests.unit.test_reload import changed
 from tests.unit.test_router_flow import (
     FakeBackend,
@@ -36,17 +43,24 @@ def report(lease: int, in_flight: int = 0, total: int = 16, **waiting: int) -> S
     return SlotReport(lease, in_flight, {PriorityClass(c): n for c, n in waiting.items()}, total)
 
 
-def test_slots_nobody_waits_for_are_split_evenly() -> None:
+def test_where_no_user_waits_each_router_has_its_fair_share() -> None:
     assert targets(16, {"a": report(8), "b": report(8)}) == {"a": 8, "b": 8}
-    assert targets(16, {"a": report(8, 3), "b": report(8, 1)}) == {"a": 9, "b": 7}
+    assert targets(16, {"a": report(8, 3), "b": report(8, 1)}) == {"a": 8, "b": 8}
+    assert targets(16, {"a": report(8, 10), "b": report(8, 1)}) == {"a": 10, "b": 6}
+    assert targets(5, {"a": report(3), "b": report(2)}) == {"a": 3, "b": 2}
     assert fallback_share(16, 3) == 5
 
 
-def test_free_slots_go_to_where_requests_wait_best_class_first() -> None:
-    # b: 10 running, 4 users waiting; a: nothing running, 6 background waiting. 6 free.
+def test_free_slots_go_to_the_users_waiting_and_the_rest_evenly() -> None:
+    # b: 10 running, 4 users waiting; a: nothing running, 6 background waiting. 6 free: the
+    # users' 4, then 2 towards a's fair share. Background waiters pull none (a's share of its
+    # lease bounds them).
     got = targets(16, {"a": report(8, 0, background=6), "b": report(8, 10, user=4)})
     assert got == {"a": 2, "b": 14}
-    assert sum(got.values()) == 16
+    assert targets(16, {"a": report(8, 0, background=6), "b": report(8, 0, agent=6)}) == {
+        "a": 8,
+        "b": 8,
+    }
 
 
 def test_a_saturated_backend_gives_the_next_freed_slots_to_the_users_waiting_elsewhere() -> None:
@@ -64,14 +78,15 @@ def test_a_lease_grows_only_into_slots_no_other_router_holds() -> None:
     ledger.post("a", {"m": report(8, 0)}, 0.0)
     # b's users wait; a still holds its 8 (as it last reported): b may not have them yet.
     assert ledger.post("b", {"m": report(8, 8, user=4)}, 0.1) == {"m": Lease(8, 16)}
-    # a posts again: its lease shrinks to what its target is...
-    assert ledger.post("a", {"m": report(8, 0)}, 0.2)["m"].slots == 2
+    # a posts again: its lease shrinks to what its target is (the 4 slots b's users do not
+    # need go back towards a's fair share)...
+    assert ledger.post("a", {"m": report(8, 0)}, 0.2)["m"].slots == 4
     # ...but b gets those slots only once a runs under the smaller lease.
     assert ledger.post("b", {"m": report(8, 8, user=4)}, 0.3)["m"].slots == 8
-    ledger.post("a", {"m": report(2, 0)}, 0.4)
-    assert ledger.post("b", {"m": report(8, 8, user=4)}, 0.5)["m"].slots == 14
-    # Users waited at b while a held 8 unused slots, then 2: counted.
-    assert ledger.user_wait_seconds["m"] > ledger.idle_while_user_waits["m"] > 0
+    ledger.post("a", {"m": report(4, 0)}, 0.4)
+    assert ledger.post("b", {"m": report(8, 8, user=4)}, 0.5)["m"].slots == 12
+    # Users waited at b while a held unused slots: counted.
+    assert ledger.user_wait_seconds["m"] >= ledger.idle_while_user_waits["m"] > 0
 
 
 def test_a_silent_router_keeps_its_fallback_share_until_it_is_known_gone() -> None:
@@ -159,9 +174,10 @@ class LedgerSlots:
         self._router = router
         self.now = 0.0
 
-    async def post(self, reports: Mapping[str, SlotReport]) -> Mapping[str, Lease]:
+    async def post(self, reports: Mapping[str, SlotReport]) -> SlotAnswer:
         self.now += 0.1
-        return self._ledger.post(self._router, reports, self.now)
+        leases = self._ledger.post(self._router, reports, self.now)
+        return SlotAnswer(leases, self._ledger.users_waiting())
 
 
 def test_a_user_waiting_at_one_router_gets_the_slots_another_leaves_unused() -> None:
@@ -199,11 +215,12 @@ class FlakySlots:
     def __init__(self, leases: Mapping[str, Lease]) -> None:
         self.leases = leases
         self.down = False
+        self.hurry = False
 
-    async def post(self, reports: Mapping[str, SlotReport]) -> Mapping[str, Lease]:
+    async def post(self, reports: Mapping[str, SlotReport]) -> SlotAnswer:
         if self.down:
             raise ConnectionError("the broker's node is gone")
-        return self.leases
+        return SlotAnswer(self.leases, self.hurry)
 
 
 def test_a_router_cut_off_from_the_broker_keeps_its_leases_a_while_then_an_equal_share() -> None:
@@ -254,3 +271,20 @@ def test_the_broker_frees_a_router_only_once_it_is_silent_and_its_replica_gone(
 
     kept, after = asyncio.run(scenario())
     assert (kept, after) == (["a", "b"], ["b"])
+
+
+def test_routers_post_more_often_while_users_wait_somewhere() -> None:
+    config = make_config(cap=4)
+    clock = FakeClock()
+    links = build_links(config, two(FakeBackend(ok), FakeBackend(ok)), {}, clock.monotonic)
+    broker = FlakySlots({})
+
+    async def one_round(hurry: bool) -> None:
+        broker.hurry = hurry
+        loop = asyncio.create_task(SlotSync(links, broker, clock).loop())
+        await asyncio.sleep(0.01)  # one post, then the loop sleeps (for good: a FakeClock)
+        loop.cancel()
+
+    asyncio.run(one_round(hurry=False))
+    asyncio.run(one_round(hurry=True))
+    assert clock.sleeps == [POST_S, HURRY_S]
