@@ -84,7 +84,7 @@ def targets(cap: int, reports: Mapping[str, SlotReport]) -> dict[str, int]:
     unserved = {r: users[r] - granted.get(r, 0) for r in routers}
     unserved = {r: n for r, n in unserved.items() if n > 0}
     if unserved:  # no slot free
-        _reclaim(target, unserved)
+        _reclaim(target, {r for r in routers if not users[r]}, unserved)
         return target
     fair = _fair_shares(cap, routers)
     below = {r: max(0, fair[r] - target[r]) for r in routers}
@@ -104,11 +104,11 @@ def _fair_shares(cap: int, routers: list[str]) -> dict[str, int]:
     return {r: share + (1 if i < extra else 0) for i, r in enumerate(routers)}
 
 
-def _reclaim(target: dict[str, int], unserved: Mapping[str, int]) -> None:
-    """No slot free and users still waiting: routers where no user waits give back the slots
-    their requests free as they end, one per waiting user, to the routers where those wait
-    (round robin both ways)."""
-    donors = {r: n for r, n in target.items() if r not in unserved}
+def _reclaim(target: dict[str, int], idle: set[str], unserved: Mapping[str, int]) -> None:
+    """No slot free and users still waiting: the `idle` routers (where no user waits) give
+    back the slots their requests free as they end, one per waiting user, to the routers where
+    those wait (round robin both ways)."""
+    donors = {r: n for r, n in target.items() if r in idle}
     given = _round_robin(donors, sum(unserved.values()))
     for r, n in given.items():
         target[r] -= n

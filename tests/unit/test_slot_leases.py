@@ -71,6 +71,9 @@ def test_a_saturated_backend_gives_the_next_freed_slots_to_the_users_waiting_els
     # Where users wait at both, each keeps its own.
     both = targets(16, {"a": report(8, 8, user=1), "b": report(8, 8, user=3)})
     assert both == {"a": 8, "b": 8}
+    # One slot free, users at both: a's user gets it, and a gives none back to b's.
+    one_free = targets(16, {"a": report(8, 7, user=1), "b": report(8, 8, user=3)})
+    assert one_free == {"a": 8, "b": 8}
 
 
 def test_a_lease_grows_only_into_slots_no_other_router_holds() -> None:
