@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring batch recovery rayup stop lint format bench capacity clean
+.PHONY: install model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring reload-test batch recovery rayup stop lint format bench capacity clean
 
 install: $(INSTALLED)
 
@@ -124,6 +124,11 @@ autoscale: $(INSTALLED) $(DEMO_MODEL)
 # full: the KV alert must fire, then clear.
 monitoring: $(INSTALLED) $(DEMO_MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/monitoring -q -s
+
+# `make reload` adding and removing a model on a running app under load (a second engine: its
+# own cluster, alone in `make test`).
+reload-test: $(INSTALLED) $(DEMO_MODEL)
+	$(VENV)/bin/pytest tests/reload -q -s
 
 # A batch cut off by a whole cluster's restart completes with every line once: its own cluster.
 batch: $(INSTALLED) $(DEMO_MODEL)

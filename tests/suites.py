@@ -11,6 +11,9 @@ one after another, beside a session that computes, in two phases:
    `ray stop --force` end every Ray process on the machine, so nothing else of Ray may run.
 2. The rest, each on a Ray cluster of its own (dynamic GCS port, its own HTTP port), beside
    `main`.
+3. `reload`, alone: a reload there starts a second engine beside its app's, and while the
+   shared app's engines run the machine has no memory for it (Ray's memory monitor killed
+   workers of both apps when it ran beside them).
 
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
@@ -50,7 +53,8 @@ STOPPING_RAY = ("rayup", "stop")
 # rather than its five engines at work (memory is the limit: 24 GiB here, 2.3-3.3 GB left at the
 # lowest with test-engine suites beside the shared app, docs/benchmarks.md).
 BESIDE_MAIN = ("monitoring", "placement", "autoscale", "recovery", "batch")
-OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN)  # tests/<name>, a session each
+ALONE = ("reload",)  # phase 3
+OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *ALONE)  # tests/<name>, a session each
 SUITES: dict[str, list[str]] = {
     "no-ray": ["tests/unit", "tests/integration", "tests/gpu", "--durations=20"],
     "main": ["tests/e2e", "tests/chaos", "--durations=40"],
@@ -135,6 +139,7 @@ def run_in_order(
 def run_all(outcomes: list[Outcome], reports: Path) -> None:
     beside_each_other(NO_RAY, STOPPING_RAY, outcomes, reports)
     beside_each_other(("main",), BESIDE_MAIN, outcomes, reports)
+    run_in_order(ALONE, outcomes, reports)
 
 
 def beside_each_other(
@@ -179,7 +184,7 @@ def main(names: list[str]) -> int:
 def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
     beside = (
         f" ({', '.join(STOPPING_RAY)} ran beside {', '.join(NO_RAY)}; "
-        f"{', '.join(BESIDE_MAIN)} beside main)"
+        f"{', '.join(BESIDE_MAIN)} beside main; then {', '.join(ALONE)} alone)"
         if side_by_side
         else ""
     )
