@@ -44,6 +44,7 @@ from bench.multinode import wait_for
 from cluster.ray_runtime import this_cluster
 from core.config import ClusterConfig
 from tests.monitoring.pressure_app import APP, EXPORT_INTERVAL_S, LOAD_HEADERS, PORT
+from tests.monitoring.test_reload import ingress_running
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -311,8 +312,17 @@ def test_every_request_is_counted_once_over_two_ingress_replicas_and_a_replica_c
         300,
         "Serve to replace the killed ingress replica",
     )
+    # Its replacement may still be starting (a loaded machine: 40 s and more), and a request
+    # the proxy holds for it is not counted until it is answered.
+    ingress_running()
     second = send(20)
-    wait_for(lambda: counted_requests(prometheus) == before + 60, 90, f"{before + 60:.0f} counted")
+    try:
+        wait_for(lambda: counted_requests(prometheus) == before + 60, 90, "60 counted")
+    except TimeoutError:
+        raise AssertionError(
+            f"counted {counted_requests(prometheus)}, not {before + 60:.0f}; answers "
+            f"{sorted(first + second)}; series {query(prometheus, 'gps_requests_total')}"
+        ) from None
     print(
         f"\ncounted over two ingress replicas: {before:.0f} + 40 + 20 completions, "
         f"{len(workers)} worker series before the kill"
