@@ -14,7 +14,7 @@ link's state is derived from what was recorded about it (`policy.links`).
 
 State is in memory. With several routers (`gateway.router_replicas`, or ingress replicas that
 each run one) the slots of each backend are one set for all: each router admits under a lease
-the app's slot broker moves to where requests wait, best class first, the sum never past the
+the app's slot broker moves to where users wait (policy/slot_leases.py), the sum never past the
 cap (`slot_sync.py`; `gateway.shared_slots: false`, or the broker out of reach: `cap //
 routers` each).
 Where each model serves now every replica pulls from the placement actor (`placement_sync.py`),
