@@ -64,6 +64,13 @@ def llm_config_for(
         # Serve's delays would hold a decision back; placement and load keep their own.
         "upscale_delay_s": 0,
         "downscale_delay_s": 0,
+        # Serve's cold start brings a replica, without asking the policy, when a deployment at
+        # zero has requests over the look-back window (30 s) by its handles' samples. The
+        # routers send nothing to a backend at zero (requests wait in their queues and the
+        # policy wakes it), but a KV reading sampled in flight before a sleep or a park would
+        # count under the default mean and wake it for nothing (it did, under make test's
+        # load). The window's least sample counts only what waited all of it.
+        "aggregation_function": "min",
         "policy": {"policy_function": ReplicaPolicy, "policy_kwargs": policy_kwargs(model, build)},
     }
     if config.router.prefix_routing and model.generates and model.max_replicas > 1:

@@ -156,8 +156,9 @@ def test_an_idle_backend_sleeps_at_zero_and_a_request_waits_for_it_to_wake(app: 
     # It stays asleep: no call of the router's (a KV reading sent as the replica stopped)
     # waits in Serve's handle, which Serve would answer with a replica (its "cold start").
     time.sleep(KEPT_ASLEEP_S)
-    assert running_replicas() == 0
-    assert len(own_engine_processes()) == 0
+    woken = f"woken while idle; the last decision: {read_scaled(APP, DEPLOYMENT)}"
+    assert running_replicas() == 0, woken
+    assert len(own_engine_processes()) == 0, woken
     assert metric("gps_autoscale_decisions_total", backend=BACKEND, direction="wake") == 0
 
     body = {

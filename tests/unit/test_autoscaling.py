@@ -586,3 +586,27 @@ def test_waking_keys_apply_only_with_scale_to_zero() -> None:
         config_with({**SCALING, "when_asleep": "next_link"})
     with pytest.raises(ConfigError, match="greater than or equal to 10"):
         config_with({**SCALING, "scale_to_zero_after_s": 5})
+
+
+def test_a_reading_caught_in_flight_before_a_sleep_does_not_count_as_a_cold_start() -> None:
+    """Serve wakes a deployment at zero by itself when its handles' samples over the look-back
+    window aggregate above zero. A router's KV reading, sampled once while in flight before
+    the backend went to sleep, must not: the window's least sample is what counts."""
+    from ray.serve._private.common import TimeStampedValue
+    from ray.serve._private.metrics_utils import aggregate_timeseries
+    from ray.serve.config import AggregationFunction, AutoscalingConfig
+
+    config = config_with(SCALING, replicas=1, cap=4)
+    options = llm_config_for(config, Backend(model="coding", pool="local")).deployment_config
+    scaling = dict(options["autoscaling_config"])
+    scaling["policy"] = {"policy_function": "autoscale.serve_scaling:ReplicaPolicy"}
+    serve_config = AutoscalingConfig(**scaling)
+    # The handle's samples (every 6 s over 30 s): one caught a reading between send and reply.
+    samples = [TimeStampedValue(t, 1.0 if t == 12.0 else 0.0) for t in (0.0, 6.0, 12.0, 18.0)]
+    counted = aggregate_timeseries(samples, serve_config.aggregation_function, last_window_s=6)
+    assert counted == 0
+    # Serve's default would have counted it, and woken the backend for nothing.
+    assert aggregate_timeseries(samples, AggregationFunction.MEAN, last_window_s=6) > 0
+    # A request that waited the whole window still counts.
+    waited = [TimeStampedValue(t, 1.0) for t in (0.0, 6.0, 12.0, 18.0)]
+    assert aggregate_timeseries(waited, serve_config.aggregation_function, last_window_s=6) == 1
