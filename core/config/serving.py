@@ -338,8 +338,10 @@ class FallbackConfig(Frozen):
     n_gpu_layers: int = Field(
         0,
         ge=-1,
-        description="llama.cpp: layers offloaded to the node's GPU, the rest in RAM (0: none; "
-        "-1: all). Needs a CUDA build of llama-cpp-python there.",
+        description="Layers offloaded to the node's GPU, the rest in RAM (-1: all). At 0 the "
+        "engine does not see the GPU at all (CUDA_VISIBLE_DEVICES hidden): it holds no VRAM "
+        "that placement does not count. llama.cpp needs a CUDA build of llama-cpp-python "
+        "there; Ollama takes a count as its `num_gpu` (-1: its own choice).",
     )
     num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray.")
     ollama_model: ModelName = Field(

@@ -54,6 +54,16 @@ class Finish:
     completion_tokens: int
 
 
+def gpu_env(n_gpu_layers: int, hidden: str = "") -> dict[str, str]:
+    """The engine child's view of the node's GPUs: none unless layers are asked for. A CUDA
+    build of llama.cpp at 0 layers still held 1.0-1.2 GiB of VRAM and ran prompt processing on
+    a visible GPU (H200, 2026-11-26): memory placement does not count, on a GPU a model needs.
+    `hidden` is how the engine reads "no device" (Ollama documents an invalid id, "-1")."""
+    if n_gpu_layers != 0:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": hidden, "HIP_VISIBLE_DEVICES": hidden}
+
+
 class EngineUnavailable(Exception):
     """The engine cannot serve now (not started, its server died): a backend fault."""
 

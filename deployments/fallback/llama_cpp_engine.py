@@ -26,6 +26,7 @@ from deployments.fallback.engine import (
     InvalidChat,
     Piece,
     PromptTooLong,
+    gpu_env,
 )
 from deployments.fallback.supervisor import START_TIMEOUT_S, Supervisor
 from deployments.fallback.tool_calls import forced_call_schema
@@ -63,6 +64,7 @@ class LlamaCppEngine:
         self._server = Supervisor(
             name="llama.cpp server",
             command=command,
+            env=gpu_env(n_gpu_layers),
             ready_check=self_test,
             sleep=sleep or asyncio.sleep,
         )

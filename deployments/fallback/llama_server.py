@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -238,7 +239,9 @@ def build_app(chat: LlamaChat) -> Any:
     from starlette.routing import Route
 
     async def health(_: Request) -> Response:
-        return JSONResponse({"ok": True, "window": chat.window, "cancelled": chat.cancelled})
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES")  # "": hidden (n_gpu_layers 0)
+        figures = {"ok": True, "window": chat.window, "cancelled": chat.cancelled}
+        return JSONResponse({**figures, "cuda_visible_devices": gpus})
 
     async def chat_route(request: Request) -> Response:
         body = await request.json()

@@ -29,6 +29,7 @@ from deployments.fallback.engine import (
     InvalidChat,
     Piece,
     PromptTooLong,
+    gpu_env,
 )
 from deployments.fallback.supervisor import Supervisor
 from deployments.fallback.tool_calls import CALL_CLOSE, CALL_OPEN, call_text, forced_call_schema
@@ -268,9 +269,11 @@ class OllamaEngine:
         context_window: int,
         keep_alive: str,
         models_dir: str | None = None,
+        n_gpu_layers: int = 0,
         sleep: Callable[[float], Any] = asyncio.sleep,
     ) -> None:
         self._source = source
+        self._gpu_layers = n_gpu_layers
         self._model = model
         self._window = context_window
         self._keep_alive = keep_alive
@@ -279,7 +282,7 @@ class OllamaEngine:
             env = {"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_NUM_PARALLEL": str(self.parallel)}
             if models_dir:
                 env["OLLAMA_MODELS"] = models_dir
-            return env
+            return {**env, **gpu_env(n_gpu_layers, hidden="-1")}
 
         self._server = Supervisor(
             name="ollama serve",
@@ -322,9 +325,17 @@ class OllamaEngine:
             digest = await api.push_blob(Path(self._source))
             # Created every start: cheap once the blob is there, and it keeps num_ctx current.
             files = {Path(self._source).name: digest}
-            await api.create(self._model, files, {"num_ctx": self._window})
+            await api.create(self._model, files, self._parameters())
         elif not await api.has_model(self._source):
             await api.pull(self._source)
+
+    def _parameters(self) -> dict[str, int]:
+        """The model's window, and its layers on the GPU where a count is asked (-1: Ollama
+        offloads what fits, its own default)."""
+        parameters = {"num_ctx": self._window}
+        if self._gpu_layers > 0:
+            parameters["num_gpu"] = self._gpu_layers
+        return parameters
 
     @property
     def _served_model(self) -> str:

@@ -63,7 +63,7 @@ class FallbackSettings:
     ollama_model: str
     keep_alive: str
     ollama_models_dir: str | None = None
-    n_gpu_layers: int = 0  # llama.cpp: layers offloaded to a GPU (0 on CPU nodes, -1 all)
+    n_gpu_layers: int = 0  # layers offloaded to a GPU (0: the GPU hidden from the engine; -1 all)
     chat_template: str | None = None  # llama.cpp: the template file for the GGUF's own (tools)
     aging_s: float = 10.0  # router.aging_s: a waiter's priority number falls by one per this
 
@@ -109,6 +109,7 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
             context_window=settings.context_window,
             keep_alive=settings.keep_alive,
             models_dir=settings.ollama_models_dir,
+            n_gpu_layers=settings.n_gpu_layers,
         )
     from deployments.fallback.llama_cpp_engine import LlamaCppEngine
 

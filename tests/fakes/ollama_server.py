@@ -148,6 +148,12 @@ async def fake_asked(_: Request) -> Response:
     return JSONResponse({**asked, "models": models})
 
 
+async def fake_env(_: Request) -> Response:
+    """The GPU environment `ollama serve` was started with (None: not set)."""
+    names = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    return JSONResponse({name: os.environ.get(name) for name in names})
+
+
 async def fake_fail(request: Request) -> Response:
     failure["mode"] = (await request.json()).get("mode")
     return JSONResponse({"mode": failure["mode"]})
@@ -165,6 +171,7 @@ app = Starlette(
         Route("/api/chat", chat, methods=["POST"]),
         Route("/_fake/asked", fake_asked),
         Route("/_fake/fail", fake_fail, methods=["POST"]),
+        Route("/_fake/env", fake_env),
     ]
 )
 

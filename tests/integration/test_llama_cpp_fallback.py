@@ -160,6 +160,8 @@ def test_a_client_that_leaves_stops_its_generation(loop: asyncio.AbstractEventLo
     assert pieces[-1].completion_tokens == 2
     # One worker runs requests in order: the second ran after the first had stopped early.
     assert stats["cancelled"] == 1
+    # At 0 GPU layers (the default) the server was started with no GPU to see.
+    assert stats["cuda_visible_devices"] == ""
 
 
 def test_an_engine_killed_mid_answer_is_restarted_and_the_answer_completed(

@@ -47,13 +47,14 @@ def gguf(tmp_path: Path) -> Path:
     return path
 
 
-def engine_for(binary: str, source: str, window: int = 2048) -> OllamaEngine:
+def engine_for(binary: str, source: str, window: int = 2048, n_gpu_layers: int = 0) -> OllamaEngine:
     return OllamaEngine(
         binary=binary,
         source=source,
         model="gps-fallback",
         context_window=window,
         keep_alive="5m",
+        n_gpu_layers=n_gpu_layers,
         sleep=lambda _: asyncio.sleep(0),  # restart at once in tests
     )
 
@@ -94,6 +95,25 @@ def test_a_gguf_becomes_a_model_whose_window_is_the_configured_one(
             "stream": False,
         }
     ]
+
+
+def test_ollama_sees_no_gpu_at_zero_layers_and_is_asked_for_a_count_otherwise(
+    fake_ollama: str, gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as on a GPU node: the replica sees one
+
+    async def env_and_asked(engine: OllamaEngine) -> tuple[dict[str, Any], dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=engine.base_url) as client:
+            return (await client.get("/_fake/env")).json(), await asked(engine)
+
+    cpu = engine_for(fake_ollama, str(gguf))
+    env, seen = run_with(cpu, lambda: env_and_asked(cpu))
+    assert env == {"CUDA_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1"}
+    assert seen["create"][-1]["parameters"] == {"num_ctx": 2048}
+    offloaded = engine_for(fake_ollama, str(gguf), n_gpu_layers=20)
+    env, seen = run_with(offloaded, lambda: env_and_asked(offloaded))
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": None}
+    assert seen["create"][-1]["parameters"] == {"num_ctx": 2048, "num_gpu": 20}
 
 
 def test_a_blob_ollama_already_has_is_not_uploaded_again(fake_ollama: str, gguf: Path) -> None:
