@@ -164,6 +164,7 @@ bench: $(INSTALLED) $(DEMO_MODEL)
 	@status=0; \
 	$(PY) -m bench.context || status=1; \
 	$(PY) -m bench.overhead || status=1; \
+	$(PY) -m bench.pace || status=1; \
 	$(PY) -m bench.metrics || status=1; \
 	$(PY) -m bench.overload || status=1; \
 	$(PY) -m bench.failover || status=1; \

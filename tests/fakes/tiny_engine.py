@@ -12,7 +12,8 @@ alert and the stop suite's replica-shutdown test keep real vLLM.
 
 What it does, so the suites see a replica that behaves like one:
 - answers chat and completions with `max_tokens` words (16 when unset), one every
-  `TINY_ENGINE_TOKEN_S` seconds (default 0.02), streamed as vLLM streams them (`data: {json}`
+  `TINY_ENGINE_TOKEN_S` seconds (default 0.02; 0: at once, as bench/pace.py's zero-cost
+  engine), streamed as vLLM streams them (`data: {json}`
   chunks, usage when asked for, `[DONE]`), or whole;
 - runs at most `engine_kwargs.max_num_seqs` requests at once (vLLM's default 256), the others
   wait, as they wait in vLLM's scheduler, so queue-driven autoscaling sees a queue;
@@ -162,8 +163,11 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
                 text = "".join(_word(i) for i in range(count))
                 yield _whole(head, text, reason, usage, chat=chat)
                 return
+            started = time.monotonic()
             for i in range(count):
-                await asyncio.sleep(self._token_s)
+                # Each token is due at its own time from the start (bench/pace.py sets a GPU's
+                # rate): a late wake-up does not delay the tokens after it.
+                await asyncio.sleep(max(0.0, started + (i + 1) * self._token_s - time.monotonic()))
                 last = i == count - 1
                 yield _chunk(head, _word(i), reason if last else None, chat=chat)
             options = getattr(request, "stream_options", None)

@@ -1,0 +1,367 @@
+"""The gateway's own cost at GPU pace: three paths in front of one zero-cost engine, one run.
+
+A GPU answers a short request in tens of milliseconds, so there the path in front of the engine
+is the latency floor and the throughput ceiling. The engine here computes nothing (the test
+engine, tests/fakes/tiny_engine.py, through ray.serve.llm's own seam): `orchestrator` answers
+whole requests at once, `coding` streams 64 tokens at 2,000 tokens/s (a small model's decode
+speed on a GPU). In front of the very same LLMServer replicas:
+
+- (a) bare `ray.serve.llm` (`build_openai_app`, its OpenAiIngress) at /anchor, the anchor
+  (the replicas are our LLMServer subclass, which answers the router's background readings);
+- (b) our gateway at / with keys and every limit on (the key ledger in the path), context
+  fitting, priority and breakers, its router in the ingress (the default);
+- (c) a minimal Serve app at /minimal: the proxy and one handle call, the floor.
+
+At 1, 8, 32 and 128 clients, rounds rotating the paths so drift hits all alike: requests/s,
+p50 and p99 latency (with an instant engine, all of it is the path's), the CPU the path's Serve
+actors spend per request (proxy, front replicas, key ledger and slot broker; the engine replica
+beside it), and for streams the tokens/s each stream relays and the chunks/s all of them do.
+The load generator runs on the same cores: at high client counts it takes its share, alike for
+every path. Run with `python -m bench.pace` (`--rounds`, `--scale`, `--profile`); in `make bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from ray import serve
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from bench import profile, stack
+from bench.overhead import cpu_seconds
+from deployments.engine.llm_server import ObservedLLMServer
+
+CONFIG = Path(__file__).with_name("pace.yaml")
+PORT = 18150
+API_KEY = "bench-key"
+MINIMAL_APP = "minimal"
+INSTANT = "orchestrator"  # the engine answers at once
+PACED = "coding"  # the engine streams at 2,000 tokens/s
+PACED_TOKEN_S = 1 / 2000
+STREAM_TOKENS = 64
+CLIENTS = (1, 8, 32, 128)
+WHOLE_REQUESTS = {1: 300, 8: 800, 32: 1600, 128: 2560}
+STREAMS = {1: 60, 8: 240, 32: 480, 128: 1024}
+PROXY = "ProxyActor"
+ENGINE = "LLMServer"
+# Targets (issue 36), gateway against the anchor.
+ADDED_P50_MS_AT_1 = 1.0
+THROUGHPUT_AT = {32: 1.0, 128: 1.0}
+CPU_RATIO = 1.0
+STREAM_RATE_RATIO = 0.95
+HEADER_WITHIN_MS = 1.0
+
+
+class MinimalFront:
+    """The floor: parse the request, one handle call to the engine's replica, relay."""
+
+    def __init__(self, engines: dict[str, DeploymentHandle]) -> None:
+        self._engines = {name: h.options(stream=True) for name, h in engines.items()}
+
+    async def __call__(self, request: Request) -> Response:
+        body = ChatCompletionRequest.model_validate(await request.json())
+        items = self._engines[body.model].chat.remote(body)
+        first = await items.__anext__()
+        if not body.stream:
+            whole = first[0] if isinstance(first, list) else first
+            return JSONResponse(whole.model_dump())
+
+        async def relay() -> AsyncIterator[str]:
+            yield _packet(first)
+            async for item in items:
+                yield _packet(item)
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+
+def _packet(item: Any) -> str:
+    return "".join(item) if isinstance(item, list) else str(item)
+
+
+@dataclass
+class Route:
+    name: str
+    base: str  # the URL up to /v1
+    headers: dict[str, str]
+    front: tuple[str, ...]  # process titles of its Serve actors in front of the engine
+
+
+@dataclass
+class Run:
+    """One path at one client count, summed over rounds."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    stream_rates: list[float] = field(default_factory=list)  # tokens/s, one per stream
+    chunks: int = 0
+    errors: int = 0
+    elapsed_s: float = 0.0
+    overhead_ms: list[float] = field(default_factory=list)  # x-gateway-overhead-ms
+    front_cpu_s: float = 0.0
+    engine_cpu_s: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return len(self.latencies_s)
+
+    @property
+    def per_s(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s else 0.0
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.latencies_s)
+        if not ordered:
+            return float("nan")
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def cpu_ms(self, seconds: float) -> float:
+        return 1000 * seconds / max(1, self.done + self.errors)
+
+
+def routes_at(base_url: str) -> list[Route]:
+    return [
+        Route(
+            "(a) ray.serve.llm",
+            f"{base_url}/{stack.ANCHOR_APP}/v1",
+            {},
+            (PROXY, f"ServeReplica:{stack.ANCHOR_APP}:OpenAiIngress"),
+        ),
+        Route(
+            "(b) gateway",
+            f"{base_url}/v1",
+            {"Authorization": f"Bearer {API_KEY}"},
+            (PROXY, f"ServeReplica:{stack.GATEWAY_APP}:ingress", "KeyLedger", "SlotBroker"),
+        ),
+        Route(
+            "(c) minimal",
+            f"{base_url}/{MINIMAL_APP}",
+            {},
+            (PROXY, f"ServeReplica:{MINIMAL_APP}:MinimalFront"),
+        ),
+    ]
+
+
+def deploy() -> list[Route]:
+    # Our server class on the engine side (ray.serve.llm's LLMServer with the calls the router
+    # makes in the background: counters, KV readings), for all three paths alike.
+    target = stack.stage(CONFIG, PORT, server_cls=ObservedLLMServer)
+    # The anchor's replicas by backend (`model@pool`); a request names the model.
+    engines = {backend.split("@")[0]: handle for backend, handle in target.anchor.items()}
+    front = serve.deployment(MinimalFront, max_ongoing_requests=4096)
+    serve.run(front.bind(engines), name=MINIMAL_APP, route_prefix=f"/{MINIMAL_APP}")
+    return routes_at(target.base_url)
+
+
+def _body(stream: bool) -> dict[str, Any]:
+    if not stream:
+        return {
+            "model": INSTANT,
+            "messages": [{"role": "user", "content": "Count from one to ten."}],
+            "max_tokens": 8,
+        }
+    return {
+        "model": PACED,
+        "messages": [{"role": "user", "content": "Count from one to a hundred."}],
+        "max_tokens": STREAM_TOKENS,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def _whole(client: httpx.AsyncClient, path: Route, run: Run) -> None:
+    started = time.perf_counter()
+    try:
+        reply = await client.post(
+            f"{path.base}/chat/completions", json=_body(False), headers=path.headers
+        )
+    except httpx.HTTPError:
+        run.errors += 1
+        return
+    if reply.status_code != 200:
+        run.errors += 1
+        return
+    run.latencies_s.append(time.perf_counter() - started)
+    overhead = reply.headers.get("x-gateway-overhead-ms")
+    if overhead is not None:
+        run.overhead_ms.append(float(overhead))
+
+
+async def _stream(client: httpx.AsyncClient, path: Route, run: Run) -> None:
+    started = time.perf_counter()
+    first: float | None = None
+    tokens = chunks = 0
+    try:
+        async with client.stream(
+            "POST", f"{path.base}/chat/completions", json=_body(True), headers=path.headers
+        ) as reply:
+            if reply.status_code != 200:
+                run.errors += 1
+                return
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", ())):
+                    chunks += 1
+                    first = first if first is not None else time.perf_counter()
+    except httpx.HTTPError:
+        run.errors += 1
+        return
+    ended = time.perf_counter()
+    if first is None or tokens != STREAM_TOKENS:
+        run.errors += 1
+        return
+    run.latencies_s.append(ended - started)
+    run.ttft_s.append(first - started)
+    run.stream_rates.append(tokens / (ended - started))
+    run.chunks += chunks
+
+
+async def load(path: Route, clients: int, requests: int, stream: bool, run: Run) -> None:
+    """`requests` sent by `clients` at a time, each client sending its next on an answer."""
+    remaining = iter(range(requests))
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    front_before, engine_before = cpu_seconds(path.front), cpu_seconds((ENGINE,))
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        for _ in remaining:
+            await (_stream if stream else _whole)(client, path, run)
+
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+        run.elapsed_s += time.perf_counter() - started
+    run.front_cpu_s += cpu_seconds(path.front) - front_before
+    run.engine_cpu_s += cpu_seconds((ENGINE,)) - engine_before
+
+
+async def measure(
+    routes: list[Route], rounds: int, scale: float
+) -> dict[tuple[str, bool, int], Run]:
+    runs: dict[tuple[str, bool, int], Run] = {}
+    for path in routes:  # warm every path: handles, connections, the key's first use
+        for stream in (False, True):
+            await load(path, 4, 20, stream, Run())
+    for stream, counts in ((False, WHOLE_REQUESTS), (True, STREAMS)):
+        for clients in CLIENTS:
+            requests = max(clients, int(counts[clients] * scale))
+            for round_index in range(rounds):
+                shift = round_index % len(routes)
+                for path in routes[shift:] + routes[:shift]:
+                    run = runs.setdefault((path.name, stream, clients), Run())
+                    await load(path, clients, requests, stream, run)
+    return runs
+
+
+def report(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) -> bool:
+    anchor, gateway, _ = routes
+    met = True
+    print("\nwhole requests, instant engine (8 tokens):")
+    print(
+        "| path | clients | req/s | ratio | p50 ms | p99 ms | errors | front CPU ms/req "
+        "| CPU ratio | engine replica CPU ms/req |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for clients in CLIENTS:
+        a = runs[(anchor.name, False, clients)]
+        a_cpu = a.cpu_ms(a.front_cpu_s)
+        for path in routes:
+            r = runs[(path.name, False, clients)]
+            cpu = r.cpu_ms(r.front_cpu_s)
+            print(
+                f"| {path.name} | {clients} | {r.per_s:.0f} | {r.per_s / a.per_s:.2f} "
+                f"| {r.p(0.5):.2f} | {r.p(0.99):.2f} | {r.errors} | {cpu:.2f} "
+                f"| {cpu / a_cpu:.2f} | {r.cpu_ms(r.engine_cpu_s):.2f} |"
+            )
+        g = runs[(gateway.name, False, clients)]
+        met &= g.errors == 0 and g.cpu_ms(g.front_cpu_s) <= CPU_RATIO * a_cpu
+        if clients in THROUGHPUT_AT:
+            met &= g.per_s >= THROUGHPUT_AT[clients] * a.per_s
+    a1, g1, m1 = (runs[(p.name, False, 1)] for p in routes)
+    added = g1.p(0.5) - a1.p(0.5)
+    met &= added <= ADDED_P50_MS_AT_1
+    target = f"target <= +{ADDED_P50_MS_AT_1}"
+    print(f"\ngateway p50 at 1 client: {added:+.2f} ms against (a) ({target})")
+    measured = g1.p(0.5) - m1.p(0.5)
+    if g1.overhead_ms:
+        header = statistics.median(g1.overhead_ms)
+        within = abs(header - measured) <= HEADER_WITHIN_MS
+        met &= within
+        print(
+            f"x-gateway-overhead-ms median {header:.2f} ms; measured over (c), the floor: "
+            f"{measured:.2f} ms ({'within' if within else 'NOT within'} {HEADER_WITHIN_MS} ms)"
+        )
+
+    print(f"\nstreams, {STREAM_TOKENS} tokens at {1 / PACED_TOKEN_S:.0f} tokens/s per stream:")
+    print(
+        "| path | clients | tokens/s per stream (p50) | ratio | TTFT p50 ms | chunks/s "
+        "| errors | front CPU ms/stream |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for clients in CLIENTS:
+        a = runs[(anchor.name, True, clients)]
+        a_rate = statistics.median(a.stream_rates) if a.stream_rates else float("nan")
+        for path in routes:
+            r = runs[(path.name, True, clients)]
+            rate = statistics.median(r.stream_rates) if r.stream_rates else float("nan")
+            ttft = 1000 * statistics.median(r.ttft_s) if r.ttft_s else float("nan")
+            print(
+                f"| {path.name} | {clients} | {rate:.0f} | {rate / a_rate:.2f} | {ttft:.1f} "
+                f"| {r.chunks / r.elapsed_s:.0f} | {r.errors} | {r.cpu_ms(r.front_cpu_s):.2f} |"
+            )
+            if path is gateway:
+                met &= r.errors == 0 and rate >= STREAM_RATE_RATIO * a_rate
+    print(f"\ntargets (issue 36): {'met' if met else 'NOT met'}")
+    return met
+
+
+async def profile_gateway(gateway: Route, seconds: int, out: Path) -> None:
+    """py-spy on the gateway's ingress replica while 32 clients send whole requests, then
+    streams (`out` and `out` with `.stream` added)."""
+    pid = profile.pid_of(f"ServeReplica:{stack.GATEWAY_APP}:ingress")
+    for stream, raw in ((False, out), (True, out.with_name(out.name + ".stream"))):
+        recorder = profile.record(pid, seconds, raw)
+        while recorder.poll() is None:
+            await load(gateway, 32, 64 if stream else 320, stream, Run())
+        what = "streams" if stream else "whole requests"
+        profile.print_top(f"the gateway's ingress replica, 32 clients, {what}", raw)
+
+
+def main() -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    parser = argparse.ArgumentParser(prog="python -m bench.pace")
+    parser.add_argument("--rounds", type=int, default=2, help="rotating rounds per level")
+    parser.add_argument("--scale", type=float, default=1.0, help="of each level's requests")
+    parser.add_argument(
+        "--profile", type=Path, help="also profile the gateway's ingress (py-spy) into this file"
+    )
+    args = parser.parse_args()
+    routes = deploy()
+    try:
+        runs = asyncio.run(measure(routes, args.rounds, args.scale))
+        met = report(routes, runs)
+        if args.profile:
+            asyncio.run(profile_gateway(routes[1], 20, args.profile))
+    finally:
+        stack.stop()
+    sys.exit(0 if met else 1)
+
+
+if __name__ == "__main__":
+    main()
