@@ -502,6 +502,29 @@ def test_no_first_token_in_time_is_a_fault() -> None:
     assert slow.streams[0].cancelled
 
 
+def test_a_stream_that_stalls_mid_way_past_the_idle_timeout_goes_on_on_the_next_link() -> None:
+    # Each item comes 0.5 s after the last: the first within first_token_timeout_s (1 s), the
+    # second past stream_idle_timeout_s (0.3 s here).
+    stalling = FakeBackend(
+        lambda _: [
+            [sse("first", {"role": "assistant", "content": ""}), sse("first", {"content": "One"})],
+            [sse("first", {"content": " never"})],
+        ],
+        step_s=0.5,
+    )
+    config = make_config()
+    idle = config.router.model_copy(update={"stream_idle_timeout_s": 0.3})
+    router = make_router(config.model_copy(update={"router": idle}), two(stalling, FakeBackend(ok)))
+    routed, *items = asyncio.run(collect(router, job()))
+    lines = [line for item in items for line in item]
+    assert routed.backend == "coding@local"
+    assert any(
+        x.startswith(": gps-migrated from=coding@local to=orchestrator@local") for x in lines
+    )
+    assert not any("never" in x for x in lines)
+    assert stalling.streams[0].cancelled
+
+
 def test_every_link_down_is_a_503_with_retry_after() -> None:
     router = make_router(make_config(), two(FakeBackend(dead), FakeBackend(dead)))
     [refusal] = asyncio.run(collect(router, job()))
