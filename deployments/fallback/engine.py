@@ -57,8 +57,9 @@ class Finish:
 def gpu_env(n_gpu_layers: int, hidden: str = "") -> dict[str, str]:
     """The engine child's view of the node's GPUs: none unless layers are asked for. A CUDA
     build of llama.cpp at 0 layers still held 1.0-1.2 GiB of VRAM and ran prompt processing on
-    a visible GPU (H200, 2026-11-26): memory placement does not count, on a GPU a model needs.
-    `hidden` is how the engine reads "no device" (Ollama documents an invalid id, "-1")."""
+    a visible GPU (H200, 2026-11-26): VRAM that placement does not count, taken from the
+    models it places there. `hidden` is how the engine reads "no device" (Ollama documents an
+    invalid id, "-1")."""
     if n_gpu_layers != 0:
         return {}
     return {"CUDA_VISIBLE_DEVICES": hidden, "HIP_VISIBLE_DEVICES": hidden}
