@@ -503,17 +503,17 @@ def test_no_first_token_in_time_is_a_fault() -> None:
 
 
 def test_a_stream_that_stalls_mid_way_past_the_idle_timeout_goes_on_on_the_next_link() -> None:
-    # Each item comes 0.5 s after the last: the first within first_token_timeout_s (1 s), the
-    # second past stream_idle_timeout_s (0.3 s here).
+    # Each item comes 0.4 s after the last: the first well within first_token_timeout_s (1 s),
+    # the second past stream_idle_timeout_s (0.15 s here); a slow machine only widens the gap.
     stalling = FakeBackend(
         lambda _: [
             [sse("first", {"role": "assistant", "content": ""}), sse("first", {"content": "One"})],
             [sse("first", {"content": " never"})],
         ],
-        step_s=0.5,
+        step_s=0.4,
     )
     config = make_config()
-    idle = config.router.model_copy(update={"stream_idle_timeout_s": 0.3})
+    idle = config.router.model_copy(update={"stream_idle_timeout_s": 0.15})
     router = make_router(config.model_copy(update={"router": idle}), two(stalling, FakeBackend(ok)))
     routed, *items = asyncio.run(collect(router, job()))
     lines = [line for item in items for line in item]
