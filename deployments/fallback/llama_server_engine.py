@@ -281,6 +281,8 @@ def _refusal(status: int, raw: bytes) -> Exception:
     message = str(error.get("message") or raw[:200])
     if status == 400 and error.get("type") == "exceed_context_size_error":
         return PromptTooLong(message)
+    if status == 400 and message == "Prompt contains invalid tokens":
+        return InvalidChat("a token id of the prompt is outside the vocabulary")
     if status == 400:
         return InvalidChat(message)
     return EngineUnavailable(f"llama-server: HTTP {status}: {message}")
