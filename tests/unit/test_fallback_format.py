@@ -81,8 +81,12 @@ def test_auto_prefers_ollama_then_llama_server_then_llama_cpp() -> None:
     assert choose_engine("auto", None, True, llama_server_binary=server) == "llama_server"
     assert choose_engine("auto", None, source_is_file=True) == "llama_cpp"
     # A Jinja template for tools: llama.cpp renders it, Ollama does not.
-    tools = {"jinja_template": True, "llama_server_binary": server}
-    assert choose_engine("auto", "/usr/bin/ollama", True, **tools) == "llama_server"
+    assert (
+        choose_engine(
+            "auto", "/usr/bin/ollama", True, jinja_template=True, llama_server_binary=server
+        )
+        == "llama_server"
+    )
     assert choose_engine("auto", "/usr/bin/ollama", True, jinja_template=True) == "llama_cpp"
     # Asked by name: kept, whatever else is there.
     assert choose_engine("llama_cpp", "/usr/bin/ollama", True, llama_server_binary=server) == (
