@@ -30,7 +30,7 @@ LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
 # pinned source (the sdist's vendor/llama.cpp) and flags, beside the wheel: one static binary, no
 # web UI, no TLS, nothing fetched (LLAMA_USE_PREBUILT_UI would download the UI, LLGUIDANCE clone).
 LLAMA_SERVER := $(LLAMA_WHEELS)/llama-server
-LLAMA_SERVER_CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
+LLAMA_SERVER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
 	-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF -DBUILD_SHARED_LIBS=OFF
 LLAMA_SRC := $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
