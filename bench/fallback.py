@@ -10,7 +10,13 @@ First, what moving llama.cpp out of the replica costs: the same library and GGUF
 (the anchor) against the fallback's engine in its child process (`LlamaCppEngine`), one thread,
 no Serve, same prompt and 64 tokens: TTFT and decode tokens/s. Target: decode within 10%.
 
-Run with `make bench` (or `python -m bench.fallback`).
+Then the engines themselves, no Serve: today's Python server (`LlamaCppEngine`, one sequence at
+a time) against llama.cpp's own `llama-server` (`LlamaServerEngine`, continuous batching over
+8 slots; its RAM prompt cache off and on), 8 streams of 64 tokens at once, then one alone, two
+threads each. Targets: TTFT p99 <= 0.7x today's, total tokens/s >= 1.2x, one stream's decode
+within 10% of today's.
+
+Run with `make bench` (or `python -m bench.fallback`; `--engines` for the last part alone).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from cluster.backends import build_fallback
 from core.types import FALLBACK_BACKEND
 from deployments.fallback.engine import ChatParams, Piece
 from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+from deployments.fallback.llama_server_engine import LlamaServerEngine
+from deployments.fallback.replica import llama_server_binary
 
 CONFIG = Path(__file__).with_name("fallback.yaml")
 PORT = 18400
@@ -216,9 +224,118 @@ def report_hop(inside: list[tuple[float, float]], child: list[tuple[float, float
     return speed >= 0.9
 
 
+ENGINE_STREAMS = 8
+ENGINE_THREADS = 2
+ENGINE_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    name: str
+    ttft_s: tuple[float, ...]  # each stream's wait for its first piece
+    decode: tuple[float, ...]  # each stream's tokens/s after its first piece
+    tokens: int
+    elapsed_s: float
+
+    @property
+    def total(self) -> float:
+        return self.tokens / self.elapsed_s
+
+    def ttft_ms(self, q: float) -> float:
+        ordered = sorted(self.ttft_s)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def engine_burst(engine: Any, name: str, streams: int) -> EngineRun:
+    """`streams` chats of OUTPUT_TOKENS sent at once, `ENGINE_ROUNDS` times."""
+    ttft: list[float] = []
+    decode: list[float] = []
+    tokens, elapsed = 0, 0.0
+
+    async def one() -> None:
+        nonlocal tokens
+        params = ChatParams(messages=PROMPT, max_tokens=OUTPUT_TOKENS, temperature=0.7)
+        started, first, count = time.perf_counter(), 0.0, 0
+        async for piece in engine.chat(params):
+            if isinstance(piece, Piece):
+                count += 1
+                first = first or time.perf_counter()
+        ttft.append(first - started)
+        decode.append((count - 1) / max(1e-9, time.perf_counter() - first))
+        tokens += count
+
+    await one()  # warm
+    ttft.clear()
+    decode.clear()
+    tokens = 0
+    for _ in range(ENGINE_ROUNDS):
+        started = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(streams)))
+        elapsed += time.perf_counter() - started
+    return EngineRun(name, tuple(ttft), tuple(decode), tokens, elapsed)
+
+
+async def engines() -> list[tuple[int, list[EngineRun]]]:
+    server = llama_server_binary()
+    if server is None:
+        raise SystemExit("no llama-server beside this Python: run `make install`")
+    candidates: list[tuple[str, Any]] = [
+        ("today's server (llama_cpp)", LlamaCppEngine(
+            model_path=GGUF, context_window=2048, threads=ENGINE_THREADS)),
+        ("llama-server, prompt cache off", LlamaServerEngine(
+            binary=server, model_path=GGUF, context_window=2048, threads=ENGINE_THREADS,
+            parallel=ENGINE_STREAMS)),
+        ("llama-server, prompt cache 256 MiB", LlamaServerEngine(
+            binary=server, model_path=GGUF, context_window=2048, threads=ENGINE_THREADS,
+            parallel=ENGINE_STREAMS, prompt_cache_mib=256)),
+    ]  # fmt: skip
+    results: dict[int, list[EngineRun]] = {ENGINE_STREAMS: [], 1: []}
+    for name, engine in candidates:  # one at a time: they share the two cores
+        await engine.start()
+        try:
+            for streams in results:
+                results[streams].append(await engine_burst(engine, name, streams))
+        finally:
+            await engine.aclose()
+    return list(results.items())
+
+
+def report_engines(results: list[tuple[int, list[EngineRun]]]) -> bool:
+    met = True
+    for streams, runs in results:
+        print(f"\n{streams} stream(s) of {OUTPUT_TOKENS} tokens at once, {ENGINE_ROUNDS} rounds:")
+        print(
+            "| engine | TTFT p50 ms | TTFT p99 ms | decode tok/s per stream (p50) | total tok/s |"
+        )
+        print("|---|---:|---:|---:|---:|")
+        for r in runs:
+            print(
+                f"| {r.name} | {r.ttft_ms(0.5):.0f} | {r.ttft_ms(0.99):.0f} "
+                f"| {statistics.median(r.decode):.1f} | {r.total:.1f} |"
+            )
+        today, server = runs[0], runs[1]
+        if streams == 1:
+            ratio = statistics.median(server.decode) / statistics.median(today.decode)
+            print(f"one stream, llama-server / today: decode {ratio:.2f}x (target >= 0.9)")
+            met &= ratio >= 0.9
+        else:
+            ttft = server.ttft_ms(0.99) / today.ttft_ms(0.99)
+            total = server.total / today.total
+            print(
+                f"{streams} at once, llama-server / today: TTFT p99 {ttft:.2f}x (target <= 0.7), "
+                f"total tokens/s {total:.2f}x (target >= 1.2)"
+            )
+            met &= ttft <= 0.7 and total >= 1.2
+    print(f"engine targets: {'met' if met else 'NOT met'}\n")
+    return met
+
+
 def main() -> int:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    engines_met = report_engines(asyncio.run(engines()))
+    if sys.argv[1:] == ["--engines"]:
+        return 0 if engines_met else 1
     hop_met = report_hop(in_process(), asyncio.run(in_child()))
     config = stack.start(CONFIG, PORT)
     try:
@@ -232,7 +349,7 @@ def main() -> int:
     finally:
         stack.stop()
     report(runs)
-    return 1 if any(r.errors for r in runs) or not hop_met else 0
+    return 1 if any(r.errors for r in runs) or not (hop_met and engines_met) else 0
 
 
 if __name__ == "__main__":

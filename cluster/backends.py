@@ -185,6 +185,8 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
         keep_alive=fallback.keep_alive,
         ollama_models_dir=fallback.ollama_models_dir,
         n_gpu_layers=fallback.n_gpu_layers,
+        parallel=fallback.parallel,
+        prompt_cache_mib=fallback.prompt_cache_mib,
         chat_template=config.fallback_target.chat_template,
         aging_s=config.router.aging_s,
     )

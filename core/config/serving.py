@@ -311,8 +311,23 @@ class ModelConfig(Frozen):
 class FallbackConfig(Frozen):
     """The CPU replica every chain ends on: it has no GPU memory to run out of."""
 
-    engine: Literal["ollama", "llama_cpp", "auto"] = Field(
-        "auto", description="auto prefers Ollama where its binary is on the node, else llama.cpp."
+    engine: Literal["ollama", "llama_server", "llama_cpp", "auto"] = Field(
+        "auto",
+        description="auto prefers Ollama where its binary is on the node, else llama.cpp's own "
+        "`llama-server` (make install builds it), else llama.cpp in a Python server that "
+        "decodes one request at a time (llama_cpp).",
+    )
+    parallel: int = Field(
+        4,
+        ge=1,
+        description="Requests the engine decodes at once (llama-server's slots, each with the "
+        "whole window; OLLAMA_NUM_PARALLEL); more wait in the replica, users first. llama_cpp "
+        "decodes one.",
+    )
+    prompt_cache_mib: int = Field(
+        0,
+        ge=0,
+        description="llama-server: RAM for its prompt cache (--cache-ram; 0: off, as measured).",
     )
     source: str = Field(
         min_length=1,

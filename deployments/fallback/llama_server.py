@@ -207,7 +207,7 @@ def _grammar(schema: dict[str, Any] | None) -> Any:
     from llama_cpp import LlamaGrammar
 
     try:
-        return LlamaGrammar.from_json_schema(json.dumps(_loosened(schema)), verbose=False)
+        return LlamaGrammar.from_json_schema(json.dumps(loosened_schema(schema)), verbose=False)
     except Exception as error:  # noqa: BLE001 - the converter raises anything on odd schemas
         raise BadRequest("invalid", f"the tool's parameters cannot be decoded: {error}") from None
 
@@ -220,13 +220,13 @@ _BOUNDS = frozenset(
 )
 
 
-def _loosened(schema: Any) -> Any:
+def loosened_schema(schema: Any) -> Any:
     if isinstance(schema, list):
-        return [_loosened(item) for item in schema]
+        return [loosened_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
     return {
-        key: _loosened(value)
+        key: loosened_schema(value)
         for key, value in schema.items()
         if not (key in _BOUNDS and isinstance(value, int) and value > MAX_GRAMMAR_BOUND)
     }

@@ -258,7 +258,6 @@ class OllamaEngine:
     """`ollama serve`, a supervised child of this replica, serving one model."""
 
     name = "ollama"
-    parallel = 1  # OLLAMA_NUM_PARALLEL: the replica's turns order the rest by priority
 
     def __init__(
         self,
@@ -270,8 +269,10 @@ class OllamaEngine:
         keep_alive: str,
         models_dir: str | None = None,
         n_gpu_layers: int = 0,
+        parallel: int = 1,
         sleep: Callable[[float], Any] = asyncio.sleep,
     ) -> None:
+        self.parallel = parallel  # OLLAMA_NUM_PARALLEL: the replica's turns order the rest
         self._source = source
         self._gpu_layers = n_gpu_layers
         self._model = model

@@ -11,10 +11,13 @@ crash of native code costs a restart, never the replica.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -64,25 +67,40 @@ class FallbackSettings:
     keep_alive: str
     ollama_models_dir: str | None = None
     n_gpu_layers: int = 0  # layers offloaded to a GPU (0: the GPU hidden from the engine; -1 all)
+    parallel: int = 4  # sequences decoded at once (llama-server's slots, OLLAMA_NUM_PARALLEL)
+    prompt_cache_mib: int = 0  # llama-server's --cache-ram
     chat_template: str | None = None  # llama.cpp: the template file for the GGUF's own (tools)
     aging_s: float = 10.0  # router.aging_s: a waiter's priority number falls by one per this
 
 
 def choose_engine(
-    requested: str, ollama_binary: str | None, source_is_file: bool, jinja_template: bool = False
+    requested: str,
+    ollama_binary: str | None,
+    source_is_file: bool,
+    jinja_template: bool = False,
+    llama_server_binary: str | None = None,
 ) -> str:
     """`auto` prefers Ollama, unless a Jinja chat template is configured (`fallback.tools`),
-    which only llama.cpp renders; llama.cpp needs a GGUF file, Ollama needs its binary."""
-    if requested == "auto" and jinja_template and source_is_file:
-        return "llama_cpp"
+    which only llama.cpp renders; then llama.cpp's own server where make install built it,
+    else the Python one. llama.cpp needs a GGUF file, Ollama needs its binary."""
+    if requested == "auto":
+        if ollama_binary is not None and not (jinja_template and source_is_file):
+            requested = "ollama"
+        elif llama_server_binary is not None and source_is_file:
+            requested = "llama_server"
+        else:
+            requested = "llama_cpp" if source_is_file or ollama_binary is None else "ollama"
     if requested == "ollama" and ollama_binary is None:
         raise NoEngine(
             "fallback.engine is ollama but there is no `ollama` binary on this node's PATH; "
-            "install Ollama there or use engine llama_cpp (or auto)"
+            "install Ollama there or use engine llama_server, llama_cpp (or auto)"
         )
-    if requested == "auto":
-        requested = "ollama" if ollama_binary is not None else "llama_cpp"
-    if requested == "llama_cpp" and not source_is_file:
+    if requested == "llama_server" and llama_server_binary is None:
+        raise NoEngine(
+            "fallback.engine is llama_server but there is no `llama-server` binary beside this "
+            "node's Python or on its PATH (make install builds it); use llama_cpp (or auto)"
+        )
+    if requested in ("llama_cpp", "llama_server") and not source_is_file:
         raise NoEngine(
             "fallback.source names an Ollama model, which llama.cpp cannot load, and there is "
             "no `ollama` binary on this node's PATH; point source at a .gguf file"
@@ -90,13 +108,22 @@ def choose_engine(
     return requested
 
 
+def llama_server_binary() -> str | None:
+    """The `llama-server` make install put beside this Python (the venv's bin), or one on PATH."""
+    beside = Path(sys.executable).with_name("llama-server")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("llama-server")
+
+
 def make_engine(settings: FallbackSettings) -> FallbackEngine:
-    binary = shutil.which("ollama")
+    binary, server = shutil.which("ollama"), llama_server_binary()
     chosen = choose_engine(
         settings.engine,
         binary,
         settings.source.endswith(".gguf"),
         jinja_template=settings.chat_template is not None,
+        llama_server_binary=server,
     )
     if chosen == "ollama":
         from deployments.fallback.ollama import OllamaEngine
@@ -110,6 +137,21 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
             keep_alive=settings.keep_alive,
             models_dir=settings.ollama_models_dir,
             n_gpu_layers=settings.n_gpu_layers,
+            parallel=settings.parallel,
+        )
+    if chosen == "llama_server":
+        from deployments.fallback.llama_server_engine import LlamaServerEngine
+
+        assert server is not None
+        return LlamaServerEngine(
+            binary=server,
+            model_path=settings.source,
+            context_window=settings.context_window,
+            threads=settings.threads,
+            parallel=settings.parallel,
+            n_gpu_layers=settings.n_gpu_layers,
+            chat_template=settings.chat_template,
+            prompt_cache_mib=settings.prompt_cache_mib,
         )
     from deployments.fallback.llama_cpp_engine import LlamaCppEngine
 

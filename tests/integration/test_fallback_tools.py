@@ -58,10 +58,13 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     event_loop.close()
 
 
-@pytest.fixture(scope="module")
-def fallback(loop: asyncio.AbstractEventLoop) -> Iterator[CpuFallback]:
+@pytest.fixture(scope="module", params=["llama_cpp", "llama_server"])
+def fallback(
+    loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest
+) -> Iterator[CpuFallback]:
+    """Both llama.cpp engines: the Python server and llama.cpp's own."""
     settings = FallbackSettings(
-        engine="llama_cpp",
+        engine=request.param,
         source=str(GGUF),
         model_id="cpu-fallback",
         context_window=1024,

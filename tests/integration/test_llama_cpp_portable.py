@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from deployments.fallback.replica import llama_server_binary
+
 # AVX-512 uses the zmm registers, and its mask registers k1-k7 (also on ymm/xmm, under
 # AVX-512VL); AMX has its own tile instructions.
 BEYOND_X86_64_V3 = re.compile(
@@ -24,9 +26,15 @@ BEYOND_X86_64_V3 = re.compile(
 
 
 def _libraries() -> list[Path]:
+    """The wheel's libraries, and the `llama-server` binary make install builds (static: its
+    ggml is compiled in)."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is part of the cpu extra")
     lib = Path(llama_cpp.__file__).parent / "lib"
-    return sorted(p for p in lib.glob("lib*.so*") if p.is_file() and not p.is_symlink())
+    found = sorted(p for p in lib.glob("lib*.so*") if p.is_file() and not p.is_symlink())
+    server = llama_server_binary()
+    if server is None:
+        pytest.fail("no llama-server beside this Python: run `make install` (make test does it)")
+    return [*found, Path(server)]
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the instruction sets checked are x86's")

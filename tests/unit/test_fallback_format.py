@@ -75,11 +75,26 @@ def test_a_whole_answer_is_a_chat_completion_with_usage() -> None:
     assert body["usage"] == {**body["usage"], "prompt_tokens": 5, "completion_tokens": 2}
 
 
-def test_auto_prefers_ollama_and_falls_back_to_llama_cpp() -> None:
-    assert choose_engine("auto", "/usr/bin/ollama", source_is_file=True) == "ollama"
+def test_auto_prefers_ollama_then_llama_server_then_llama_cpp() -> None:
+    server = "/venv/bin/llama-server"
+    assert choose_engine("auto", "/usr/bin/ollama", True, llama_server_binary=server) == "ollama"
+    assert choose_engine("auto", None, True, llama_server_binary=server) == "llama_server"
     assert choose_engine("auto", None, source_is_file=True) == "llama_cpp"
-    assert choose_engine("llama_cpp", "/usr/bin/ollama", source_is_file=True) == "llama_cpp"
+    # A Jinja template for tools: llama.cpp renders it, Ollama does not.
+    assert (
+        choose_engine(
+            "auto", "/usr/bin/ollama", True, jinja_template=True, llama_server_binary=server
+        )
+        == "llama_server"
+    )
+    assert choose_engine("auto", "/usr/bin/ollama", True, jinja_template=True) == "llama_cpp"
+    # Asked by name: kept, whatever else is there.
+    assert choose_engine("llama_cpp", "/usr/bin/ollama", True, llama_server_binary=server) == (
+        "llama_cpp"
+    )
     assert choose_engine("ollama", "/usr/bin/ollama", source_is_file=False) == "ollama"
+    # An Ollama model name: only Ollama can serve it.
+    assert choose_engine("auto", "/usr/bin/ollama", False, llama_server_binary=server) == "ollama"
 
 
 def test_an_engine_that_cannot_run_here_says_what_to_change() -> None:
@@ -87,3 +102,5 @@ def test_an_engine_that_cannot_run_here_says_what_to_change() -> None:
         choose_engine("ollama", None, source_is_file=True)
     with pytest.raises(NoEngine, match=r"point source at a \.gguf file"):
         choose_engine("auto", None, source_is_file=False)
+    with pytest.raises(NoEngine, match="no `llama-server` binary"):
+        choose_engine("llama_server", None, source_is_file=True)

@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import ApiError
 from deployments.fallback.engine import ChatParams
-from deployments.fallback.llama_server import MAX_GRAMMAR_BOUND, _loosened
+from deployments.fallback.llama_server import MAX_GRAMMAR_BOUND, loosened_schema
 from deployments.fallback.ollama import _Reader, chat_body
 from deployments.fallback.replica import choose_engine
 from deployments.fallback.tool_calls import read_calls
@@ -54,7 +54,7 @@ def test_bounds_a_grammar_would_spell_out_rule_by_rule_are_left_out() -> None:
             "items": {"type": "array", "minItems": 10**8, "maxItems": MAX_GRAMMAR_BOUND},
         },
     }
-    loose = _loosened(schema)
+    loose = loosened_schema(schema)
     assert loose["properties"]["text"] == {"type": "string", "minLength": 1}
     assert loose["properties"]["items"] == {"type": "array", "maxItems": MAX_GRAMMAR_BOUND}
 
