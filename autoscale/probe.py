@@ -3,16 +3,26 @@
 A probe is pinned to its node (node affinity, no CPU, no GPU reserved: it only reads NVML, and
 reserving a GPU would hide the memory it is meant to watch). `inject` replaces its readings
 until cleared: tests and rehearsals drive placement through the same interface as real NVML.
+A probe also keeps the CPU fallback's share of its node's VRAM while the fallback's engine
+restarts (`policy.fallback_vram`), so that placement never fills it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoscale.vram import NodeReading, NvmlSource
+from autoscale.vram import (
+    NodeReading,
+    NvmlSource,
+    VramSource,
+    fallback_engine_pids,
+    fallback_held_bytes,
+)
+from policy.fallback_vram import FallbackVram
 
 PROBE_NAME_PREFIX = "gps-vram-probe:"
 # A probe that has not answered in this long is left out of the round: a node busy enough to
@@ -21,12 +31,31 @@ PROBE_READ_TIMEOUT_S = 10.0
 
 
 class VramProbe:
-    def __init__(self, node_id: str) -> None:
-        self._source = NvmlSource(node=node_id)
+    """`source`, `engine_pids` and `clock` are NVML, /proc and the monotonic clock in the
+    actor; tests hand in their own."""
+
+    def __init__(
+        self,
+        node_id: str,
+        source: VramSource | None = None,
+        engine_pids: Callable[[], frozenset[int]] = fallback_engine_pids,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source if source is not None else NvmlSource(node=node_id)
+        self._engine_pids = engine_pids
+        self._clock = clock
+        self._fallback = FallbackVram()
         self._injected: NodeReading | None = None
 
     def read(self) -> dict[str, Any]:
-        reading = self._injected if self._injected is not None else self._source.read()
+        if self._injected is not None:
+            return self._injected.to_json()
+        reading = self._source.read()
+        if reading.has_gpu:  # the fallback's share of this node's VRAM (`policy.fallback_vram`)
+            pids = self._engine_pids()
+            held = fallback_held_bytes(reading, pids)
+            self._fallback = self._fallback.observed(held, bool(pids), self._clock())
+            reading = reading.with_fallback(self._fallback)
         return reading.to_json()
 
     def inject(self, reading: dict[str, Any] | None) -> None:
@@ -37,8 +66,9 @@ class VramProbe:
 def pool_free_bytes(
     readings: Iterable[NodeReading], node_pools: Mapping[str, Iterable[str]]
 ) -> dict[str, int | None]:
-    """Free VRAM per pool: the sum over its nodes' GPUs. A pool none of whose nodes reported a
-    GPU gets None (unknown): placement never moves a model there."""
+    """Free VRAM per pool: the sum over its nodes' GPUs, less what the CPU fallback's engine is
+    owed there while it restarts. A pool none of whose nodes reported a GPU gets None
+    (unknown): placement never moves a model there."""
     free: dict[str, int | None] = {}
     for pools in node_pools.values():
         for pool in pools:
@@ -47,7 +77,7 @@ def pool_free_bytes(
         if not reading.has_gpu:
             continue
         for pool in node_pools.get(reading.node, ()):
-            free[pool] = (free[pool] or 0) + reading.free_bytes
+            free[pool] = (free[pool] or 0) + reading.placeable_bytes
     return free
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from core.types import GIB
+from core.types import FALLBACK_ENGINE_MARKER, GIB
+from policy.fallback_vram import FallbackVram
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class NodeReading:
     # Hardware faults NVML reported (uncorrectable ECC errors, fatal Xid events): the node's
     # GPUs cannot be trusted with a replica until the node is replaced or reset.
     faults: tuple[str, ...] = ()
+    # The CPU fallback's engine on this node (`policy.fallback_vram`): what it holds now, and
+    # the free VRAM that is its share all the same while it restarts.
+    fallback_held_bytes: int = 0
+    fallback_withheld_bytes: int = 0
 
     @property
     def has_gpu(self) -> bool:
@@ -52,6 +57,18 @@ class NodeReading:
     @property
     def free_bytes(self) -> int:
         return sum(g.free_bytes for g in self.gpus)
+
+    @property
+    def placeable_bytes(self) -> int:
+        """Free VRAM a model may be placed into: NVML's free less the fallback's withheld share."""
+        return max(0, self.free_bytes - self.fallback_withheld_bytes)
+
+    def with_fallback(self, share: FallbackVram) -> NodeReading:
+        return replace(
+            self,
+            fallback_held_bytes=share.held_bytes,
+            fallback_withheld_bytes=share.withheld_bytes,
+        )
 
     @property
     def total_bytes(self) -> int:
@@ -76,7 +93,14 @@ class NodeReading:
             for g in data.get("gpus", ())
         )
         faults = tuple(str(f) for f in data.get("faults", ()))
-        return cls(node=str(data["node"]), gpus=gpus, error=data.get("error"), faults=faults)
+        return cls(
+            node=str(data["node"]),
+            gpus=gpus,
+            error=data.get("error"),
+            faults=faults,
+            fallback_held_bytes=int(data.get("fallback_held_bytes", 0)),
+            fallback_withheld_bytes=int(data.get("fallback_withheld_bytes", 0)),
+        )
 
 
 class VramSource(Protocol):
@@ -194,6 +218,34 @@ def _read_gpu(pynvml: Any, index: int) -> GpuReading:
         used_bytes=int(memory.used),
         free_bytes=int(memory.free),
         processes=processes,
+    )
+
+
+def fallback_engine_pids(proc: Path = Path("/proc")) -> frozenset[int]:
+    """This node's processes started with the fallback's marker in their environment (the
+    engine and what it forks: Ollama's runners inherit it). Others' processes we may not read
+    are not ours."""
+    marker = f"{FALLBACK_ENGINE_MARKER}=".encode()
+    pids = set()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone since the listing, or not ours to read
+            continue
+        if any(item.startswith(marker) for item in environ.split(b"\0")):
+            pids.add(int(entry.name))
+    return frozenset(pids)
+
+
+def fallback_held_bytes(reading: NodeReading, pids: frozenset[int]) -> int:
+    """VRAM the processes `pids` hold on the node's GPUs (0 where the driver will not say)."""
+    return sum(
+        process.used_bytes or 0
+        for gpu in reading.gpus
+        for process in gpu.processes
+        if process.pid in pids
     )
 
 

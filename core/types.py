@@ -22,6 +22,9 @@ AUTO_MODEL = "auto"  # the client-visible name that lets the depth router choose
 FALLBACK_BACKEND = "cpu-fallback"  # the CPU link every chain ends on
 DEPLOYMENT_PREFIX = "model:"  # Serve deployment names of model backends: model:<name>@<pool>
 GIB = 1024**3
+# In the environment of a fallback engine that may use a GPU: how a node's VRAM probe tells its
+# processes from the models' (the fallback reserves no GPU with Ray).
+FALLBACK_ENGINE_MARKER = "GPS_FALLBACK_ENGINE"
 
 
 class Role(StrEnum):

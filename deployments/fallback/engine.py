@@ -11,6 +11,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from core.types import FALLBACK_ENGINE_MARKER
+
 
 @dataclass(frozen=True)
 class ChatParams:
@@ -59,9 +61,10 @@ def gpu_env(n_gpu_layers: int, hidden: str = "") -> dict[str, str]:
     build of llama.cpp at 0 layers still held 1.0-1.2 GiB of VRAM and ran prompt processing on
     a visible GPU (H200, 2026-11-26): VRAM that placement does not count, taken from the
     models it places there. `hidden` is how the engine reads "no device" (Ollama documents an
-    invalid id, "-1")."""
+    invalid id, "-1"). With layers asked for, the marker lets the node's VRAM probe keep the
+    engine's share while it restarts (`policy.fallback_vram`)."""
     if n_gpu_layers != 0:
-        return {}
+        return {FALLBACK_ENGINE_MARKER: "1"}
     return {"CUDA_VISIBLE_DEVICES": hidden, "HIP_VISIBLE_DEVICES": hidden}
 
 

@@ -150,7 +150,7 @@ async def fake_asked(_: Request) -> Response:
 
 async def fake_env(_: Request) -> Response:
     """The GPU environment `ollama serve` was started with (None: not set)."""
-    names = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    names = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPS_FALLBACK_ENGINE")
     return JSONResponse({name: os.environ.get(name) for name in names})
 
 

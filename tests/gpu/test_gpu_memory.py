@@ -7,6 +7,7 @@ Needs torch with CUDA and nvidia-ml-py, nothing else of ours but two pure module
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -32,10 +33,13 @@ time.sleep(600)
 """
 
 
-def hold(gib: float) -> subprocess.Popen[str]:
+def hold(gib: float, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """Another process holding `gib` of GPU memory, as a second tenant of the GPU would."""
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(gib)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, str(gib)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "held"
@@ -168,3 +172,34 @@ def test_the_capacity_commands_gpu_memory_follows_a_real_allocation(
     assert 8 * GIB <= during - before <= 9 * GIB
     assert after - before < GIB
     assert abs(total - cuda_total) <= 0.01 * cuda_total
+
+
+def test_a_probe_keeps_the_fallback_engines_vram_while_it_restarts(
+    holder: list[subprocess.Popen[str]],
+) -> None:
+    """A process started with the fallback engine's environment (`gpu_env` with layers asked
+    for) holds 4 GiB: the node's probe finds it by its marker and NVML's per-process count, and
+    once it dies keeps those 4 GiB out of what placement may fill (`policy.fallback_vram`)."""
+    from autoscale.probe import VramProbe
+    from autoscale.vram import NodeReading
+    from deployments.fallback.engine import gpu_env
+
+    probe = VramProbe("gpu-node")
+    calm = NodeReading.from_json(probe.read())
+    holder.append(hold(4, env=gpu_env(n_gpu_layers=-1)))
+    running = NodeReading.from_json(probe.read())
+    holder[0].kill()
+    holder[0].wait()
+    time.sleep(1)
+    restarting = NodeReading.from_json(probe.read())
+    print(
+        f"\nfallback share on real NVML: held {running.fallback_held_bytes / GIB:.2f} GiB while "
+        f"it ran; after its death free {restarting.free_bytes / GIB:.2f} GiB, withheld "
+        f"{restarting.fallback_withheld_bytes / GIB:.2f}, placeable "
+        f"{restarting.placeable_bytes / GIB:.2f} (before it started: {calm.free_bytes / GIB:.2f})"
+    )
+    if not running.gpus[0].processes:
+        pytest.skip("this container hides GPU processes from NVML: no per-process count")
+    assert 4 * GIB <= running.fallback_held_bytes <= 5 * GIB  # its 4 GiB and its CUDA context
+    assert restarting.fallback_withheld_bytes == running.fallback_held_bytes
+    assert abs(restarting.placeable_bytes - running.placeable_bytes) < GIB // 4

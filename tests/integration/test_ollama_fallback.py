@@ -18,6 +18,8 @@ import httpx
 import pytest
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
+from autoscale.vram import fallback_engine_pids
+from core.types import FALLBACK_ENGINE_MARKER
 from deployments.fallback.engine import ChatParams, EngineUnavailable, Finish, Piece
 from deployments.fallback.ollama import OllamaApi, OllamaEngine
 from deployments.fallback.replica import CpuFallback, FallbackSettings
@@ -102,18 +104,32 @@ def test_ollama_sees_no_gpu_at_zero_layers_and_is_asked_for_a_count_otherwise(
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as on a GPU node: the replica sees one
 
-    async def env_and_asked(engine: OllamaEngine) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def env_and_asked(
+        engine: OllamaEngine,
+    ) -> tuple[dict[str, Any], dict[str, Any], bool]:
         async with httpx.AsyncClient(base_url=engine.base_url) as client:
-            return (await client.get("/_fake/env")).json(), await asked(engine)
+            env = (await client.get("/_fake/env")).json()
+        # What the node's VRAM probe finds in /proc: the engine is the fallback's, or not.
+        return env, await asked(engine), engine.pid in fallback_engine_pids()
 
     cpu = engine_for(fake_ollama, str(gguf))
-    env, seen = run_with(cpu, lambda: env_and_asked(cpu))
-    assert env == {"CUDA_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1"}
+    env, seen, marked = run_with(cpu, lambda: env_and_asked(cpu))
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "-1",
+        "HIP_VISIBLE_DEVICES": "-1",
+        FALLBACK_ENGINE_MARKER: None,
+    }
     assert seen["create"][-1]["parameters"] == {"num_ctx": 2048}
+    assert not marked  # no GPU, no share of one to keep
     offloaded = engine_for(fake_ollama, str(gguf), n_gpu_layers=20)
-    env, seen = run_with(offloaded, lambda: env_and_asked(offloaded))
-    assert env == {"CUDA_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": None}
+    env, seen, marked = run_with(offloaded, lambda: env_and_asked(offloaded))
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "HIP_VISIBLE_DEVICES": None,
+        FALLBACK_ENGINE_MARKER: "1",
+    }
     assert seen["create"][-1]["parameters"] == {"num_ctx": 2048, "num_gpu": 20}
+    assert marked
 
 
 def test_a_blob_ollama_already_has_is_not_uploaded_again(fake_ollama: str, gguf: Path) -> None:
