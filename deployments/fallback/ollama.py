@@ -129,9 +129,12 @@ def _raise_for_error(reply: httpx.Response) -> None:
     raise OllamaError(f"HTTP {reply.status_code}: {message}", reply.status_code)
 
 
-def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> dict[str, Any]:
-    """An `/api/chat` request: the window and the output limit go in `options`."""
-    options = _options(params, num_ctx)
+def chat_body(
+    model: str, params: ChatParams, model_options: Mapping[str, int], keep_alive: str
+) -> dict[str, Any]:
+    """An `/api/chat` request: the model's options (its window, its GPU layers) and the output
+    limit go in `options`."""
+    options = _options(params, model_options)
     messages = [_message(m) for m in params.messages]
     if params.continue_text:  # Ollama continues a trailing assistant message
         messages.append({"role": "assistant", "content": params.continue_text})
@@ -151,7 +154,7 @@ def chat_body(model: str, params: ChatParams, num_ctx: int, keep_alive: str) -> 
 
 
 def generate_body(
-    model: str, params: CompletionParams, num_ctx: int, keep_alive: str
+    model: str, params: CompletionParams, model_options: Mapping[str, int], keep_alive: str
 ) -> dict[str, Any]:
     """An `/api/generate` request with `raw: true`: the prompt as sent, no template."""
     return {
@@ -160,12 +163,14 @@ def generate_body(
         "raw": True,
         "stream": True,
         "keep_alive": keep_alive,
-        "options": _options(params, num_ctx),
+        "options": _options(params, model_options),
     }
 
 
-def _options(params: ChatParams | CompletionParams, num_ctx: int) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_ctx": num_ctx, "num_predict": params.max_tokens}
+def _options(
+    params: ChatParams | CompletionParams, model_options: Mapping[str, int]
+) -> dict[str, Any]:
+    options: dict[str, Any] = {**model_options, "num_predict": params.max_tokens}
     if params.temperature is not None:
         options["temperature"] = params.temperature
     if params.top_p is not None:
@@ -326,13 +331,14 @@ class OllamaEngine:
             digest = await api.push_blob(Path(self._source))
             # Created every start: cheap once the blob is there, and it keeps num_ctx current.
             files = {Path(self._source).name: digest}
-            await api.create(self._model, files, self._parameters())
+            await api.create(self._model, files, self._model_options())
         elif not await api.has_model(self._source):
             await api.pull(self._source)
 
-    def _parameters(self) -> dict[str, int]:
+    def _model_options(self) -> dict[str, int]:
         """The model's window, and its layers on the GPU where a count is asked (-1: Ollama
-        offloads what fits, its own default)."""
+        offloads what fits, its own default): the parameters of a model created from the GGUF,
+        and in every request's options too, which is how a model pulled by name gets them."""
         parameters = {"num_ctx": self._window}
         if self._gpu_layers > 0:
             parameters["num_gpu"] = self._gpu_layers
@@ -346,7 +352,7 @@ class OllamaEngine:
         return OllamaApi(self._server.client)
 
     async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
-        body = chat_body(self._served_model, params, self._window, self._keep_alive)
+        body = chat_body(self._served_model, params, self._model_options(), self._keep_alive)
         reader = _Reader(forced="format" in body)  # the answer is the JSON of one call
         async for item in self._lines(body, "/api/chat"):
             for piece in reader.pieces(item):
@@ -357,7 +363,7 @@ class OllamaEngine:
     async def complete(self, params: CompletionParams) -> AsyncGenerator[Piece | Finish, None]:
         if not isinstance(params.prompt, str):
             raise InvalidChat("the Ollama fallback takes a text prompt, not token ids")
-        body = generate_body(self._served_model, params, self._window, self._keep_alive)
+        body = generate_body(self._served_model, params, self._model_options(), self._keep_alive)
         echoed = not params.echo
         async for item in self._lines(body, "/api/generate"):
             if not echoed:

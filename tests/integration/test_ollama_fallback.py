@@ -174,7 +174,8 @@ def test_chat_streams_pieces_and_sends_window_limit_and_keep_alive(
 
 
 def test_a_model_named_instead_of_a_file_is_pulled(fake_ollama: str) -> None:
-    engine = engine_for(fake_ollama, "llama3.2:1b")
+    # Pulled, it is not created by us: its GPU layers go in every request's options instead.
+    engine = engine_for(fake_ollama, "llama3.2:1b", n_gpu_layers=12)
     params = ChatParams(messages=[{"role": "user", "content": "hi"}], max_tokens=5)
 
     async def chat() -> tuple[list[Piece | Finish], dict[str, Any]]:
@@ -184,6 +185,7 @@ def test_a_model_named_instead_of_a_file_is_pulled(fake_ollama: str) -> None:
     assert seen["pull"] == [{"model": "llama3.2:1b", "stream": False}]
     assert seen["create"] == []
     assert seen["chat"][0]["model"] == "llama3.2:1b"
+    assert seen["chat"][0]["options"] == {"num_ctx": 2048, "num_gpu": 12, "num_predict": 5}
     assert pieces[-1] == Finish("stop", prompt_tokens=5, completion_tokens=2)
 
 

@@ -66,11 +66,13 @@ def test_ollama_gets_the_tools_and_a_forced_calls_schema_as_its_format() -> None
         tools=[WEATHER],
         tool_choice="required",
     )
-    body = chat_body("m", forced, 2048, "1m")
+    body = chat_body("m", forced, {"num_ctx": 2048}, "1m")
     assert body["tools"] == [WEATHER]
     assert body["format"]["properties"]["name"] == {"const": "weather"}
     assert body["messages"][0]["tool_calls"] == [{"function": {"name": "f", "arguments": {"a": 1}}}]
-    free = chat_body("m", ChatParams(messages=[], max_tokens=8, tools=[WEATHER]), 2048, "1m")
+    free = chat_body(
+        "m", ChatParams(messages=[], max_tokens=8, tools=[WEATHER]), {"num_ctx": 2048}, "1m"
+    )
     assert "format" not in free
 
 
