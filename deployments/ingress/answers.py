@@ -5,7 +5,7 @@ stream's SSE lines relayed to the end, its error events counted."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
@@ -82,8 +82,10 @@ async def relay_sse(
     stream: DeploymentResponseGenerator[Any],
     usage: StreamUsage,
     timing: metrics.StreamTiming,
+    ended: Callable[[], None],
 ) -> AsyncIterator[str]:
-    """Relay the engine's SSE lines; cancel the whole chain if the client goes away."""
+    """Relay the engine's SSE lines; cancel the whole chain if the client goes away. `ended`
+    books the stream once it is over, however it ended (one generator per chunk, not two)."""
     done = False
     try:
         item: Any = first
@@ -102,6 +104,7 @@ async def relay_sse(
         timing.completed()
     finally:
         stream.cancel()
+        ended()
 
 
 def wants_usage(request: Any) -> bool:

@@ -11,7 +11,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from vllm.entrypoints.generate.base.protocol import StreamOptions
 from core.config import ClusterConfig
 from core.errors import ApiError, ErrorCode
 from core.types import Depth, PriorityClass
-from core.wire import ChatJob, Refusal, Reply, Routed, is_embedding
+from core.wire import ChatJob, Refusal, Reply, is_embedding
 from deployments.batch.actor import replica_batch_actor
 from deployments.batch.http import BatchApi
 from deployments.ingress import answers, metrics
@@ -364,30 +364,19 @@ class Ingress:
             metrics.observe_answer(routed.backend, job.priority.value, 200, seconds)
             return Response(body, media_type="application/json", headers=headers)
         timing = metrics.StreamTiming(routed.backend, job.priority.value, started)
-        relay = answers.relay_sse(first, stream, usage, timing)
-        return StreamingResponse(
-            self._settled(relay, admission, usage, routed, timing),
-            media_type="text/event-stream",
-            headers=headers,
-        )
 
-    async def _settled(
-        self,
-        relay: AsyncIterator[str],
-        admission: Admission,
-        usage: StreamUsage,
-        routed: Routed,
-        timing: metrics.StreamTiming,
-    ) -> AsyncIterator[str]:
-        """The relayed stream; its usage booked when it ends, the client's leaving included."""
-        try:
-            async for text in relay:
-                yield text
-        finally:
+        def settle() -> None:
+            """The stream's usage booked when it ends, the client's leaving included."""
             totals = usage.totals(routed.prompt_tokens)
             self._metering.settle(admission, *totals)
             metrics.observe_tokens(routed.backend, *totals)
             timing.ended()
+
+        return StreamingResponse(
+            answers.relay_sse(first, stream, usage, timing, settle),
+            media_type="text/event-stream",
+            headers=headers,
+        )
 
 
 @dataclass

@@ -67,6 +67,7 @@ class StreamTiming:
 
     def __init__(self, backend: str, priority: str, started: float) -> None:
         self._backend, self._priority = backend, priority
+        self._gaps = INTER_TOKEN_SECONDS.labels(backend)  # looked up once, observed per chunk
         self._started = started
         self._last: float | None = None
         # HTTP said 200 when the stream began; what it ended as: 200, an error event sent
@@ -86,9 +87,8 @@ class StreamTiming:
             TTFT_SECONDS.labels(self._backend, self._priority).observe(now - self._started)
         elif chunks:
             gap = (now - self._last) / chunks
-            histogram = INTER_TOKEN_SECONDS.labels(self._backend)
             for _ in range(chunks):
-                histogram.observe(gap)
+                self._gaps.observe(gap)
         self._last = now
 
     def ended(self, now: float | None = None) -> None:

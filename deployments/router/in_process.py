@@ -35,8 +35,8 @@ class InProcessStream:
     def __aiter__(self) -> InProcessStream:
         return self
 
-    async def __anext__(self) -> Any:
-        return await anext(self._items)
+    def __anext__(self) -> Awaitable[Any]:
+        return self._items.__anext__()  # the generator's own awaitable: no frame per item
 
     def cancel(self) -> None:
         if self._closing is None:
