@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -62,6 +63,12 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def fallback_engines(pid: int) -> list[psutil.Process]:
+    """The fallback replica's engine child: llama.cpp's `llama-server` where make install built
+    it (the e2e config's `auto`), else the Python `deployments.fallback.llama_server`."""
+    return [p for p in engine_processes(pid) if re.search(r"llama[-_]server", _title(p))]
 
 
 def _title(process: psutil.Process) -> str:
@@ -203,7 +210,7 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
     fallback = serve.get_deployment_handle("model:cpu-fallback", app_name="gateway")
     pid = replica_pid("model:cpu-fallback")
     assert pid is not None
-    [server] = [p for p in engine_processes(pid) if "llama_server" in _title(p)]
+    [server] = fallback_engines(pid)
     request = ChatCompletionRequest(
         model="cpu-fallback",
         messages=[{"role": "user", "content": QUESTION}],
@@ -223,7 +230,7 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
     # The replica never died: the same worker answers, with a new engine child, which took the
     # rest of the answer (the kill came after four lines of up to 400 tokens).
     assert replica_pid("model:cpu-fallback") == pid
-    [restarted] = [p for p in engine_processes(pid) if "llama_server" in _title(p)]
+    [restarted] = fallback_engines(pid)
     assert restarted.pid != server.pid
     assert fallback.check_health.remote().result() is None
     assert ray.is_initialized()

@@ -37,7 +37,7 @@ SHUTDOWN = (
     "import ray; from ray import serve; "
     "ray.init(address='auto', namespace='serve'); serve.shutdown()"
 )
-ENGINE_MARKERS = ("VLLM::", "EngineCore", "deployments.fallback.llama_server")
+ENGINE_MARKERS = ("VLLM::", "EngineCore", "deployments.fallback.llama_server", "llama-server")
 TINY_ENGINE = "TINY::EngineCore"  # tests/fakes/tiny_engine_core.py
 
 
@@ -117,7 +117,7 @@ def wait_serving(
         pytest.fail(f"the app did not serve in time:\n{tail(log)}")
     engines = engine_processes()
     titles = " ".join(" ".join(p.cmdline()) for p in engines)
-    assert "llama_server" in titles, titles
+    assert "llama_server" in titles or "llama-server" in titles, titles
     assert engine in titles, titles
     return engines
 
