@@ -11,6 +11,7 @@ __all__ = [
     "AUTO_MODEL",
     "DEPLOYMENT_PREFIX",
     "FALLBACK_BACKEND",
+    "FALLBACK_ENGINE_MARKER",
     "GIB",
     "Depth",
     "PoolKind",

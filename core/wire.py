@@ -65,12 +65,21 @@ def take_prompt_count(request: Request) -> tuple[Request, PromptCount | None]:
 
 def is_completion(request: Any) -> bool:
     """Whether a job's request is a `/v1/completions` one (a prompt), not a chat."""
-    return hasattr(request, "prompt") and not hasattr(request, "messages")
+    return _has(request, "prompt") and not _has(request, "messages")
 
 
 def is_embedding(request: Any) -> bool:
     """Whether a job's request is a `/v1/embeddings` one (inputs to turn into vectors)."""
-    return hasattr(request, "input") and not hasattr(request, "messages")
+    return _has(request, "input") and not _has(request, "messages")
+
+
+def _has(request: Any, name: str) -> bool:
+    """`hasattr`, without its cost on a pydantic model that lacks `name` (its `__getattr__`
+    raises, and these run several times per request): a field, or an extra the body sent."""
+    fields = getattr(type(request), "model_fields", None)
+    if not isinstance(fields, dict):
+        return hasattr(request, name)
+    return name in fields or name in (getattr(request, "__pydantic_extra__", None) or {})
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,10 @@ class _Metric:
         self._children: dict[tuple[str, ...], _Child] = {}
 
     def labels(self, *labelvalues: object) -> _Child:
+        # Strings already (the usual call, per request): found as given.
+        child = self._children.get(labelvalues)  # type: ignore[arg-type]
+        if child is not None:
+            return child
         # Strings, as prometheus_client makes them (Ray refuses any other tag value).
         values = tuple(str(value) for value in labelvalues)
         child = self._children.get(values)

@@ -324,8 +324,7 @@ def _relay(attempt: Attempt, item: Any) -> Step:
 
 
 def _enter(link: Link) -> None:
-    link.in_flight += 1
-    metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
+    link.in_flight += 1  # its gauge is set with the others (Router.refresh_gauges), not per job
 
 
 def _leave(attempt: Attempt) -> None:
@@ -333,6 +332,5 @@ def _leave(attempt: Attempt) -> None:
         attempt.stream.cancel()  # a no-op after the end; aborts the engine request otherwise
     link = attempt.link
     link.in_flight -= 1
-    metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
     link.gate.release()
     link.record_verdict(attempt.verdict)

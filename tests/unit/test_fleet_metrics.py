@@ -99,3 +99,15 @@ def test_the_wrong_number_of_labels_is_refused(ray_sinks: dict[str, RaySink]) ->
     requests = Counter("gps_t_refused", "Requests.", ["endpoint"], registry=registry)
     with pytest.raises(ValueError, match="expected labels"):
         requests.labels("chat", "200")
+
+
+def test_a_label_given_as_a_number_is_the_same_series_as_its_text(
+    ray_sinks: dict[str, RaySink],
+) -> None:
+    registry = CollectorRegistry()
+    answers = Counter("gps_t_answers", "Answers.", ["status"], registry=registry)
+    answers.labels(200).inc()
+    answers.labels("200").inc()  # the usual call: found by its strings as given
+    answers.labels(200).inc()
+    assert registry.get_sample_value("gps_t_answers_total", {"status": "200"}) == 3
+    assert [tags for _, _, tags in ray_sinks["gps_t_answers"].records] == [{"status": "200"}] * 3
