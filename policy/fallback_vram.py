@@ -5,9 +5,10 @@ set its engine child holds VRAM on the node. NVML counts that memory while the e
 the supervisor restarts a dead engine within seconds, and a placement round that read the node in
 that gap would see the engine's share as free, place a model into it, and leave the engine
 nothing to load into. So a node's probe remembers what the fallback's engine last held and keeps
-that much out of the free VRAM it reports until the engine holds it again, or until no engine of
-the fallback has been seen on the node for `forget_after_s` (the replica moved, or was
-reconfigured with the GPU hidden: then its engine carries no marker).
+that much out of the free VRAM it reports until the engine holds it again (a smaller figure
+counts once two readings running agree: loading climbs), or until no engine of the fallback has
+been seen on the node for `forget_after_s` (the replica moved, or was reconfigured with the GPU
+hidden: then its engine carries no marker).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ class FallbackVram:
         """After one reading: `held_bytes` that the fallback's engine processes hold on the
         node's GPUs, `alive` whether any of them runs (it may still be loading)."""
         if held_bytes > 0:
-            return FallbackVram(held_bytes, held_bytes, now)
+            # A restarted engine holds its CUDA context before its layers: its share falls
+            # only to a figure read twice running (loaded; or reconfigured with fewer layers).
+            settled = held_bytes == self.held_bytes
+            reserved = held_bytes if settled else max(held_bytes, self.reserved_bytes)
+            return FallbackVram(held_bytes, reserved, now)
         if alive:  # started, not yet in VRAM: its share stays its own
             return FallbackVram(0, self.reserved_bytes, now)
         if self.last_seen is None or now - self.last_seen > forget_after_s:

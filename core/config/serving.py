@@ -313,9 +313,8 @@ class FallbackConfig(Frozen):
 
     engine: Literal["ollama", "llama_server", "llama_cpp", "auto"] = Field(
         "auto",
-        description="auto prefers Ollama where its binary is on the node, else llama.cpp's own "
-        "`llama-server` (make install builds it), else llama.cpp in a Python server that "
-        "decodes one request at a time (llama_cpp).",
+        description="auto: Ollama where its binary is on the node, else llama.cpp's own "
+        "`llama-server` (make install builds it), else llama_cpp (one request at a time).",
     )
     parallel: int = Field(
         4,
@@ -344,19 +343,18 @@ class FallbackConfig(Frozen):
     tools: ToolsConfig | None = Field(
         None,
         description="Tool calling: llama.cpp reads hermes calls back from the text (with "
-        "chat_template where the GGUF's own ignores tools; with one, engine auto chooses "
-        "llama.cpp); Ollama reads calls with its model's template (no chat_template). A forced "
-        "tool_choice holds the answer to the call's JSON schema (a llama.cpp grammar, Ollama's "
-        "format); a stream of a request with tools is sent when the answer is whole.",
+        "chat_template where the GGUF's own ignores tools; with one, auto chooses llama.cpp); "
+        "Ollama with its model's template. A forced tool_choice holds the answer to the call's "
+        "JSON schema; a stream of a request with tools is sent when the answer is whole.",
     )
     threads: int = Field(2, ge=1, description="CPU threads the engine computes with.")
     n_gpu_layers: int = Field(
         0,
         ge=-1,
         description="Layers offloaded to the node's GPU, the rest in RAM (-1: all). At 0 the "
-        "engine does not see the GPU at all (CUDA_VISIBLE_DEVICES hidden): it holds no VRAM "
-        "that placement does not count. llama.cpp needs a CUDA build of llama-cpp-python "
-        "there; Ollama takes a count as its `num_gpu` (-1: its own choice).",
+        "engine does not see the GPU (CUDA_VISIBLE_DEVICES hidden); with layers, the node's "
+        "probe keeps the engine's VRAM from placement while it restarts. llama.cpp needs a "
+        "CUDA build there; Ollama takes a count as its `num_gpu` (-1: its own choice).",
     )
     num_cpus: float = Field(1.0, ge=0, description="CPUs the replica reserves from Ray.")
     ollama_model: ModelName = Field(
@@ -377,12 +375,17 @@ class FallbackConfig(Frozen):
         return self.source.endswith(".gguf")
 
     @model_validator(mode="after")
-    def _tools_can_be_read_back(self) -> Self:
+    def _engine_can_serve(self) -> Self:
+        if self.engine in ("llama_cpp", "llama_server") and not self.is_gguf_file:
+            raise ValueError(
+                f"source {self.source!r}: the {self.engine} engine serves a GGUF file; give the "
+                "path of a .gguf file, or use engine ollama to pull a model by name"
+            )
         if self.tools is not None and self.tools.chat_template is not None:
             if self.engine == "ollama":
                 raise ValueError(
                     "tools.chat_template: a Jinja template is for llama.cpp; Ollama renders with "
-                    "its model's own template (leave chat_template out, or use engine llama_cpp)"
+                    "its model's own template (leave chat_template out, or use engine auto)"
                 )
             if not self.is_gguf_file:
                 raise ValueError(
@@ -393,14 +396,5 @@ class FallbackConfig(Frozen):
             raise ValueError(
                 f"tools.parser {self.tools.parser!r}: the llama.cpp fallback reads tool calls "
                 "in the Hermes format only (`parser: hermes`, with a template that asks for it)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _engine_has_a_model(self) -> Self:
-        if self.engine == "llama_cpp" and not self.is_gguf_file:
-            raise ValueError(
-                f"source {self.source!r}: the llama_cpp engine serves a GGUF file; give the path "
-                "of a .gguf file, or use engine ollama to pull a model by name"
             )
         return self

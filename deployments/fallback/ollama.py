@@ -132,19 +132,12 @@ def _raise_for_error(reply: httpx.Response) -> None:
 def chat_body(
     model: str, params: ChatParams, model_options: Mapping[str, int], keep_alive: str
 ) -> dict[str, Any]:
-    """An `/api/chat` request: the model's options (its window, its GPU layers) and the output
-    limit go in `options`."""
-    options = _options(params, model_options)
+    """An `/api/chat` request: the model's options (window, GPU layers) and the limit in it."""
     messages = [_message(m) for m in params.messages]
     if params.continue_text:  # Ollama continues a trailing assistant message
         messages.append({"role": "assistant", "content": params.continue_text})
-    body = {
-        "model": model,
-        "messages": messages,
-        "stream": True,
-        "keep_alive": keep_alive,
-        "options": options,
-    }
+    body = {"model": model, "messages": messages, "stream": True, "keep_alive": keep_alive}
+    body["options"] = _options(params, model_options)
     if params.tools:
         body["tools"] = params.tools
     forced = forced_call_schema(params.tools, params.tool_choice)
@@ -167,10 +160,8 @@ def generate_body(
     }
 
 
-def _options(
-    params: ChatParams | CompletionParams, model_options: Mapping[str, int]
-) -> dict[str, Any]:
-    options: dict[str, Any] = {**model_options, "num_predict": params.max_tokens}
+def _options(params: ChatParams | CompletionParams, model: Mapping[str, int]) -> dict[str, Any]:
+    options: dict[str, Any] = {**model, "num_predict": params.max_tokens}
     if params.temperature is not None:
         options["temperature"] = params.temperature
     if params.top_p is not None:

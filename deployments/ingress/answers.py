@@ -103,8 +103,10 @@ async def relay_sse(
             yield "data: [DONE]\n\n"
         timing.completed()
     finally:
-        stream.cancel()
-        ended()
+        try:
+            stream.cancel()
+        finally:
+            ended()
 
 
 def wants_usage(request: Any) -> bool:

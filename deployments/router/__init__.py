@@ -129,11 +129,9 @@ class Router:
         return metrics.render()
 
     def refresh_gauges(self) -> None:
-        """Queue depths, jobs in flight and breaker states as they are now: read at each
-        scrape of /metrics, and every few seconds for Ray's metrics pipeline (`gauges_loop`);
-        not per job, which would record each gauge twice a job in both sinks."""
+        """Queue depths and breaker states as they are now: read at each scrape of /metrics,
+        and every few seconds for Ray's metrics pipeline (`gauges_loop`)."""
         for name, link in self._links.items():
-            metrics.IN_FLIGHT.labels(name).set(link.in_flight)
             for priority, depth in link.gate.queue.depth_by_class().items():
                 metrics.QUEUE_DEPTH.labels(name, priority.value).set(depth)
             status = link.status()

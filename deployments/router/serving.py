@@ -324,7 +324,8 @@ def _relay(attempt: Attempt, item: Any) -> Step:
 
 
 def _enter(link: Link) -> None:
-    link.in_flight += 1  # its gauge is set with the others (Router.refresh_gauges), not per job
+    link.in_flight += 1
+    metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
 
 
 def _leave(attempt: Attempt) -> None:
@@ -332,5 +333,6 @@ def _leave(attempt: Attempt) -> None:
         attempt.stream.cancel()  # a no-op after the end; aborts the engine request otherwise
     link = attempt.link
     link.in_flight -= 1
+    metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
     link.gate.release()
     link.record_verdict(attempt.verdict)

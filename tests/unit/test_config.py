@@ -602,12 +602,13 @@ def test_a_fallback_tokenizer_can_be_named(tmp_path: Path) -> None:
     assert config.targets[FALLBACK_BACKEND].tokenizer == str(tmp_path / "tok")
 
 
-def test_llama_cpp_with_an_ollama_model_name_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["llama_cpp", "llama_server"])
+def test_llama_cpp_with_an_ollama_model_name_is_refused(tmp_path: Path, engine: str) -> None:
     data = base()
-    data["fallback"] = {"source": "llama3.2:1b", "engine": "llama_cpp"}
+    data["fallback"] = {"source": "llama3.2:1b", "engine": engine}
     message = config_error(tmp_path, data)
     assert "fallback" in message
-    assert "the llama_cpp engine serves a GGUF file" in message
+    assert f"the {engine} engine serves a GGUF file" in message
 
 
 def test_a_malformed_keep_alive_is_refused(tmp_path: Path) -> None:

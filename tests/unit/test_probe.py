@@ -63,7 +63,11 @@ def test_a_probe_keeps_the_fallback_engines_share_free_for_it_while_the_engine_r
     # Restarted, still loading (alive, nothing on the GPU yet): still its share.
     pids[0], now[0] = frozenset({engine + 1}), 12
     assert placeable_gib() == 20
+    # Its CUDA context in VRAM, not yet its layers: still the 2 GiB in all.
+    source.reading = node_with(21, (GpuProcess(engine + 1, GIB), GpuProcess(vllm, 58 * GIB)))
+    assert placeable_gib() == 20
     # Gone for good (moved, or its GPU hidden by config): after FORGET_AFTER_S the share is free.
+    source.reading = node_with(22, (GpuProcess(vllm, 58 * GIB),))
     pids[0], now[0] = frozenset(), 13
     assert placeable_gib() == 20
     now[0] = 13 + FORGET_AFTER_S
@@ -77,7 +81,13 @@ def test_the_fallbacks_share_follows_what_its_engine_last_held() -> None:
     share = FallbackVram().observed(0, alive=True, now=0)  # loading before it ever held any
     assert share.withheld_bytes == 0
     share = share.observed(3 * GIB, alive=True, now=1)
-    share = share.observed(1 * GIB, alive=True, now=2)  # reconfigured with fewer layers
+    share = share.observed(3 * GIB, alive=True, now=1.5)
+    # Restarted: its CUDA context first, its layers later; the share stays until it settles.
+    loading = share.observed(GIB // 2, alive=True, now=1.8)
+    assert (loading.reserved_bytes, loading.withheld_bytes) == (3 * GIB, 3 * GIB - GIB // 2)
+    share = loading.observed(1 * GIB, alive=True, now=2)  # reconfigured with fewer layers
+    assert share.withheld_bytes == 2 * GIB
+    share = share.observed(1 * GIB, alive=True, now=2)  # the same twice running: its share now
     assert (share.reserved_bytes, share.withheld_bytes) == (1 * GIB, 0)
     share = share.observed(0, alive=False, now=3)
     assert share.withheld_bytes == 1 * GIB
