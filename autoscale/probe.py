@@ -38,7 +38,7 @@ class VramProbe:
         self,
         node_id: str,
         source: VramSource | None = None,
-        engine_pids: Callable[[], frozenset[int]] = fallback_engine_pids,
+        engine_pids: Callable[[Iterable[int] | None], frozenset[int]] = fallback_engine_pids,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._source = source if source is not None else NvmlSource(node=node_id)
@@ -52,7 +52,10 @@ class VramProbe:
             return self._injected.to_json()
         reading = self._source.read()
         if reading.has_gpu:  # the fallback's share of this node's VRAM (`policy.fallback_vram`)
-            pids = self._engine_pids()
+            # Every process only while a share is kept (a restarted engine, not yet in VRAM,
+            # counts as alive); else the GPU's own processes are all that can matter.
+            holders = {p.pid for gpu in reading.gpus for p in gpu.processes}
+            pids = self._engine_pids(None if self._fallback.reserved_bytes else holders)
             held = fallback_held_bytes(reading, pids)
             self._fallback = self._fallback.observed(held, bool(pids), self._clock())
             reading = reading.with_fallback(self._fallback)

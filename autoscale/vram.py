@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -221,13 +222,16 @@ def _read_gpu(pynvml: Any, index: int) -> GpuReading:
     )
 
 
-def fallback_engine_pids(proc: Path = Path("/proc")) -> frozenset[int]:
+def fallback_engine_pids(
+    among: Iterable[int] | None = None, proc: Path = Path("/proc")
+) -> frozenset[int]:
     """This node's processes started with the fallback's marker in their environment (the
-    engine and what it forks: Ollama's runners inherit it). Others' processes we may not read
-    are not ours."""
+    engine and what it forks: Ollama's runners inherit it), of `among` (None: every process).
+    Others' processes we may not read are not ours."""
     marker = f"{FALLBACK_ENGINE_MARKER}=".encode()
     pids = set()
-    for entry in proc.iterdir():
+    entries = proc.iterdir() if among is None else (proc / str(pid) for pid in among)
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from autoscale.probe import VramProbe, pool_free_bytes
 from autoscale.vram import GpuProcess, GpuReading, NodeReading
 from core.types import GIB
@@ -48,7 +50,13 @@ def test_a_probe_keeps_the_fallback_engines_share_free_for_it_while_the_engine_r
     engine, vllm = 4242, 777
     source = Readings(node_with(20, (GpuProcess(engine, 2 * GIB), GpuProcess(vllm, 58 * GIB))))
     pids, now = [frozenset({engine})], [0.0]
-    probe = VramProbe("a", source=source, engine_pids=lambda: pids[0], clock=lambda: now[0])
+    asked: list[set[int] | None] = []
+
+    def engine_pids(among: Iterable[int] | None) -> frozenset[int]:
+        asked.append(None if among is None else set(among))
+        return pids[0] if among is None else pids[0] & frozenset(among)
+
+    probe = VramProbe("a", source=source, engine_pids=engine_pids, clock=lambda: now[0])
 
     def placeable_gib() -> float:
         reading = NodeReading.from_json(probe.read())
@@ -57,6 +65,8 @@ def test_a_probe_keeps_the_fallback_engines_share_free_for_it_while_the_engine_r
     running = NodeReading.from_json(probe.read())
     assert (running.fallback_held_bytes, running.fallback_withheld_bytes) == (2 * GIB, 0)
     assert placeable_gib() == 20  # NVML already counts what the running engine holds
+    assert asked[0] == {engine, vllm}  # nothing kept yet: only the GPU's processes are read
+    assert asked[-1] is None  # a share kept: every process, a restarted one may be loading
     # The engine dies: NVML frees its 2 GiB, the probe keeps them out of what may be placed.
     source.reading, pids[0], now[0] = node_with(22, (GpuProcess(vllm, 58 * GIB),)), frozenset(), 5
     assert placeable_gib() == 20
