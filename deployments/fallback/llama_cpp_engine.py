@@ -1,16 +1,12 @@
-"""The llama.cpp engine: `llama_server` as a supervised child process, spoken to over loopback.
+"""The llama.cpp engine: `llama_server` (the project's own server over the llama-cpp-python
+bindings, one sequence at a time) as a supervised child process, spoken to over loopback.
 
-For nodes without an `ollama` binary. llama.cpp is native code: run inside the Serve replica, a
-crash of it (ggml's AMX kernels segfault on some CPUs) took the replica, the last link of every
-chain, down with it. In a child process a crash costs one restart. A request that was in flight
-when the child died is tried once more on the restarted child, resuming from the text already
-produced (within the same limit, counted as one answer), so its client sees one answer; a
-second death fails it.
+For nodes with neither an `ollama` binary nor llama.cpp's `llama-server`. Why a child process,
+and how a chat is resumed when it dies: `supervised_engine`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -26,15 +22,14 @@ from deployments.fallback.engine import (
     InvalidChat,
     Piece,
     PromptTooLong,
-    gpu_env,
 )
-from deployments.fallback.supervisor import START_TIMEOUT_S, Supervisor
-from deployments.fallback.tool_calls import forced_call_schema
+from deployments.fallback.supervised_engine import SupervisedEngine
 
 SELF_TEST = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(SupervisedEngine):
+    label = "the llama.cpp server"
     name = "llama_cpp"
     parallel = 1  # one llama.cpp context decodes one sequence at a time
 
@@ -61,44 +56,12 @@ class LlamaCppEngine:
                 *([f"--chat-template={chat_template}"] if chat_template else []),
             ]
 
-        self._server = Supervisor(
-            name="llama.cpp server",
-            command=command,
-            env=gpu_env(n_gpu_layers),
-            ready_check=self_test,
-            sleep=sleep or asyncio.sleep,
-        )
-        self.retried = 0  # requests continued on a restarted server
+        super().__init__(command, n_gpu_layers=n_gpu_layers, ready_check=self_test, sleep=sleep)
 
-    @property
-    def pid(self) -> int | None:
-        return self._server.pid
-
-    @property
-    def restarts(self) -> int:
-        return self._server.restarts
-
-    async def start(self) -> None:
-        await self._server.start()
-
-    async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
-        produced: list[str] = []
-        for attempt in (1, 2):
-            generation = self._server.generation
-            try:
-                async for item in self._chat_once(_body(params, resume_text="".join(produced))):
-                    if isinstance(item, Piece):
-                        produced.append(item.text)
-                    yield item
-                return
-            except EngineUnavailable:
-                # A forced call is held by a grammar from its first token: it cannot resume.
-                forced = forced_call_schema(params.tools, params.tool_choice) is not None
-                if attempt == 2 or forced:
-                    raise
-                if not await self._server.recovered(generation, START_TIMEOUT_S):
-                    raise
-                self.retried += 1
+    def _chat_once(
+        self, params: ChatParams, resume_text: str, forced: dict[str, Any] | None
+    ) -> AsyncGenerator[Piece | Finish, None]:
+        return self._stream(_body(params, resume_text))  # the server holds the call itself
 
     async def complete(self, params: CompletionParams) -> AsyncGenerator[Piece | Finish, None]:
         """One attempt: a completion is not resumed on a restarted server (its client sees a
@@ -112,16 +75,15 @@ class LlamaCppEngine:
             "seed": params.seed,
             "echo": params.echo,
         }
-        async for item in self._chat_once(body, path="/complete"):
+        async for item in self._stream(body, path="/complete"):
             yield item
 
-    async def _chat_once(
+    async def _stream(
         self, body: dict[str, Any], path: str = "/chat"
     ) -> AsyncGenerator[Piece | Finish, None]:
-        if not self._server.ready:
-            raise EngineUnavailable("the llama.cpp server is not running")
+        client = self._client()
         try:
-            async with self._server.client.stream("POST", path, json=body, timeout=None) as r:
+            async with client.stream("POST", path, json=body, timeout=None) as r:
                 if r.status_code == 400:
                     error = json.loads(await r.aread())
                     kind = PromptTooLong if error.get("kind") == "prompt_too_long" else InvalidChat
@@ -144,27 +106,11 @@ class LlamaCppEngine:
             raise EngineUnavailable(f"llama.cpp server unreachable: {error!r}") from error
         raise EngineUnavailable("the llama.cpp server ended the answer without done")
 
-    async def check_health(self) -> None:
-        if not self._server.ready:
-            raise EngineUnavailable("the llama.cpp server is not running")
-        try:
-            reply = await self._server.client.get("/health", timeout=5)
-        except httpx.HTTPError as error:
-            raise EngineUnavailable(f"the llama.cpp server does not answer: {error!r}") from error
-        if reply.status_code != 200:
-            raise EngineUnavailable(f"the llama.cpp server answers HTTP {reply.status_code}")
-
     async def stats(self) -> dict[str, Any]:
         """The server's own figures (`cancelled`: generations stopped by a client leaving)."""
         reply = await self._server.client.get("/health", timeout=5)
         figures: dict[str, Any] = reply.json()
         return figures
-
-    def close(self) -> None:
-        self._server.close()
-
-    async def aclose(self) -> None:
-        await self._server.aclose()
 
 
 async def self_test(client: httpx.AsyncClient) -> None:

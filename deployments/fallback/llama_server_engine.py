@@ -21,7 +21,6 @@ What the Python server (llama_server.py) did and this one keeps, with llama-serv
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -36,17 +35,17 @@ from deployments.fallback.engine import (
     InvalidChat,
     Piece,
     PromptTooLong,
-    gpu_env,
 )
 from deployments.fallback.llama_server import loosened_schema
-from deployments.fallback.supervisor import START_TIMEOUT_S, Supervisor
-from deployments.fallback.tool_calls import CALL_CLOSE, CALL_OPEN, forced_call_schema
+from deployments.fallback.supervised_engine import SupervisedEngine
+from deployments.fallback.tool_calls import CALL_CLOSE, CALL_OPEN
 
 SLOT_WINDOW_ROUND = 256  # llama-server rounds each slot's window up to a multiple of this
 _NOT_OUTPUT = frozenset({"eos", "word"})  # a stop whose last sampled token is not in the text
 
 
-class LlamaServerEngine:
+class LlamaServerEngine(SupervisedEngine):
+    label = "llama-server"
     name = "llama_server"
 
     def __init__(
@@ -78,48 +77,11 @@ class LlamaServerEngine:
                 *(("--chat-template-file", chat_template) if chat_template else ()),
             ]
 
-        self._server = Supervisor(
-            name="llama-server",
-            command=command,
-            env=gpu_env(n_gpu_layers),
-            ready_check=self_test,
-            sleep=sleep or asyncio.sleep,
-        )
-        self.retried = 0  # requests continued on a restarted server
-
-    @property
-    def pid(self) -> int | None:
-        return self._server.pid
+        super().__init__(command, n_gpu_layers=n_gpu_layers, ready_check=self_test, sleep=sleep)
 
     @property
     def base_url(self) -> str:
         return str(self._server.client.base_url)
-
-    @property
-    def restarts(self) -> int:
-        return self._server.restarts
-
-    async def start(self) -> None:
-        await self._server.start()
-
-    async def chat(self, params: ChatParams) -> AsyncGenerator[Piece | Finish, None]:
-        produced: list[str] = []
-        forced = forced_call_schema(params.tools, params.tool_choice)
-        for attempt in (1, 2):
-            generation = self._server.generation
-            try:
-                async for item in self._chat_once(params, "".join(produced), forced):
-                    if isinstance(item, Piece):
-                        produced.append(item.text)
-                    yield item
-                return
-            except EngineUnavailable:
-                # A forced call is held by a grammar from its first token: it cannot resume.
-                if attempt == 2 or forced is not None:
-                    raise
-                if not await self._server.recovered(generation, START_TIMEOUT_S):
-                    raise
-                self.retried += 1
 
     async def _chat_once(
         self, params: ChatParams, resume_text: str, forced: dict[str, Any] | None
@@ -234,27 +196,6 @@ class LlamaServerEngine:
             return await client.post(path, json=body, timeout=30)
         except httpx.HTTPError as error:
             raise EngineUnavailable(f"llama-server unreachable: {error!r}") from error
-
-    def _client(self) -> httpx.AsyncClient:
-        if not self._server.ready:
-            raise EngineUnavailable("llama-server is not running")
-        return self._server.client
-
-    async def check_health(self) -> None:
-        if not self._server.ready:
-            raise EngineUnavailable("llama-server is not running")
-        try:
-            reply = await self._server.client.get("/health", timeout=5)
-        except httpx.HTTPError as error:
-            raise EngineUnavailable(f"llama-server does not answer: {error!r}") from error
-        if reply.status_code != 200:
-            raise EngineUnavailable(f"llama-server answers HTTP {reply.status_code}")
-
-    def close(self) -> None:
-        self._server.close()
-
-    async def aclose(self) -> None:
-        await self._server.aclose()
 
 
 async def self_test(client: httpx.AsyncClient) -> None:
