@@ -29,10 +29,12 @@ LLAMA_WHEELS := $(HOME)/.cache/gpu-pool-serve/llama-cpp-$(LLAMA_KEY)
 # llama.cpp's own server for the fallback (continuous batching over parallel slots), from the same
 # pinned source (the sdist's vendor/llama.cpp) and flags, beside the wheel: one static binary, no
 # web UI, no TLS, nothing fetched (LLAMA_USE_PREBUILT_UI would download the UI, LLGUIDANCE clone).
-LLAMA_SERVER := $(LLAMA_WHEELS)/llama-server
 LLAMA_SERVER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
 	-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_LLGUIDANCE=OFF -DBUILD_SHARED_LIBS=OFF
+# Its own flags in its name: changing them builds it again, and leaves the wheel alone.
+LLAMA_SERVER_KEY := $(shell echo "$(LLAMA_SERVER_CMAKE_ARGS)" | sha1sum | cut -c1-8)
+LLAMA_SERVER := $(LLAMA_WHEELS)/llama-server-$(LLAMA_SERVER_KEY)
 LLAMA_SRC := $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
 
 model: $(DEMO_MODEL)
@@ -71,19 +73,24 @@ $(INSTALLED): pyproject.toml requirements.lock
 	$(PY) -m deployments.engine.parent_death install
 	touch $@
 
-# Its own target, so that a venv installed before it existed gets it too (cached beside the
-# wheel; the sdist only for its vendor/llama.cpp source).
-$(VENV)/bin/llama-server: $(INSTALLED)
-	test -x $(LLAMA_SERVER) || { rm -rf $(LLAMA_WHEELS)/src && mkdir -p $(LLAMA_WHEELS)/src && \
-		$(PIP) download -q --no-deps --no-binary llama-cpp-python -d $(LLAMA_WHEELS)/src \
-		"llama-cpp-python==$(LLAMA_CPP_VERSION)" && \
-		tar xzf $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_WHEELS)/src && \
-		cmake -S $(LLAMA_SRC) -B $(LLAMA_WHEELS)/src/build $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS) && \
-		cmake --build $(LLAMA_WHEELS)/src/build --target llama-server -j $$(nproc) && \
-		cp $(LLAMA_WHEELS)/src/build/bin/llama-server $(LLAMA_SERVER) && rm -rf $(LLAMA_WHEELS)/src; }
+# Its own target, so that a venv installed before it existed gets it too, and one whose flags
+# changed (another LLAMA_SERVER_KEY) gets the new build.
+$(VENV)/bin/llama-server: $(LLAMA_SERVER)
 	install -m 755 $(LLAMA_SERVER) $@
 
-$(DEMO_MODEL): $(INSTALLED) $(VENV)/bin/llama-server
+# Cached beside the wheel; the sdist only for its vendor/llama.cpp source. Order-only on the venv
+# (its pip downloads the sdist): a new venv is no reason to build it again.
+$(LLAMA_SERVER): | $(INSTALLED)
+	rm -rf $(LLAMA_WHEELS)/src && mkdir -p $(LLAMA_WHEELS)/src
+	$(PIP) download -q --no-deps --no-binary llama-cpp-python -d $(LLAMA_WHEELS)/src \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	tar xzf $(LLAMA_WHEELS)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_WHEELS)/src
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_WHEELS)/src/build $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)
+	cmake --build $(LLAMA_WHEELS)/src/build --target llama-server -j $$(nproc)
+	cp $(LLAMA_WHEELS)/src/build/bin/llama-server $@.part && mv $@.part $@
+	rm -rf $(LLAMA_WHEELS)/src
+
+$(DEMO_MODEL): $(INSTALLED) | $(VENV)/bin/llama-server
 	$(PY) -m cluster.models prepare
 
 run: $(INSTALLED) $(DEMO_MODEL)
