@@ -65,6 +65,7 @@ THROUGHPUT_AT = {32: 1.0, 128: 1.0}
 CPU_RATIO = 1.0
 STREAM_RATE_RATIO = 0.95
 HEADER_WITHIN_MS = 1.0
+IDLE_S = 10.0
 
 
 class MinimalFront:
@@ -252,13 +253,22 @@ async def load(path: Route, clients: int, requests: int, stream: bool, run: Run)
     run.engine_cpu_s += cpu_seconds((ENGINE,)) - engine_before
 
 
+async def idle_cpu(routes: list[Route], seconds: float) -> dict[str, float]:
+    """Each path's front CPU in ms per second with no request at all (its background loops:
+    health and load readings, gauges, the proxy's own), over the same `seconds` for all."""
+    before = {path.name: cpu_seconds(path.front) for path in routes}
+    await asyncio.sleep(seconds)
+    return {p.name: 1000 * (cpu_seconds(p.front) - before[p.name]) / seconds for p in routes}
+
+
 async def measure(
     routes: list[Route], rounds: int, scale: float
-) -> dict[tuple[str, bool, int], Run]:
+) -> tuple[dict[tuple[str, bool, int], Run], dict[str, float]]:
     runs: dict[tuple[str, bool, int], Run] = {}
     for path in routes:  # warm every path: handles, connections, the key's first use
         for stream in (False, True):
             await load(path, 4, 20, stream, Run())
+    idle = await idle_cpu(routes, IDLE_S)
     for stream, counts in ((False, WHOLE_REQUESTS), (True, STREAMS)):
         for clients in CLIENTS:
             requests = max(clients, int(counts[clients] * scale))
@@ -267,7 +277,7 @@ async def measure(
                 for path in routes[shift:] + routes[:shift]:
                     run = runs.setdefault((path.name, stream, clients), Run())
                     await load(path, clients, requests, stream, run)
-    return runs
+    return runs, idle
 
 
 def _table(title: str, columns: list[str]) -> None:
@@ -344,23 +354,29 @@ def report_streams(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) 
     return met
 
 
-def report(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) -> bool:
+def report(
+    routes: list[Route], runs: dict[tuple[str, bool, int], Run], idle: dict[str, float]
+) -> bool:
+    _table(f"idle, {IDLE_S:.0f} s with no request:", ["path", "front CPU ms/s"])
+    for path in routes:
+        print(f"| {path.name} | {idle[path.name]:.1f} |")
     met = report_whole(routes, runs)
     met &= report_streams(routes, runs)
     print(f"\ntargets (issue 36): {'met' if met else 'NOT met'}")
     return met
 
 
-async def profile_gateway(gateway: Route, seconds: int, out: Path) -> None:
-    """py-spy on the gateway's ingress replica while 32 clients send whole requests, then
+async def profile_gateway(gateway: Route, seconds: int, out: Path, clients: int) -> None:
+    """py-spy on the gateway's ingress replica while `clients` send whole requests, then
     streams (`out` and `out` with `.stream` added)."""
     pid = profile.pid_of(f"ServeReplica:{stack.GATEWAY_APP}:ingress")
     for stream, raw in ((False, out), (True, out.with_name(out.name + ".stream"))):
         recorder = profile.record(pid, seconds, raw)
         while recorder.poll() is None:
-            await load(gateway, 32, 64 if stream else 320, stream, Run())
+            requests = max(16, 2 * clients) if stream else max(100, 10 * clients)
+            await load(gateway, clients, requests, stream, Run())
         what = "streams" if stream else "whole requests"
-        profile.print_top(f"the gateway's ingress replica, 32 clients, {what}", raw)
+        profile.print_top(f"the gateway's ingress replica, {clients} clients, {what}", raw)
 
 
 def main() -> None:
@@ -371,13 +387,14 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=Path, help="also profile the gateway's ingress (py-spy) into this file"
     )
+    parser.add_argument("--profile-clients", type=int, default=32, help="clients while profiling")
     args = parser.parse_args()
     routes = deploy()
     try:
-        runs = asyncio.run(measure(routes, args.rounds, args.scale))
-        met = report(routes, runs)
+        runs, idle = asyncio.run(measure(routes, args.rounds, args.scale))
+        met = report(routes, runs, idle)
         if args.profile:
-            asyncio.run(profile_gateway(routes[1], 20, args.profile))
+            asyncio.run(profile_gateway(routes[1], 20, args.profile, args.profile_clients))
     finally:
         stack.stop()
     sys.exit(0 if met else 1)
