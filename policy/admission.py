@@ -10,6 +10,9 @@ forever; an aged waiter also gets its new class's share), oldest first within a 
 queue is full, the lowest *base* class is shed first (newest first within it): aging orders the
 queue, it never lets background push a user out.
 A paused backend (KV-cache pressure) admits nobody new until it resumes; its waiters keep waiting.
+With preemption rules (`policy.preemption`), a lower class also waits while a higher one runs in
+a batch already at its size; a waiter may keep an earlier arrival time (a paused request goes
+back to the head of its class).
 
 Callers pass the time in, so tests need no clock; `policy.gate` wraps this in asyncio.
 """
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.types import PriorityClass
+from policy.preemption import PreemptRules, holds
 
 __all__ = ["CLASSES", "AdmissionQueue", "Arrival", "Waiter", "background_slots", "class_limits"]
 
@@ -32,7 +36,12 @@ CLASSES = tuple(PriorityClass)
 class Waiter:
     ticket: int
     priority: PriorityClass
-    since: float
+    since: float  # waiting from: aging counts from here
+    first: float | None = None  # arrived first (a paused request): its place in its class
+
+    @property
+    def place(self) -> float:
+        return self.since if self.first is None else self.first
 
     def effective_rank(self, now: float, aging_s: float) -> int:
         steps = math.floor((now - self.since) / aging_s) if aging_s > 0 else 0
@@ -80,11 +89,19 @@ class AdmissionQueue:
     shares: Mapping[PriorityClass, float] = field(default_factory=dict)
     in_flight: int = 0
     paused: bool = False
+    preempt: PreemptRules | None = None
     _waiting: list[Waiter] = field(default_factory=list)
     _limits: dict[PriorityClass, int] = field(init=False)
+    _running: dict[int, PriorityClass] = field(default_factory=dict)  # by ticket, base class
+    _running_by_class: dict[PriorityClass, int] = field(
+        default_factory=lambda: dict.fromkeys(PriorityClass, 0)
+    )
 
     def __post_init__(self) -> None:
         self._limits = class_limits(self.cap, self.shares)
+
+    def running_by_class(self) -> dict[PriorityClass, int]:
+        return dict(self._running_by_class)
 
     def limit(self, priority: PriorityClass) -> int:
         return self._limits[priority]
@@ -99,15 +116,20 @@ class AdmissionQueue:
             counts[waiter.priority] += 1
         return counts
 
-    def arrive(self, ticket: int, priority: PriorityClass, now: float) -> Arrival:
+    def arrive(
+        self, ticket: int, priority: PriorityClass, now: float, since: float | None = None
+    ) -> Arrival:
+        """`since`: when the request first arrived, where earlier than now: a paused request
+        waiting again keeps its place in its class (its age counts from now: running is not
+        waiting, or a long answer would come back aged past every class)."""
         # Time may have aged a waiter into a class with room since the last event: them first.
         granted = tuple(self._admit_waiters(now))
         # Whoever still waits has no room, and their class is no lower than any class they
         # outrank: so the arrival goes ahead exactly when its own class has room.
         if self._has_room(priority):
-            self.in_flight += 1
+            self._start(ticket, priority)
             return Arrival(admitted=True, granted=granted)
-        waiter = Waiter(ticket, priority, now)
+        waiter = Waiter(ticket, priority, now, None if since is None else min(since, now))
         if len(self._waiting) < self.max_queue:
             self._waiting.append(waiter)
             return Arrival(admitted=False, granted=granted)
@@ -118,9 +140,14 @@ class AdmissionQueue:
         self._waiting.append(waiter)
         return Arrival(admitted=False, shed=(victim.ticket,), granted=granted)
 
-    def release(self, now: float) -> list[int]:
-        """A request ended: free its slot and admit whoever may go next."""
+    def release(self, now: float, ticket: int | None = None) -> list[int]:
+        """A request ended: free its slot and admit whoever may go next. `ticket`: the one that
+        ended (without it, where no class matters, the oldest still running)."""
         self.in_flight = max(0, self.in_flight - 1)
+        if ticket is None:
+            ticket = next(iter(self._running), None)
+        if ticket in self._running:
+            self._running_by_class[self._running.pop(ticket)] -= 1
         return self._admit_waiters(now)
 
     def leave(self, ticket: int) -> bool:
@@ -159,22 +186,29 @@ class AdmissionQueue:
         return self._admit_waiters(now)
 
     def _has_room(self, priority: PriorityClass) -> bool:
-        return not self.paused and self.in_flight < self._limits[priority]
+        if self.paused or self.in_flight >= self._limits[priority]:
+            return False
+        return self.preempt is None or not holds(priority, self._running_by_class, self.preempt)
+
+    def _start(self, ticket: int, priority: PriorityClass) -> None:
+        self.in_flight += 1
+        self._running[ticket] = priority
+        self._running_by_class[priority] += 1
 
     def _admit_waiters(self, now: float) -> list[int]:
         """Admit the best waiters while the best one's class has room (a lower class, with no
         more room than a higher one, would not fit either)."""
         admitted = []
         while self._waiting:
-            best = min(self._waiting, key=lambda w: (w.effective_rank(now, self.aging_s), w.since))
+            best = min(self._waiting, key=lambda w: (w.effective_rank(now, self.aging_s), w.place))
             if not self._has_room(best.effective_class(now, self.aging_s)):
                 break
             self._waiting.remove(best)
-            self.in_flight += 1
+            self._start(best.ticket, best.priority)
             admitted.append(best.ticket)
         return admitted
 
     def _shed_candidate(self) -> Waiter | None:
         if not self._waiting:
             return None
-        return max(self._waiting, key=lambda w: (w.priority.rank, w.since))
+        return max(self._waiting, key=lambda w: (w.priority.rank, w.place))

@@ -44,10 +44,14 @@ class BackendGate:
     def queue(self) -> AdmissionQueue:
         return self._queue
 
-    async def acquire(self, priority: PriorityClass, timeout_s: float | None = None) -> None:
-        """`timeout_s`: how long to wait for a slot, where not the policy's queue timeout."""
+    async def acquire(
+        self, priority: PriorityClass, timeout_s: float | None = None, since: float | None = None
+    ) -> int:
+        """The slot's ticket, to release it with. `timeout_s`: how long to wait for a slot,
+        where not the policy's queue timeout; `since`: the request's first arrival, where it
+        waits again (a paused request: at the head of its class)."""
         ticket = next(self._tickets)
-        arrival = self._queue.arrive(ticket, priority, self._clock())
+        arrival = self._queue.arrive(ticket, priority, self._clock(), since)
         for earlier in arrival.granted:
             self._grant(earlier)
         for victim in arrival.shed:
@@ -56,7 +60,7 @@ class BackendGate:
         if ticket in arrival.shed:
             raise Shed("the queue is full", self._policy.retry_after_s)
         if arrival.admitted:
-            return
+            return ticket
         admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting[ticket] = admitted
         try:
@@ -70,14 +74,16 @@ class BackendGate:
             # The client went away: give up the place, or the slot if it was just granted.
             granted = admitted.done() and not admitted.cancelled() and admitted.exception() is None
             if not self._queue.leave(ticket) and granted:
-                self.release()
+                self.release(ticket)
             raise
         finally:
             self._waiting.pop(ticket, None)
+        return ticket
 
-    def release(self) -> None:
-        for ticket in self._queue.release(self._clock()):
-            self._grant(ticket)
+    def release(self, ticket: int | None = None) -> None:
+        """A slot freed: `ticket`'s (acquire's), so its class leaves the count."""
+        for granted in self._queue.release(self._clock(), ticket):
+            self._grant(granted)
 
     def resize(self, cap: int) -> None:
         if cap != self._queue.cap:
@@ -109,7 +115,7 @@ class BackendGate:
         if future is not None and not future.done():
             future.set_result(None)
         else:  # the waiter vanished between the decision and now: pass the slot on
-            self.release()
+            self.release(ticket)
 
     def _refuse(self, ticket: int, reason: str) -> None:
         future = self._waiting.get(ticket)

@@ -26,6 +26,9 @@ __all__ = [
     "continuable",
     "continuation_request",
     "migration_note",
+    "pause_note",
+    "resume_note",
+    "waiting_note",
 ]
 
 DATA = "data: "
@@ -125,6 +128,20 @@ def continuation_request(request: Any, partial: Partial, max_tokens: int) -> Any
 
 def migration_note(source: str, target: str) -> str:
     return f": gps-migrated from={source} to={target}\n\n"
+
+
+def pause_note(backend: str, pauses: int) -> str:
+    """Said when an answer is paused for a higher class (SSE clients ignore comments)."""
+    return f": gps-paused on={backend} pauses={pauses}\n\n"
+
+
+def resume_note(backend: str, pauses: int) -> str:
+    return f": gps-resumed on={backend} pauses={pauses}\n\n"
+
+
+def waiting_note() -> str:
+    """A paused answer's keep-alive while it waits for a slot."""
+    return ": gps-waiting\n\n"
 
 
 class Rewriter:

@@ -26,6 +26,7 @@ from core.config.recovery import (
     RayAutoscalerProvisioner,
     TerraformProvisioner,
 )
+from core.config.router import DEFAULT_CLASS_SHARES, PreemptConfig, RouterConfig
 from core.config.serving import (
     DEFAULT_CAPS,
     AdapterConfig,
@@ -36,7 +37,6 @@ from core.config.serving import (
     ToolsConfig,
 )
 from core.config.traffic import (
-    DEFAULT_CLASS_SHARES,
     DEFAULT_DEPTH_ROUTES,
     ApiKeyConfig,
     BatchConfig,
@@ -44,7 +44,6 @@ from core.config.traffic import (
     DepthRoute,
     GatewayConfig,
     KeyFields,
-    RouterConfig,
 )
 
 __all__ = [
@@ -71,6 +70,7 @@ __all__ = [
     "NoProvisioner",
     "PlacementConfig",
     "PoolConfig",
+    "PreemptConfig",
     "ProvisionerConfig",
     "RayAutoscalerProvisioner",
     "RouterConfig",

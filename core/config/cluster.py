@@ -12,6 +12,7 @@ from core.config.base import Frozen, FrozenDict, frozen_dict
 from core.config.checks import cross_section_problems
 from core.config.placement import PlacementConfig
 from core.config.recovery import ClusterManagerConfig
+from core.config.router import RouterConfig
 from core.config.serving import (
     AdapterConfig,
     FallbackConfig,
@@ -24,7 +25,6 @@ from core.config.traffic import (
     BatchConfig,
     DepthConfig,
     GatewayConfig,
-    RouterConfig,
 )
 from core.topology import Backend, Target
 from core.types import Depth, Role

@@ -43,13 +43,20 @@ class MidStreamFault(Exception):
         self.max_tokens = max_tokens
 
 
+class Paused(MidStreamFault):
+    """A stream paused for a higher class's request: it goes on as the same answer once it
+    gets a slot again (not a fault: no breaker hears of it)."""
+
+
 @dataclass(frozen=True)
 class Continuing:
-    """An answer being continued: what the client has of it, who began it, its token budget."""
+    """An answer being continued: what the client has of it, who began it, its token budget,
+    and how often it was paused (0: it goes on after a failure)."""
 
     partial: Partial
     source: str
     budget: int
+    pauses: int = 0
 
 
 def stream_error_event(message: str) -> list[str]:

@@ -14,7 +14,7 @@ import functools
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
@@ -25,10 +25,16 @@ from core.errors import ErrorCode
 from core.topology import Target
 from core.wire import ChatJob, Refusal, is_completion, is_embedding
 from deployments.router import metrics
-from deployments.router.faults import BackendFault, Continuing, MidStreamFault, stream_error_event
+from deployments.router.faults import (
+    BackendFault,
+    Continuing,
+    MidStreamFault,
+    Paused,
+    stream_error_event,
+)
 from deployments.router.link import Link
 from deployments.router.placement_sync import PlacementSync
-from deployments.router.serving import Serving
+from deployments.router.serving import AnyFit, Seat, Serving
 from policy.context.continuation_fit import fit_continuation
 from policy.context.embed_fit import EmbedFit, fit_inputs
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
@@ -39,9 +45,22 @@ from policy.link_choice import choose_link
 from policy.request.completion import single_prompt
 from policy.request.embedding import embedding_inputs
 from policy.request.tools import calls_tools
-from policy.stream_migration import continuable, continuation_request
+from policy.stream_migration import (
+    continuable,
+    continuation_request,
+    waiting_note,
+)
 
 logger = logging.getLogger("ray.serve")
+
+Admitted = tuple[AnyFit, Seat]  # fitted to a link, holding a slot there
+
+
+@dataclass
+class _Seating:
+    """Where a job's admission to a link lands (a fit and a slot, or why not)."""
+
+    result: Admitted | Refusal | None = None
 
 
 class Flow:
@@ -59,6 +78,7 @@ class Flow:
         self._counters = counters
         self._clock = clock
         self._serving = Serving(config.router)
+        self._keepalive_s = config.router.preempt.keepalive_s
         # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
         # that off the event loop that relays every stream (and fits one at a time, in order).
         self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
@@ -67,13 +87,15 @@ class Flow:
         """A reload's config for jobs from now on (a job under way keeps its chain)."""
         self._config = config
         self._serving = Serving(config.router)
+        self._keepalive_s = config.router.preempt.keepalive_s
 
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
         chain = self._chain_for(job)
         tried: list[str] = []
         original = job.request
-        continuing: Continuing | None = None  # a stream whose link failed after its first token
+        arrived = self._clock.monotonic()
+        continuing: Continuing | None = None  # an answer a link began, failed or paused
         refused: dict[str, Refusal] = {}  # links that passed the job on, and why
         passed: set[str] = set()  # links asleep this job went past (counted once each)
         while True:
@@ -83,7 +105,11 @@ class Flow:
                 return
             link = self._links[name]
             with link.claimed():
-                admitted = await self._admit(link, job, continues=continuing is not None)
+                seating = _Seating()
+                async for keepalive in self._seated(link, job, continuing, arrived, seating):
+                    yield keepalive  # a paused answer waiting for its slot again
+                admitted = seating.result
+                assert admitted is not None  # _seated sets it or raises
                 if isinstance(admitted, Refusal):
                     if not _goes_on(admitted, tried, continues=continuing is not None):
                         yield admitted
@@ -91,24 +117,49 @@ class Flow:
                     refused[name] = admitted
                     tried.append(name)
                     continue
+                fit, seat = admitted
                 try:
                     async for item in self._serving.serve_on(
-                        link, job, admitted, len(tried), continuing
+                        link, job, fit, seat, len(tried), continuing
                     ):
                         yield item
                     return
                 except BackendFault as fault:
                     logger.warning("backend %s failed before answering: %s", name, fault)
                     _failed_over(name, tried)
-                except MidStreamFault as fault:
-                    logger.warning("backend %s failed mid-stream: %s", name, fault)
-                    _failed_over(name, tried)
-                    continuing = _continuation(fault, name, continuing, original)
+                except MidStreamFault as fault:  # Paused too: the same link may take it again
+                    continuing = _going_on(fault, name, continuing, original, tried)
                     if continuing is None:
                         yield stream_error_event(f"The backend {name} failed mid-response.")
                         return
                     request = continuation_request(original, continuing.partial, continuing.budget)
                     job = replace(job, request=request)
+
+    async def _seated(
+        self,
+        link: Link,
+        job: ChatJob,
+        continuing: Continuing | None,
+        arrived: float,
+        seating: _Seating,
+    ) -> AsyncGenerator[list[str], None]:
+        """The admission, into `seating`; a paused answer waiting for its slot again is sent a
+        keep-alive comment every `router.preempt.keepalive_s` meanwhile (a client that leaves
+        gives up its place, or the slot just granted)."""
+        admitting = self._admit(link, job, continuing, arrived)
+        if continuing is None or not continuing.pauses:
+            seating.result = await admitting
+            return
+        task = asyncio.ensure_future(admitting)
+        try:
+            while not task.done():
+                done, _ = await asyncio.wait({task}, timeout=self._keepalive_s)
+                if not done:
+                    yield [waiting_note()]
+            seating.result = task.result()
+        finally:
+            if not task.done():
+                task.cancel()
 
     def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
         """The model's chain, less the links that cannot take this job."""
@@ -134,15 +185,17 @@ class Flow:
         return chosen
 
     async def _admit(
-        self, link: Link, job: ChatJob, continues: bool
-    ) -> Fit | PromptFit | EmbedFit | Refusal:
-        """The job fitted to `link` and holding one of its slots, or why not. `continues`: the
-        job goes on with an answer another link began (its last message)."""
-        fitted = await self._fit_or_refusal(job, link.target, continues)
+        self, link: Link, job: ChatJob, continuing: Continuing | None, arrived: float
+    ) -> Admitted | Refusal:
+        """The job fitted to `link` and holding one of its slots, or why not. `continuing`:
+        the job goes on with an answer begun (its last message); a paused one waits at the
+        head of its class (its first arrival, `arrived`)."""
+        fitted = await self._fit_or_refusal(job, link.target, continuing is not None)
         if isinstance(fitted, Refusal):
             return fitted
-        shed = await self._slot(link, job)
-        return fitted if shed is None else shed
+        pauses = continuing.pauses if continuing is not None else 0
+        ticket = await self._slot(link, job, arrived if pauses else None)
+        return ticket if isinstance(ticket, Refusal) else (fitted, Seat(ticket, pauses))
 
     async def _fit_or_refusal(
         self, job: ChatJob, target: Target, continues: bool
@@ -166,14 +219,14 @@ class Flow:
             )
             return Refusal(400, ErrorCode.INVALID_REQUEST, f"The {what}: {error}")
 
-    async def _slot(self, link: Link, job: ChatJob) -> Refusal | None:
-        """Wait for a slot on `link`; a refusal when admission sheds the job."""
+    async def _slot(self, link: Link, job: ChatJob, since: float | None) -> int | Refusal:
+        """Wait for a slot on `link` (its ticket); a refusal when admission sheds the job."""
         waited_from = self._clock.monotonic()
         # Asleep: the wait is for a replica to start, with the model's own timeout.
         asleep = link.status().asleep
         timeout_s = link.target.wake_timeout_s if asleep else None
         try:
-            await link.gate.acquire(job.priority, timeout_s)
+            return await link.gate.acquire(job.priority, timeout_s, since)
         except Shed as shed:
             metrics.SHED.labels(job.priority.value, shed.reason).inc()
             name = link.target.name
@@ -187,7 +240,6 @@ class Flow:
             metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
                 self._clock.monotonic() - waited_from
             )
-        return None
 
     async def _fit(self, job: ChatJob, target: Target, continues: bool) -> Fit:
         """Fit the job to the window of the link that will serve it (windows differ); a
@@ -284,14 +336,36 @@ def _failed_over(name: str, tried: list[str]) -> None:
     tried.append(name)
 
 
-def _continuation(
-    fault: MidStreamFault, name: str, continuing: Continuing | None, original: ChatCompletionRequest
+def _going_on(
+    fault: MidStreamFault,
+    name: str,
+    continuing: Continuing | None,
+    original: ChatCompletionRequest,
+    tried: list[str],
 ) -> Continuing | None:
-    """The answer to go on with on the next link, or None where it cannot go on."""
+    """The answer to go on with after `fault` on link `name` (a failure: on the next link; a
+    pause: wherever it gets a slot again, its own link first), or None where it cannot."""
+    paused = isinstance(fault, Paused)
+    if not paused:
+        logger.warning("backend %s failed mid-stream: %s", name, fault)
+        _failed_over(name, tried)
+    return _continuation(fault, name, continuing, original, paused)
+
+
+def _continuation(
+    fault: MidStreamFault,
+    name: str,
+    continuing: Continuing | None,
+    original: ChatCompletionRequest,
+    paused: bool = False,
+) -> Continuing | None:
+    """The answer to go on with (on the next link, or a paused one's again), or None where it
+    cannot go on."""
     partial = fault.tape.partial()
     if continuing is not None:
         partial = continuing.partial.then(partial)
     if not (partial.continuable and continuable(original)):
         return None
     budget = continuing.budget if continuing else fault.max_tokens
-    return Continuing(partial, name, budget)
+    pauses = (continuing.pauses if continuing else 0) + (1 if paused else 0)
+    return Continuing(partial, name, budget, pauses)

@@ -8,11 +8,13 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 
 from core.config import ClusterConfig, RouterConfig
 from core.topology import Target
+from core.types import PriorityClass
 from deployments.router import metrics
 from deployments.router.faults import REPLICA_GONE
 from deployments.router.ports import Backend
@@ -23,6 +25,7 @@ from policy.gate import BackendGate, GatePolicy
 from policy.kv_pressure import KvPolicy, KvPressure
 from policy.links import Health, LinkFacts, LinkStatus, link_status
 from policy.oom import OOM_CODE
+from policy.preemption import PreemptRules, RunningView, rules_of, to_pause
 from policy.slot_leases import Lease, fallback_share
 
 logger = logging.getLogger("ray.serve")
@@ -33,6 +36,16 @@ logger = logging.getLogger("ray.serve")
 # what a job that met a dying link loses at most before it moves on.
 REPLICA_GRACE_S = 0.5
 REPLICA_POLL_S = 0.1
+
+
+class Running(Protocol):
+    """A job running on the link, as preemption sees and pauses it (serving.Attempt)."""
+
+    pause_asked: bool
+
+    def view(self) -> RunningView: ...
+
+    def pause(self) -> None: ...
 
 
 @dataclass
@@ -58,6 +71,8 @@ class Link:
     # flight. A placement move drains the source until no router replica holds any.
     claims: int = 0
     seen_transitions: int = field(default=0)
+    # The jobs running on the link, by their slot's ticket.
+    running: dict[int, Running] = field(default_factory=dict)
     # Set while jobs waiting on the link's first answer should stop waiting (serving.py)
     # instead of waiting out first_token_timeout_s: its pool was declared down (a dead
     # machine), or Serve's handle has held no replica for REPLICA_GRACE_S (the job is queued in
@@ -140,6 +155,7 @@ class Link:
         self.target = target
         queue = settings.queue
         cap = self.local_cap()
+        self.gate.queue.preempt = settings.preempt
         self.gate.retune(settings.gate, cap, queue.max_queue, queue.aging_s, queue.class_shares)
         self.breaker.policy = settings.breaker
         self.kv.policy = settings.kv
@@ -258,6 +274,16 @@ class Link:
         metrics.BACKEND_OOM.labels(self.target.name).inc()
         self.breaker.trip(f"out of memory: {error.error.message}")
 
+    def pause_for(self, arriving: PriorityClass, rules: PreemptRules) -> None:
+        """A job of class `arriving` started here: pause the running jobs of lower classes
+        that policy.preemption picks (each stops at its next item)."""
+        jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
+        kv = None if self.kv.stale(self.clock()) else self.kv.usage
+        for ticket in to_pause([job.view() for job in jobs.values()], arriving, rules, kv):
+            job = jobs[ticket]
+            job.pause()
+            metrics.PREEMPTIONS.labels(self.target.name, job.view().priority.value).inc()
+
     def count_transitions(self) -> None:
         for transition in self.breaker.transitions[self.seen_transitions :]:
             _log_transition(self.target.name, transition)
@@ -273,6 +299,7 @@ class RouterSettings:
     gate: GatePolicy
     breaker: BreakerPolicy
     kv: KvPolicy
+    preempt: PreemptRules | None
 
     @classmethod
     def of(cls, config: ClusterConfig) -> RouterSettings:
@@ -290,6 +317,7 @@ class RouterSettings:
                 resume_factor=settings.kv_cache_resume_factor,
                 stale_after_s=settings.kv_stale_after_s,
             ),
+            preempt=rules_of(settings.preempt),
         )
 
 
@@ -310,6 +338,7 @@ def build_links(
             max_queue=settings.queue.max_queue,
             aging_s=settings.queue.aging_s,
             shares=settings.queue.class_shares,
+            preempt=settings.preempt,
         )
         model = target.model
         links[name] = Link(

@@ -55,6 +55,20 @@ STREAM_MIGRATIONS = Counter(
     ["from", "to"],
     registry=REGISTRY,
 )
+PREEMPTIONS = Counter(
+    "gps_preemptions",
+    "Running answers paused for a higher class's request (router.preempt), by backend and "
+    "the paused answer's class.",
+    ["backend", "class"],
+    registry=REGISTRY,
+)
+PREEMPT_REPREFILL_TOKENS = Counter(
+    "gps_preempt_reprefill_tokens",
+    "Prompt tokens paused answers sent again to go on (an upper bound of the prefill they "
+    "cost: the engine's prefix cache may hold part of them).",
+    ["backend"],
+    registry=REGISTRY,
+)
 FAILOVERS = Counter(
     "gps_failovers",
     "Requests moved to the next link of their chain, by the backend that failed.",

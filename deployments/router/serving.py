@@ -1,8 +1,10 @@
 """One attempt of a job on one link, holding its slot: send, relay, judge.
 
 A fault before any output raises BackendFault (the job may move down its chain); a stream that
-fails after it raises MidStreamFault (the answer may go on elsewhere). The verdict (served, a
-backend fault, or none) goes to the link's breaker when the attempt ends, however it ends.
+fails after it raises MidStreamFault (the answer may go on elsewhere), and one paused for a
+higher class (`router.preempt`, policy/preemption.py) raises Paused, to go on as the same answer
+once it gets a slot again. The verdict (served, a backend fault, or none) goes to the link's
+breaker when the attempt ends, however it ends.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from ray.serve.exceptions import RequestCancelledError
 
 from core.config import RouterConfig
+from core.types import PriorityClass
 from core.wire import (
     ChatJob,
     PromptCount,
@@ -34,6 +37,7 @@ from deployments.router.faults import (
     Continuing,
     LinkGone,
     MidStreamFault,
+    Paused,
     describe,
     engine_error,
     error_text,
@@ -46,9 +50,25 @@ from deployments.router.ports import ChatStream
 from policy.context.embed_fit import EmbedFit
 from policy.context.fit import Fit
 from policy.context.prompt_fit import PromptFit
-from policy.stream_migration import Rewriter, StreamTape, migration_note
+from policy.preemption import PreemptRules, RunningView, rules_of
+from policy.stream_migration import (
+    Rewriter,
+    StreamTape,
+    continuable,
+    migration_note,
+    pause_note,
+    resume_note,
+)
 
 AnyFit = Fit | PromptFit | EmbedFit
+
+
+@dataclass(frozen=True)
+class Seat:
+    """The slot a job holds on a link: its ticket, and the job's pauses so far."""
+
+    ticket: int
+    pauses: int = 0
 
 
 @dataclass
@@ -60,6 +80,11 @@ class Attempt:
     fit: AnyFit
     streaming: bool
     continuing: Continuing | None
+    seat: Seat = Seat(-1)
+    priority: PriorityClass = PriorityClass.USER
+    started: float = 0.0
+    pausable: bool = False  # a streamed chat whose answer can go on as text
+    pause_asked: bool = False  # by a higher class's arrival: pause at the next item
     tape: StreamTape = field(init=False)
     rewriter: Rewriter | None = field(init=False)
     verdict: bool | None = None  # True: served; False: a backend fault; None: no verdict
@@ -72,6 +97,16 @@ class Attempt:
             continuing.partial.prompt_tokens if continuing else self.fit.prompt_tokens
         )
         self.rewriter = Rewriter(continuing.partial) if continuing else None
+
+    def view(self) -> RunningView:
+        """As preemption sees it; a content line is about one token (vLLM's streams, ours)."""
+        left = self.fit.max_tokens - len(self.tape.lines) if self.streaming else None
+        return RunningView(
+            self.seat.ticket, self.priority, self.started, self.seat.pauses, left, self.pausable
+        )
+
+    def pause(self) -> None:
+        self.pause_asked = True
 
     def passed_on(self, item: Any) -> Any:
         """An item as the client gets it (rewritten when continuing), kept on the tape."""
@@ -97,26 +132,27 @@ END = Step([], ended=True)
 class Serving:
     def __init__(self, settings: RouterConfig) -> None:
         self._settings = settings
+        self._preempt: PreemptRules | None = rules_of(settings.preempt)
 
     async def serve_on(
         self,
         link: Link,
         job: ChatJob,
         fit: AnyFit,
+        seat: Seat,
         failovers: int,
         continuing: Continuing | None,
     ) -> AsyncGenerator[Any, None]:
-        """Run the job on `link`, whose slot it holds; raise BackendFault before any output,
-        MidStreamFault when a stream fails after it."""
-        if not await _replica_to_send_to(link):  # it died while the job waited for the slot
-            link.gate.release()
-            raise BackendFault("it has no running replica (Serve is replacing it)")
-        if not link.breaker.try_acquire():  # tripped while we waited for the slot
-            link.gate.release()
-            raise BackendFault("its breaker opened while the job waited")
+        """Run the job on `link`, whose slot (`seat`) it holds; raise BackendFault before any
+        output, MidStreamFault when a stream fails after it, Paused when a higher class's
+        arrival paused it."""
+        await _ready_to_send(link, seat)
         streaming = bool(getattr(job.request, "stream", False))  # embeddings never stream
-        attempt = Attempt(link, fit, streaming, continuing)
-        _enter(link)
+        attempt = Attempt(link, fit, streaming, continuing, seat, job.priority, time.monotonic())
+        attempt.pausable = streaming and continuable(job.request)
+        _enter(link, attempt)
+        if self._preempt is not None:
+            link.pause_for(job.priority, self._preempt)
         try:
             request = engine_request(
                 link, job, fit, self._settings.engine_priority_of(job.priority)
@@ -134,6 +170,9 @@ class Serving:
                     raise step.fault
                 if step.ended:
                     return
+                if attempt.pause_asked and _pausing(attempt):
+                    yield [pause_note(link.target.name, seat.pauses + 1)]
+                    raise Paused(attempt.tape, fit.max_tokens, "paused for a higher class")
         finally:
             _leave(attempt)
 
@@ -180,6 +219,16 @@ class Serving:
         except BACKEND_FAULTS as fault:
             return _fault_mid_stream(attempt, fault)
         return _relay(attempt, item)
+
+
+async def _ready_to_send(link: Link, seat: Seat) -> None:
+    """Raise BackendFault, the slot given back, where the link cannot take the job now."""
+    if not await _replica_to_send_to(link):  # it died while the job waited for the slot
+        link.gate.release(seat.ticket)
+        raise BackendFault("it has no running replica (Serve is replacing it)")
+    if not link.breaker.try_acquire():  # tripped while we waited for the slot
+        link.gate.release(seat.ticket)
+        raise BackendFault("its breaker opened while the job waited")
 
 
 async def _replica_to_send_to(link: Link) -> bool:
@@ -277,11 +326,13 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
         # nothing wrong and the client already has half an answer: try the next.
         raise BackendFault(f"it would not continue the answer: {error.error.message}")
     elif isinstance(first, list) and attempt.rewriter is not None:
-        metrics.STREAM_MIGRATIONS.labels(continuing.source, link.target.name).inc()
-        first = [
-            migration_note(continuing.source, link.target.name),
-            *attempt.rewriter.lines(first),
-        ]
+        if continuing.pauses:  # a paused answer going on: its prompt read again
+            metrics.PREEMPT_REPREFILL_TOKENS.labels(link.target.name).inc(fit.prompt_tokens)
+            note = resume_note(link.target.name, continuing.pauses)
+        else:
+            metrics.STREAM_MIGRATIONS.labels(continuing.source, link.target.name).inc()
+            note = migration_note(continuing.source, link.target.name)
+        first = [note, *attempt.rewriter.lines(first)]
     if attempt.streaming:
         attempt.tape.record(first)
     opening.append(first)
@@ -323,8 +374,17 @@ def _relay(attempt: Attempt, item: Any) -> Step:
     return Step([attempt.passed_on(item)])
 
 
-def _enter(link: Link) -> None:
+def _pausing(attempt: Attempt) -> bool:
+    """Whether to stop here, to go on later as the same answer: not where what the client has
+    cannot be continued as text (a tool call begun), which runs to its end instead."""
+    attempt.pause_asked = False
+    attempt.pausable = attempt.tape.partial().continuable
+    return attempt.pausable
+
+
+def _enter(link: Link, attempt: Attempt) -> None:
     link.in_flight += 1
+    link.running[attempt.seat.ticket] = attempt
     metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
 
 
@@ -333,6 +393,7 @@ def _leave(attempt: Attempt) -> None:
         attempt.stream.cancel()  # a no-op after the end; aborts the engine request otherwise
     link = attempt.link
     link.in_flight -= 1
+    link.running.pop(attempt.seat.ticket, None)
     metrics.IN_FLIGHT.labels(link.target.name).set(link.in_flight)
-    link.gate.release()
+    link.gate.release(attempt.seat.ticket)
     link.record_verdict(attempt.verdict)

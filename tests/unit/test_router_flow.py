@@ -227,6 +227,7 @@ def make_config(
     queue_timeout_s: float = 5.0,
     fallback_window: int = 2048,
     tools_on: tuple[str, ...] = (),
+    router: Mapping[str, Any] | None = None,
 ) -> ClusterConfig:
     tools = {"parser": "hermes"}
     raw: dict[str, Any] = {
@@ -254,6 +255,7 @@ def make_config(
             "max_queue": max_queue,
             "queue_timeout_s": queue_timeout_s,
             "first_token_timeout_s": 1.0,
+            **(router or {}),
         },
     }
     return parse_config(raw, base_dir=Path("."), environ={})

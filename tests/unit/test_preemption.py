@@ -1,0 +1,116 @@
+"""Which running requests a higher-class arrival pauses, and when a lower class waits."""
+
+from __future__ import annotations
+
+from core.types import PriorityClass
+from policy.admission import AdmissionQueue
+from policy.preemption import PreemptRules, RunningView, holds, to_pause
+
+USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
+RULES = PreemptRules(
+    above_running=2,
+    above_kv=None,
+    may_pause={USER: 4, AGENT: 2},
+    max_pauses=2,
+    protect_last_tokens=16,
+)
+
+
+def running(
+    ticket: int,
+    priority: PriorityClass,
+    started: float,
+    *,
+    pauses: int = 0,
+    tokens_left: int | None = 100,
+    pausable: bool = True,
+) -> RunningView:
+    return RunningView(ticket, priority, started, pauses, tokens_left, pausable)
+
+
+def test_a_user_pauses_the_youngest_of_the_lowest_class_down_to_the_batch_size() -> None:
+    batch = [
+        running(1, BACKGROUND, 1.0),
+        running(2, AGENT, 5.0),
+        running(3, BACKGROUND, 3.0),
+        running(4, BACKGROUND, 2.0),
+        running(9, USER, 6.0),  # the arrival
+    ]
+    # Five running, two allowed: three paused, background before agent, youngest first.
+    assert to_pause(batch, USER, RULES) == [3, 4, 1]
+
+
+def test_nobody_is_paused_while_the_batch_is_within_its_size() -> None:
+    assert to_pause([running(1, BACKGROUND, 1.0), running(9, USER, 2.0)], USER, RULES) == []
+
+
+def test_only_lower_classes_are_paused_and_the_lowest_class_pauses_nobody() -> None:
+    batch = [running(1, USER, 1.0), running(2, AGENT, 2.0), running(9, AGENT, 3.0)]
+    assert to_pause(batch, AGENT, RULES) == []  # the other agent is not lower
+    batch = [running(1, BACKGROUND, 1.0), running(2, BACKGROUND, 2.0), running(9, BACKGROUND, 3)]
+    assert to_pause(batch, BACKGROUND, RULES) == []
+
+
+def test_an_arrival_pauses_at_most_its_class_allowance() -> None:
+    batch = [running(t, BACKGROUND, float(t)) for t in range(1, 7)] + [running(9, AGENT, 9.0)]
+    assert to_pause(batch, AGENT, RULES) == [6, 5]  # five over, agent may pause two
+
+
+def test_the_often_paused_the_nearly_done_and_the_uncontinuable_are_spared() -> None:
+    batch = [
+        running(1, BACKGROUND, 1.0, pauses=2),  # paused max_pauses times already
+        running(2, BACKGROUND, 2.0, tokens_left=16),  # within protect_last_tokens
+        running(3, BACKGROUND, 3.0, pausable=False),  # tool calls, n > 1
+        running(4, BACKGROUND, 0.5, tokens_left=None),  # unknown: may be paused
+        running(9, USER, 4.0),
+    ]
+    assert to_pause(batch, USER, RULES) == [4]
+
+
+def test_a_high_kv_cache_pauses_one_even_within_the_batch_size() -> None:
+    rules = PreemptRules(2, 0.8, {USER: 4}, 2, 16)
+    batch = [running(1, BACKGROUND, 1.0), running(9, USER, 2.0)]
+    assert to_pause(batch, USER, rules, kv_usage=0.9) == [1]
+    assert to_pause(batch, USER, rules, kv_usage=0.7) == []
+    assert to_pause(batch, USER, rules, kv_usage=None) == []  # no reading: the batch decides
+
+
+def test_a_lower_class_waits_while_a_higher_one_runs_in_a_full_batch() -> None:
+    assert holds(BACKGROUND, {USER: 1, BACKGROUND: 1}, RULES)
+    assert holds(AGENT, {USER: 2}, RULES)
+    assert not holds(BACKGROUND, {USER: 1}, RULES)  # the batch has room
+    assert not holds(BACKGROUND, {BACKGROUND: 5}, RULES)  # no higher class runs
+    assert not holds(USER, {USER: 1, BACKGROUND: 4}, RULES)  # nothing is higher than a user
+
+
+def preempting_queue(cap: int = 8) -> AdmissionQueue:
+    return AdmissionQueue(cap=cap, max_queue=10, aging_s=10.0, shares={}, preempt=RULES)
+
+
+def test_a_lower_class_waits_for_the_higher_class_to_leave_a_full_batch() -> None:
+    q = preempting_queue()
+    assert q.arrive(1, USER, 0).admitted
+    assert q.arrive(2, BACKGROUND, 0).admitted  # a batch of two: its size
+    assert not q.arrive(3, BACKGROUND, 1).admitted  # a user runs and the batch is full
+    assert q.arrive(4, USER, 1).admitted  # users never wait for the batch size, only the cap
+    assert q.release(2, ticket=4) == []  # one user still runs
+    assert q.release(3, ticket=1) == [3]  # no user left: background runs again
+    assert q.running_by_class() == {USER: 0, AGENT: 0, BACKGROUND: 2}
+
+
+def test_a_paused_request_waits_at_the_head_of_its_class_and_ages_from_its_pause() -> None:
+    q = preempting_queue()
+    q.arrive(1, USER, 0)
+    q.arrive(2, USER, 0)
+    assert not q.arrive(3, BACKGROUND, 58).admitted  # arrived at 58, never ran
+    # Paused at 60 after running since 5: back in the queue with its place of 5.
+    assert not q.arrive(4, BACKGROUND, 60, since=5).admitted
+    assert q.release(61, ticket=1) == [4]  # room for one beside the user: the paused one
+    assert q.release(62, ticket=2) == [3]
+    # Its age counts from its pause at 60, not from 5: running is not waiting.
+    q2 = preempting_queue()
+    q2.arrive(1, USER, 0)
+    q2.arrive(2, USER, 0)
+    assert not q2.arrive(3, BACKGROUND, 60, since=5).admitted
+    assert q2.arrive(4, USER, 69).granted == ()  # 9 s waited: still background, still held
+    assert q2.release(81, ticket=4) == [3]  # 21 s waited: aged to the user class
