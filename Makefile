@@ -194,6 +194,7 @@ bench: $(INSTALLED) $(DEMO_MODEL)
 	$(PY) -m bench.pace || status=1; \
 	$(PY) -m bench.metrics || status=1; \
 	$(PY) -m bench.overload || status=1; \
+	$(PY) -m bench.preemption || status=1; \
 	$(PY) -m bench.failover || status=1; \
 	$(PY) -m bench.fallback || status=1; \
 	$(PY) -m bench.placement || status=1; \

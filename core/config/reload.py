@@ -47,6 +47,7 @@ LIVE_FIELDS = {
             "first_token_timeout_s",
             "stream_idle_timeout_s",
             "engine_priorities",
+            "preempt",
         }
     ),
 }

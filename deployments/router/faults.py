@@ -51,12 +51,13 @@ class Paused(MidStreamFault):
 @dataclass(frozen=True)
 class Continuing:
     """An answer being continued: what the client has of it, who began it, its token budget,
-    and how often it was paused (0: it goes on after a failure)."""
+    how often it was paused, and whether it goes on after a pause (not a failure)."""
 
     partial: Partial
     source: str
     budget: int
     pauses: int = 0
+    paused: bool = False
 
 
 def stream_error_event(message: str) -> list[str]:

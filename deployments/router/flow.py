@@ -147,7 +147,7 @@ class Flow:
         keep-alive comment every `router.preempt.keepalive_s` meanwhile (a client that leaves
         gives up its place, or the slot just granted)."""
         admitting = self._admit(link, job, continuing, arrived)
-        if continuing is None or not continuing.pauses:
+        if continuing is None or not continuing.paused:
             seating.result = await admitting
             return
         task = asyncio.ensure_future(admitting)
@@ -194,7 +194,8 @@ class Flow:
         if isinstance(fitted, Refusal):
             return fitted
         pauses = continuing.pauses if continuing is not None else 0
-        ticket = await self._slot(link, job, arrived if pauses else None)
+        paused = continuing is not None and continuing.paused
+        ticket = await self._slot(link, job, arrived if paused else None)
         return ticket if isinstance(ticket, Refusal) else (fitted, Seat(ticket, pauses))
 
     async def _fit_or_refusal(
@@ -368,4 +369,4 @@ def _continuation(
         return None
     budget = continuing.budget if continuing else fault.max_tokens
     pauses = (continuing.pauses if continuing else 0) + (1 if paused else 0)
-    return Continuing(partial, name, budget, pauses)
+    return Continuing(partial, name, budget, pauses, paused)

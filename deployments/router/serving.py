@@ -326,7 +326,7 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
         # nothing wrong and the client already has half an answer: try the next.
         raise BackendFault(f"it would not continue the answer: {error.error.message}")
     elif isinstance(first, list) and attempt.rewriter is not None:
-        if continuing.pauses:  # a paused answer going on: its prompt read again
+        if continuing.paused:  # a paused answer going on: its prompt read again
             metrics.PREEMPT_REPREFILL_TOKENS.labels(link.target.name).inc(fit.prompt_tokens)
             note = resume_note(link.target.name, continuing.pauses)
         else:

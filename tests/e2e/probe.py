@@ -1,8 +1,9 @@
 """A Serve deployment in front of a real backend that sees what the router sends it.
 
-It counts calls and the most requests it ever had at once (to check caps at the backend), and it
-has switches, in the style of Ray's own test_healthcheck.py: a fault switch (every chat, completion
-and health check fails) and a KV-cache reading to report instead of the engine's.
+It counts calls and the most requests it ever had at once (to check caps at the backend), keeps
+the last message of each chat it passed (a continuation's partial answer), and it has switches,
+in the style of Ray's own test_healthcheck.py: a fault switch (every chat, completion and health
+check fails) and a KV-cache reading to report instead of the engine's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ class Probe:
         self._calls = 0
         self._running = 0
         self._max_running = 0
+        self._last_messages: list[dict[str, Any]] = []
+
+    def last_messages(self) -> list[dict[str, Any]]:
+        """Each chat's last message since the reset, with whether it was to be continued."""
+        return list(self._last_messages)
 
     def counts(self) -> dict[str, int]:
         return {"calls": self._calls, "running": self._running, "max_running": self._max_running}
@@ -36,6 +42,8 @@ class Probe:
         self._kv_override = usage
 
     async def chat(self, request: Any) -> AsyncIterator[Any]:
+        last = dict(request.messages[-1])
+        self._last_messages.append({**last, "continue": bool(request.continue_final_message)})
         async for item in self._passed("chat", request):
             yield item
 

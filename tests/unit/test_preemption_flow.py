@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from core.config.reload import reload_changes
 from core.types import PriorityClass
 from core.wire import Routed
 from tests.unit.test_router_flow import (
@@ -135,3 +136,15 @@ def test_a_whole_background_answer_is_never_paused() -> None:
     lines = lines_of(asyncio.run(run()))
     assert coding.calls == 2  # no continuation asked for
     assert not any(isinstance(x, str) and x.startswith(": gps-") for x in lines)
+
+
+def test_a_reload_turns_preemption_on_in_place() -> None:
+    old = make_config()
+    new = make_config(router=PREEMPT)
+    assert reload_changes(old, new).live == ("router.preempt",)
+    coding = FakeBackend(script, step_s=0.01)
+    router = make_router(old, two(coding, FakeBackend(script)))
+    router.apply_config(new)
+    background, _ = asyncio.run(background_then_user(router, coding))
+    assert any(x.startswith(": gps-paused") for x in lines_of(background))
+    assert coding.calls == 3  # the background answer went on after the user's

@@ -1,0 +1,246 @@
+"""Users beside background work inside the cap: the router's preemption off and on, one run.
+
+One backend of the demo model with a cap of 4 (bench/overload.yaml): background streams fit
+its background share (two long answers at a time, closed loop, 256 tokens each with
+`ignore_eos`), so admission alone never makes a user wait, but every user request joins their
+batch. Users send one request every 0.5 s (open loop, 16 tokens), measured alone first, then
+beside the background streams, with `router.preempt` off and then on (the gateway redeployed in
+front of the very same engine replica, so both see the same engine):
+
+- users: p50 and p99 latency, loaded against the unloaded run of the same variant, errors;
+- background: errors (an error event or a status other than 200), tokens per second received
+  over the phase (what the paused answers lost to the users), pauses and the prompt tokens
+  their continuations sent again (the gateway's `gps_preemptions_total` and
+  `gps_preempt_reprefill_tokens_total`).
+
+Targets (issue 37), preemption on: user p99 loaded <= 1.3 x unloaded, no user and no background
+errors, background tokens/s >= 0.5 x the run with preemption off.
+
+Run with `python -m bench.preemption` (`--requests`, `--above-running`); in `make bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import stack
+from bench.overload import CONFIG, USER_INTERVAL_S
+
+PORT = 18250
+BACKGROUND_STREAMS = 2  # the background share of the cap of 4: always admitted at once
+BACKGROUND_TOKENS = 256
+USER_TOKENS = 16
+FILL_S = 2.0  # background alone before the users start
+P99_TARGET = 1.3
+BACKGROUND_TARGET = 0.5
+
+
+def body(tokens: int, stream: bool) -> dict[str, Any]:
+    return {
+        "model": "orchestrator",
+        "messages": [{"role": "user", "content": "Tell a long story about a lighthouse."}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
+
+
+@dataclass
+class Phase:
+    variant: str
+    loaded: bool
+    seconds: float = 0.0
+    user_latencies_s: list[float] = field(default_factory=list)
+    user_errors: int = 0
+    background_tokens: int = 0
+    background_answers: int = 0
+    background_errors: int = 0
+    pauses: float = 0.0
+    reprefill_tokens: float = 0.0
+
+    def user_ms(self, q: float) -> float:
+        ordered = sorted(self.user_latencies_s)
+        if not ordered:
+            return float("nan")
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def users(client: httpx.AsyncClient, url: str, requests: int, phase: Phase) -> None:
+    async def one(delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        started = time.perf_counter()
+        try:
+            reply = await client.post(url, json=body(USER_TOKENS, False), headers=_as("user"))
+        except httpx.HTTPError:
+            phase.user_errors += 1
+            return
+        if reply.status_code != 200:
+            phase.user_errors += 1
+            return
+        phase.user_latencies_s.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(one(i * USER_INTERVAL_S) for i in range(requests)))
+
+
+async def background(
+    client: httpx.AsyncClient, url: str, stop: asyncio.Event, phase: Phase
+) -> None:
+    """One closed-loop client streaming long answers until `stop`; every token it receives
+    counts, the last answer's too."""
+    while not stop.is_set():
+        try:
+            async with client.stream(
+                "POST", url, json=body(BACKGROUND_TOKENS, True), headers=_as("background")
+            ) as reply:
+                if reply.status_code != 200:
+                    phase.background_errors += 1
+                    await asyncio.sleep(1)
+                    continue
+                async for line in reply.aiter_lines():
+                    if '"error"' in line:
+                        phase.background_errors += 1
+                    elif line.startswith("data: {"):
+                        chunk = json.loads(line[len("data: ") :])
+                        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                            phase.background_tokens += 1
+                    if stop.is_set():
+                        break
+                else:
+                    phase.background_answers += 1
+        except httpx.HTTPError:
+            phase.background_errors += 1
+
+
+def _as(priority: str) -> dict[str, str]:
+    return {"X-Priority": priority}
+
+
+def preemption_counts(base_url: str) -> tuple[float, float]:
+    """The gateway's pauses and re-sent prompt tokens so far, over every backend."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    totals = {"gps_preemptions": 0.0, "gps_preempt_reprefill_tokens": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name in totals:
+            totals[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return totals["gps_preemptions"], totals["gps_preempt_reprefill_tokens"]
+
+
+async def run_phase(variant: str, base_url: str, url: str, requests: int, loaded: bool) -> Phase:
+    phase = Phase(variant, loaded)
+    pauses, reprefill = preemption_counts(base_url)
+    limits = httpx.Limits(max_connections=BACKGROUND_STREAMS + requests)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        stop = asyncio.Event()
+        streams = [
+            asyncio.create_task(background(client, url, stop, phase))
+            for _ in range(BACKGROUND_STREAMS if loaded else 0)
+        ]
+        started = time.perf_counter()
+        if streams:
+            await asyncio.sleep(FILL_S)
+        await users(client, url, requests, phase)
+        stop.set()
+        phase.seconds = time.perf_counter() - started
+        await asyncio.gather(*streams)
+    after_pauses, after_reprefill = preemption_counts(base_url)
+    phase.pauses, phase.reprefill_tokens = after_pauses - pauses, after_reprefill - reprefill
+    return phase
+
+
+def variants(above_running: int) -> dict[str, Mapping[str, Any]]:
+    return {
+        "preemption off": {"router": {"preempt": {"enabled": False}}},
+        f"preemption on, above_running {above_running}": {
+            "router": {"preempt": {"enabled": True, "above_running": above_running}}
+        },
+    }
+
+
+async def measure(target: stack.Stage, requests: int, above_running: int) -> list[Phase]:
+    phases = []
+    for name, overrides in variants(above_running).items():
+        stack.deploy_gateway(stack.load(CONFIG, overrides), target.anchor)
+        await run_phase("warm-up", target.base_url, target.gateway_url, 4, loaded=False)
+        for loaded in (False, True):
+            phases.append(
+                await run_phase(name, target.base_url, target.gateway_url, requests, loaded)
+            )
+    return phases
+
+
+def report(phases: list[Phase]) -> bool:
+    print(
+        "| variant | background | user n | user p50 ms | user p99 ms | p99 vs unloaded "
+        "| user errors | background tokens/s | background answers | background errors "
+        "| pauses | re-sent prompt tokens |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    unloaded: dict[str, float] = {}
+    loaded: dict[str, Phase] = {}
+    ratios: dict[str, float] = {}
+    for phase in phases:
+        p99 = phase.user_ms(0.99)
+        if phase.loaded:
+            loaded[phase.variant] = phase
+        else:
+            unloaded[phase.variant] = p99
+        ratio = ratios[phase.variant] = p99 / unloaded[phase.variant]
+        p50 = 1000 * statistics.median(phase.user_latencies_s) if phase.user_latencies_s else 0
+        rate = phase.background_tokens / phase.seconds if phase.seconds else 0.0
+        print(
+            f"| {phase.variant} | {'streams' if phase.loaded else 'none'} "
+            f"| {len(phase.user_latencies_s)} | {p50:.0f} | {p99:.0f} | {ratio:.2f} "
+            f"| {phase.user_errors} | {rate:.1f} | {phase.background_answers} "
+            f"| {phase.background_errors} | {phase.pauses:.0f} | {phase.reprefill_tokens:.0f} |"
+        )
+    off, on = list(loaded.values())
+    off_rate = off.background_tokens / off.seconds
+    on_rate = on.background_tokens / on.seconds
+    share = on_rate / off_rate if off_rate else float("nan")
+    met = (
+        ratios[on.variant] <= P99_TARGET
+        and on.user_errors == 0
+        and on.background_errors == 0
+        and share >= BACKGROUND_TARGET
+    )
+    print(
+        f"\n{on.variant}: user p99 loaded / unloaded {ratios[on.variant]:.2f} (target <= "
+        f"{P99_TARGET}; off: {ratios[off.variant]:.2f}), user errors {on.user_errors}, "
+        f"background errors {on.background_errors}, background tokens/s {share:.2f} x off's "
+        f"(target >= {BACKGROUND_TARGET}); {on.pauses:.0f} pauses re-sent "
+        f"{on.reprefill_tokens:.0f} prompt tokens: {'met' if met else 'NOT met'}"
+    )
+    return met
+
+
+def main() -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    parser = argparse.ArgumentParser(prog="python -m bench.preemption")
+    parser.add_argument("--requests", type=int, default=40, help="user requests per phase")
+    parser.add_argument(
+        "--above-running", type=int, default=1, help="router.preempt.above_running when on"
+    )
+    args = parser.parse_args()
+    target = stack.stage(CONFIG, PORT)
+    try:
+        phases = asyncio.run(measure(target, args.requests, args.above_running))
+    finally:
+        stack.stop()
+    sys.exit(0 if report(phases) else 1)
+
+
+if __name__ == "__main__":
+    main()
