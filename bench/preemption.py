@@ -1,11 +1,11 @@
 """Users beside background work inside the cap: the router's preemption off and on, one run.
 
-One backend of the demo model with a cap of 4 (bench/overload.yaml): background streams fit
-its background share (two long answers at a time, closed loop, 256 tokens each with
-`ignore_eos`), so admission alone never makes a user wait, but every user request joins their
-batch. Users send one request every 0.5 s (open loop, 16 tokens), measured alone first, then
-beside the background streams, with `router.preempt` off and then on (the gateway redeployed in
-front of the very same engine replica, so both see the same engine):
+One backend of the demo model (bench/overload.yaml, its cap raised to `--cap`, 8 by default):
+background streams fill its background share (half the cap: four long answers at a time,
+closed loop, 256 tokens each with `ignore_eos`), so admission alone never makes a user wait,
+but every user request joins their batch. Users send one request every 0.5 s (open loop, 16
+tokens), measured alone first, then beside the background streams, with `router.preempt` off
+and then on (the gateway redeployed in front of the very same engine replica):
 
 - users: p50 and p99 latency, loaded against the unloaded run of the same variant, errors;
 - background: errors (an error event or a status other than 200), tokens per second received
@@ -16,7 +16,8 @@ front of the very same engine replica, so both see the same engine):
 Targets (issue 37), preemption on: user p99 loaded <= 1.3 x unloaded, no user and no background
 errors, background tokens/s >= 0.5 x the run with preemption off.
 
-Run with `python -m bench.preemption` (`--requests`, `--above-running`); in `make bench`.
+Run with `python -m bench.preemption` (`--requests`, `--above-running`, `--cap`); in
+`make bench`.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import stack
 from bench.overload import CONFIG, USER_INTERVAL_S
+from deployments.engine.llm_server import ObservedLLMServer
 
 PORT = 18250
-BACKGROUND_STREAMS = 2  # the background share of the cap of 4: always admitted at once
 BACKGROUND_TOKENS = 256
 USER_TOKENS = 16
 FILL_S = 2.0  # background alone before the users start
@@ -138,26 +140,32 @@ def preemption_counts(base_url: str) -> tuple[float, float]:
     return totals["gps_preemptions"], totals["gps_preempt_reprefill_tokens"]
 
 
-async def run_phase(variant: str, base_url: str, url: str, requests: int, loaded: bool) -> Phase:
-    phase = Phase(variant, loaded)
+async def run_phase(variant: str, base_url: str, url: str, requests: int, streams: int) -> Phase:
+    """Users alone (`streams` 0), or beside that many background streams."""
+    phase = Phase(variant, loaded=streams > 0)
     pauses, reprefill = preemption_counts(base_url)
-    limits = httpx.Limits(max_connections=BACKGROUND_STREAMS + requests)
+    limits = httpx.Limits(max_connections=streams + requests)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         stop = asyncio.Event()
-        streams = [
-            asyncio.create_task(background(client, url, stop, phase))
-            for _ in range(BACKGROUND_STREAMS if loaded else 0)
+        clients = [
+            asyncio.create_task(background(client, url, stop, phase)) for _ in range(streams)
         ]
         started = time.perf_counter()
-        if streams:
+        if clients:
             await asyncio.sleep(FILL_S)
         await users(client, url, requests, phase)
         stop.set()
         phase.seconds = time.perf_counter() - started
-        await asyncio.gather(*streams)
+        await asyncio.gather(*clients)
     after_pauses, after_reprefill = preemption_counts(base_url)
     phase.pauses, phase.reprefill_tokens = after_pauses - pauses, after_reprefill - reprefill
     return phase
+
+
+def sized(cap: int) -> dict[str, Any]:
+    """The config's one model with a cap of `cap`."""
+    [model] = yaml.safe_load(CONFIG.read_text())["models"]
+    return {"models": [{**model, "max_concurrency": cap}]}
 
 
 def variants(above_running: int) -> dict[str, Mapping[str, Any]]:
@@ -169,14 +177,18 @@ def variants(above_running: int) -> dict[str, Mapping[str, Any]]:
     }
 
 
-async def measure(target: stack.Stage, requests: int, above_running: int) -> list[Phase]:
+async def measure(target: stack.Stage, cap: int, requests: int, above_running: int) -> list[Phase]:
     phases = []
+    streams = cap // 2  # the background share: admitted at once, never queued
     for name, overrides in variants(above_running).items():
-        stack.deploy_gateway(stack.load(CONFIG, overrides), target.anchor)
-        await run_phase("warm-up", target.base_url, target.gateway_url, 4, loaded=False)
-        for loaded in (False, True):
+        config = stack.load(CONFIG, {**sized(cap), **overrides})
+        stack.deploy_gateway(config, target.anchor)
+        await run_phase("warm-up", target.base_url, target.gateway_url, 4, 0)
+        for background_streams in (0, streams):
             phases.append(
-                await run_phase(name, target.base_url, target.gateway_url, requests, loaded)
+                await run_phase(
+                    name, target.base_url, target.gateway_url, requests, background_streams
+                )
             )
     return phases
 
@@ -233,10 +245,11 @@ def main() -> None:
     parser.add_argument(
         "--above-running", type=int, default=1, help="router.preempt.above_running when on"
     )
+    parser.add_argument("--cap", type=int, default=8, help="the backend's max_concurrency")
     args = parser.parse_args()
-    target = stack.stage(CONFIG, PORT)
+    target = stack.stage(CONFIG, PORT, sized(args.cap), server_cls=ObservedLLMServer)
     try:
-        phases = asyncio.run(measure(target, args.requests, args.above_running))
+        phases = asyncio.run(measure(target, args.cap, args.requests, args.above_running))
     finally:
         stack.stop()
     sys.exit(0 if report(phases) else 1)

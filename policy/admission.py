@@ -90,6 +90,7 @@ class AdmissionQueue:
     in_flight: int = 0
     paused: bool = False
     preempt: PreemptRules | None = None
+    kv_usage: float | None = None  # the backend's last fresh KV cache reading (preemption)
     _waiting: list[Waiter] = field(default_factory=list)
     _limits: dict[PriorityClass, int] = field(init=False)
     _running: dict[int, PriorityClass] = field(default_factory=dict)  # by ticket, base class
@@ -140,12 +141,10 @@ class AdmissionQueue:
         self._waiting.append(waiter)
         return Arrival(admitted=False, shed=(victim.ticket,), granted=granted)
 
-    def release(self, now: float, ticket: int | None = None) -> list[int]:
-        """A request ended: free its slot and admit whoever may go next. `ticket`: the one that
-        ended (without it, where no class matters, the oldest still running)."""
+    def release(self, now: float, ticket: int) -> list[int]:
+        """A request ended (`ticket`, its arrival's): free its slot and admit whoever may go
+        next."""
         self.in_flight = max(0, self.in_flight - 1)
-        if ticket is None:
-            ticket = next(iter(self._running), None)
         if ticket in self._running:
             self._running_by_class[self._running.pop(ticket)] -= 1
         return self._admit_waiters(now)
@@ -188,7 +187,8 @@ class AdmissionQueue:
     def _has_room(self, priority: PriorityClass) -> bool:
         if self.paused or self.in_flight >= self._limits[priority]:
             return False
-        return self.preempt is None or not holds(priority, self._running_by_class, self.preempt)
+        rules = self.preempt
+        return rules is None or not holds(priority, self._running_by_class, rules, self.kv_usage)
 
     def _start(self, ticket: int, priority: PriorityClass) -> None:
         self.in_flight += 1

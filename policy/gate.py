@@ -80,7 +80,7 @@ class BackendGate:
             self._waiting.pop(ticket, None)
         return ticket
 
-    def release(self, ticket: int | None = None) -> None:
+    def release(self, ticket: int) -> None:
         """A slot freed: `ticket`'s (acquire's), so its class leaves the count."""
         for granted in self._queue.release(self._clock(), ticket):
             self._grant(granted)

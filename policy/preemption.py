@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from core.config import PreemptConfig
 from core.types import PriorityClass
 
-__all__ = ["PreemptRules", "RunningView", "holds", "rules_of", "to_pause"]
+__all__ = ["PreemptRules", "RunningView", "holds", "rules_of", "still_pausing", "to_pause"]
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,30 @@ def holds(
     priority: PriorityClass,
     running_by_class: Mapping[PriorityClass, int],
     rules: PreemptRules,
+    kv_usage: float | None = None,
 ) -> bool:
     """Whether a request of `priority` (a waiter's class as aged) must wait although its class
-    has room: a higher class runs on the backend and the batch is at `above_running` already."""
+    has room: a higher class runs on the backend and the batch is at `above_running` already
+    (or the KV cache reads above `above_kv`): the same test that paused it, so a paused request
+    is not let back in at once."""
     higher = sum(n for c, n in running_by_class.items() if c.rank < priority.rank)
-    return higher > 0 and sum(running_by_class.values()) >= rules.above_running
+    if higher == 0:
+        return False
+    kv_high = rules.above_kv is not None and kv_usage is not None and kv_usage > rules.above_kv
+    return kv_high or sum(running_by_class.values()) >= rules.above_running
+
+
+def still_pausing(
+    request: RunningView,
+    running_by_class: Mapping[PriorityClass, int],
+    rules: PreemptRules,
+    kv_usage: float | None = None,
+) -> bool:
+    """Whether a request asked to pause should still, when it gets to pause (its next item,
+    maybe much later): only if it would be held the moment it leaves (the higher class that
+    asked may be gone by then)."""
+    without = {c: n - (1 if c is request.priority else 0) for c, n in running_by_class.items()}
+    return holds(request.priority, without, rules, kv_usage)
 
 
 def _may_pause(request: RunningView, arriving: PriorityClass, rules: PreemptRules) -> bool:

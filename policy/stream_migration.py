@@ -46,6 +46,7 @@ class Partial:
     completion_tokens: int  # content chunks sent: one token each in vLLM's and our streams
     prompt_tokens: int
     continuable: bool  # False for what cannot be continued as text (tool calls, n > 1)
+    finished: bool = False  # its finish_reason or its usage was sent: nothing is left to go on
 
     def then(self, later: Partial) -> Partial:
         """This partial followed by what a continuing link added before it failed too."""
@@ -77,13 +78,16 @@ class StreamTape:
         text: list[str] = []
         tokens = 0
         continuable = True
+        finished = False
         for chunk in _chunks(self.lines):
+            finished = finished or bool(chunk.get("usage"))
             ident = ident or chunk.get("id")
             created = created or chunk.get("created")
             model = model or chunk.get("model")
             for choice in chunk.get("choices") or []:
                 if choice.get("index", 0) != 0:
                     continuable = False
+                finished = finished or choice.get("finish_reason") is not None
                 delta = choice.get("delta") or {}
                 if (
                     delta.get("tool_calls")
@@ -94,8 +98,9 @@ class StreamTape:
                 if delta.get("content"):
                     text.append(delta["content"])
                     tokens += 1
+        joined = "".join(text)
         return Partial(
-            ident, created, model, "".join(text), tokens, self.prompt_tokens, continuable
+            ident, created, model, joined, tokens, self.prompt_tokens, continuable, finished
         )
 
 

@@ -10,6 +10,7 @@ on on the next link as the same answer, where the request allows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncGenerator, Mapping
@@ -23,6 +24,7 @@ from core.clock import Clock
 from core.config import ClusterConfig
 from core.errors import ErrorCode
 from core.topology import Target
+from core.types import PriorityClass
 from core.wire import ChatJob, Refusal, is_completion, is_embedding
 from deployments.router import metrics
 from deployments.router.faults import (
@@ -106,8 +108,10 @@ class Flow:
             link = self._links[name]
             with link.claimed():
                 seating = _Seating()
-                async for keepalive in self._seated(link, job, continuing, arrived, seating):
-                    yield keepalive  # a paused answer waiting for its slot again
+                seated = self._seated(link, job, continuing, arrived, seating)
+                async with contextlib.aclosing(seated):
+                    async for keepalive in seated:
+                        yield keepalive  # a paused answer waiting for its slot again
                 admitted = seating.result
                 assert admitted is not None  # _seated sets it or raises
                 if isinstance(admitted, Refusal):
@@ -127,6 +131,7 @@ class Flow:
                 except BackendFault as fault:
                     logger.warning("backend %s failed before answering: %s", name, fault)
                     _failed_over(name, tried)
+                    continuing = _failed(continuing)
                 except MidStreamFault as fault:  # Paused too: the same link may take it again
                     continuing = _going_on(fault, name, continuing, original, tried)
                     if continuing is None:
@@ -158,7 +163,8 @@ class Flow:
                     yield [waiting_note()]
             seating.result = task.result()
         finally:
-            if not task.done():
+            if seating.result is None:  # the client left: a slot granted meanwhile goes back
+                task.add_done_callback(functools.partial(_give_back, link))
                 task.cancel()
 
     def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
@@ -226,6 +232,9 @@ class Flow:
         # Asleep: the wait is for a replica to start, with the model's own timeout.
         asleep = link.status().asleep
         timeout_s = link.target.wake_timeout_s if asleep else None
+        if since is not None and not asleep:  # paused: long enough to age past every class
+            router = self._config.router
+            timeout_s = router.queue_timeout_s + (len(PriorityClass) - 1) * router.aging_s
         try:
             return await link.gate.acquire(job.priority, timeout_s, since)
         except Shed as shed:
@@ -335,6 +344,21 @@ def _prompt_of(field: Any) -> str | list[int]:
 def _failed_over(name: str, tried: list[str]) -> None:
     metrics.FAILOVERS.labels(name).inc()
     tried.append(name)
+
+
+def _failed(continuing: Continuing | None) -> Continuing | None:
+    """An answer going on after a link failed it: a failure's continuation from now on, even
+    where a pause began it."""
+    return None if continuing is None else replace(continuing, paused=False)
+
+
+def _give_back(link: Link, admitting: asyncio.Future[Admitted | Refusal]) -> None:
+    """The slot of an admission nobody took (its client left as it was granted)."""
+    if admitting.cancelled() or admitting.exception() is not None:
+        return
+    admitted = admitting.result()
+    if not isinstance(admitted, Refusal):
+        link.gate.release(admitted[1].ticket)
 
 
 def _going_on(

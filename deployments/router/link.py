@@ -168,6 +168,7 @@ class Link:
         self.facts = self.facts.slept(True)
         self.passed_asleep = 0
         self.kv.forget()
+        self.gate.queue.kv_usage = None
         if self.breaker.state is not BreakerState.CLOSED:  # a health check saw it go first
             self.breaker.reset("asleep by autoscaling")
             self.count_transitions()
@@ -238,6 +239,7 @@ class Link:
         replica starts empty; a down one left only stale readings, which count as pressure)."""
         self.read(health)
         self.kv.forget()
+        self.gate.queue.kv_usage = None
         self.gate.resume()
 
     def record_verdict(self, verdict: bool | None) -> None:
@@ -275,14 +277,15 @@ class Link:
         self.breaker.trip(f"out of memory: {error.error.message}")
 
     def pause_for(self, arriving: PriorityClass, rules: PreemptRules) -> None:
-        """A job of class `arriving` started here: pause the running jobs of lower classes
-        that policy.preemption picks (each stops at its next item)."""
+        """A job of class `arriving` started here: ask the running jobs of lower classes that
+        policy.preemption picks to pause (each does at its next item, if still warranted)."""
         jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
-        kv = None if self.kv.stale(self.clock()) else self.kv.usage
+        kv = self.fresh_kv()
         for ticket in to_pause([job.view() for job in jobs.values()], arriving, rules, kv):
-            job = jobs[ticket]
-            job.pause()
-            metrics.PREEMPTIONS.labels(self.target.name, job.view().priority.value).inc()
+            jobs[ticket].pause()
+
+    def fresh_kv(self) -> float | None:
+        return None if self.kv.stale(self.clock()) else self.kv.usage
 
     def count_transitions(self) -> None:
         for transition in self.breaker.transitions[self.seen_transitions :]:

@@ -50,7 +50,7 @@ from deployments.router.ports import ChatStream
 from policy.context.embed_fit import EmbedFit
 from policy.context.fit import Fit
 from policy.context.prompt_fit import PromptFit
-from policy.preemption import PreemptRules, RunningView, rules_of
+from policy.preemption import PreemptRules, RunningView, rules_of, still_pausing
 from policy.stream_migration import (
     Rewriter,
     StreamTape,
@@ -151,9 +151,9 @@ class Serving:
         attempt = Attempt(link, fit, streaming, continuing, seat, job.priority, time.monotonic())
         attempt.pausable = streaming and continuable(job.request)
         _enter(link, attempt)
-        if self._preempt is not None:
-            link.pause_for(job.priority, self._preempt)
         try:
+            if self._preempt is not None:
+                link.pause_for(job.priority, self._preempt)
             request = engine_request(
                 link, job, fit, self._settings.engine_priority_of(job.priority)
             )
@@ -170,11 +170,26 @@ class Serving:
                     raise step.fault
                 if step.ended:
                     return
-                if attempt.pause_asked and _pausing(attempt):
+                if attempt.pause_asked and self._pausing(attempt):
+                    metrics.PREEMPTIONS.labels(link.target.name, job.priority.value).inc()
                     yield [pause_note(link.target.name, seat.pauses + 1)]
                     raise Paused(attempt.tape, fit.max_tokens, "paused for a higher class")
         finally:
             _leave(attempt)
+
+    def _pausing(self, attempt: Attempt) -> bool:
+        """Whether to stop here, to go on later as the same answer: only while the pause is
+        still warranted (the higher class that asked may be gone, or preemption turned off),
+        and not where what the client has cannot be continued as text (a tool call begun) or
+        is already whole (its finish_reason sent): such a stream runs to its end."""
+        attempt.pause_asked = False
+        rules, link = self._preempt, attempt.link
+        counts = link.gate.queue.running_by_class()
+        if rules is None or not still_pausing(attempt.view(), counts, rules, link.fresh_kv()):
+            return False
+        partial = attempt.tape.partial()
+        attempt.pausable = partial.continuable and not partial.finished
+        return attempt.pausable
 
     async def _first_item(self, attempt: Attempt, request: Any) -> tuple[ChatStream, Any]:
         link = attempt.link
@@ -222,8 +237,14 @@ class Serving:
 
 
 async def _ready_to_send(link: Link, seat: Seat) -> None:
-    """Raise BackendFault, the slot given back, where the link cannot take the job now."""
-    if not await _replica_to_send_to(link):  # it died while the job waited for the slot
+    """Raise BackendFault, the slot given back, where the link cannot take the job now (and
+    give it back if the job is cancelled meanwhile)."""
+    try:
+        replica = await _replica_to_send_to(link)
+    except BaseException:
+        link.gate.release(seat.ticket)
+        raise
+    if not replica:  # it died while the job waited for the slot
         link.gate.release(seat.ticket)
         raise BackendFault("it has no running replica (Serve is replacing it)")
     if not link.breaker.try_acquire():  # tripped while we waited for the slot
@@ -372,14 +393,6 @@ def _relay(attempt: Attempt, item: Any) -> Step:
             fault = MidStreamFault(attempt.tape, attempt.fit.max_tokens, error_text(late))
             return Step([attempt.passed_on(head)] if head else [], fault=fault)
     return Step([attempt.passed_on(item)])
-
-
-def _pausing(attempt: Attempt) -> bool:
-    """Whether to stop here, to go on later as the same answer: not where what the client has
-    cannot be continued as text (a tool call begun), which runs to its end instead."""
-    attempt.pause_asked = False
-    attempt.pausable = attempt.tape.partial().continuable
-    return attempt.pausable
 
 
 def _enter(link: Link, attempt: Attempt) -> None:

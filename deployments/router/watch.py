@@ -170,6 +170,7 @@ class Watch:
             return
         now = self._clock.monotonic()
         link.kv.observe(float(usage), now)
+        link.gate.queue.kv_usage = float(usage)  # preemption holds lower classes by it too
         metrics.KV_CACHE_USAGE.labels(link.target.name).set(float(usage))
         if link.kv.pressured(now):
             link.gate.pause()

@@ -36,7 +36,7 @@ def test_admits_up_to_the_cap_then_queues() -> None:
     assert not third.admitted
     assert third.shed == ()
     assert (q.in_flight, q.depth) == (2, 1)
-    assert q.release(1) == [3]
+    assert q.release(1, ticket=1) == [3]
     assert (q.in_flight, q.depth) == (2, 0)
 
 
@@ -45,7 +45,10 @@ def test_higher_classes_go_first_fifo_within_a_class() -> None:
     q.arrive(0, USER, 0)
     for ticket, cls in [(1, BACKGROUND), (2, AGENT), (3, USER), (4, AGENT), (5, USER)]:
         q.arrive(ticket, cls, ticket * 0.1)
-    order = [q.release(1)[0] for _ in range(5)]
+    order, running = [], 0
+    for _ in range(5):
+        running = q.release(1, running)[0]
+        order.append(running)
     assert order == [3, 5, 2, 4, 1]
 
 
@@ -54,9 +57,9 @@ def test_aging_lifts_a_long_waiting_background_request_above_newer_users() -> No
     q.arrive(0, USER, 0)
     q.arrive(1, BACKGROUND, 0)
     q.arrive(2, USER, 15)  # background has aged one class by now: agent-level
-    assert q.release(16) == [2]
+    assert q.release(16, ticket=0) == [2]
     q.arrive(3, USER, 17)
-    assert q.release(21) == [1]  # 21 s waited: two classes, user-level, and older
+    assert q.release(21, ticket=2) == [1]  # 21 s waited: two classes, user-level, and older
 
 
 def test_a_full_queue_sheds_the_lowest_class_newest_first() -> None:
@@ -98,7 +101,7 @@ def test_a_waiter_that_leaves_is_not_admitted() -> None:
     q.arrive(1, USER, 0)
     assert q.leave(1)
     assert not q.leave(1)
-    assert q.release(1) == []
+    assert q.release(1, ticket=0) == []
     assert q.in_flight == 0
 
 
@@ -107,9 +110,9 @@ def test_background_fills_only_its_share_and_a_user_starts_at_once() -> None:
     assert [q.arrive(t, BACKGROUND, 0).admitted for t in range(4)] == [True] * 3 + [False]
     assert q.arrive(4, USER, 1).admitted  # the headroom: no wait behind background work
     assert not q.arrive(5, USER, 1).admitted  # the cap itself still holds
-    assert q.release(2) == [5]  # the user outranks the background waiter
-    assert q.release(3) == []  # background would be a fourth: over its share of three
-    assert q.release(4) == [3]
+    assert q.release(2, ticket=0) == [5]  # the user outranks the background waiter
+    assert q.release(3, ticket=1) == []  # background would be a fourth: over its share of three
+    assert q.release(4, ticket=4) == [3]
 
 
 def test_agent_gets_its_share_between_background_and_user() -> None:
@@ -142,16 +145,18 @@ def test_in_flight_never_exceeds_the_cap_and_the_queue_its_bound(
     steps: list[tuple[str, PriorityClass]], cap: int, max_queue: int, with_shares: bool
 ) -> None:
     q = queue(cap=cap, max_queue=max_queue, aging_s=3, shares=SHARES if with_shares else None)
-    running = 0
+    running: list[int] = []  # tickets, oldest first
     for now, (action, cls) in enumerate(steps):
         if action == "arrive":
             arrival = q.arrive(now, cls, now)
-            running += arrival.admitted + len(arrival.granted)
+            running += [now] if arrival.admitted else []
+            running += arrival.granted
         elif action == "release" and running:
-            running += len(q.release(now)) - 1
+            running += q.release(now, running.pop(0))
         elif action == "leave":
             q.leave(now - 1)
-        assert q.in_flight == running <= cap
+        assert q.in_flight == len(running) <= cap
+        assert sum(q.running_by_class().values()) == len(running)
         assert q.depth <= max_queue
         # Work-conserving: nobody waits while even the lowest class would have room.
         assert q.depth == 0 or q.in_flight >= q.limit(BACKGROUND)
@@ -184,7 +189,7 @@ def test_gate_waits_for_a_release() -> None:
     async def scenario() -> list[str]:
         g = gate(cap=1)
         events: list[str] = []
-        await g.acquire(USER)
+        first = await g.acquire(USER)
 
         async def second() -> None:
             await g.acquire(USER)
@@ -193,7 +198,7 @@ def test_gate_waits_for_a_release() -> None:
         task = asyncio.create_task(second())
         await asyncio.sleep(0.01)
         events.append("releasing")
-        g.release()
+        g.release(first)
         await task
         return events
 
@@ -223,13 +228,13 @@ def test_gate_sheds_with_retry_after_on_timeout_and_when_displaced() -> None:
 def test_a_cancelled_waiter_leaves_the_queue_and_keeps_no_slot() -> None:
     async def scenario() -> tuple[int, int]:
         g = gate(cap=1)
-        await g.acquire(USER)
+        first = await g.acquire(USER)
         waiter = asyncio.create_task(g.acquire(USER))
         await asyncio.sleep(0.01)
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        g.release()
+        g.release(first)
         return g.queue.in_flight, g.queue.depth
 
     assert asyncio.run(scenario()) == (0, 0)

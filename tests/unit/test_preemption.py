@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from core.types import PriorityClass
 from policy.admission import AdmissionQueue
-from policy.preemption import PreemptRules, RunningView, holds, to_pause
+from policy.preemption import PreemptRules, RunningView, holds, still_pausing, to_pause
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 RULES = PreemptRules(
@@ -114,3 +116,18 @@ def test_a_paused_request_waits_at_the_head_of_its_class_and_ages_from_its_pause
     assert not q2.arrive(3, BACKGROUND, 60, since=5).admitted
     assert q2.arrive(4, USER, 69).granted == ()  # 9 s waited: still background, still held
     assert q2.release(81, ticket=4) == [3]  # 21 s waited: aged to the user class
+
+
+def test_a_high_kv_cache_holds_a_lower_class_as_it_paused_it() -> None:
+    rules = PreemptRules(2, 0.8, {USER: 4}, 2, 16)
+    assert holds(BACKGROUND, {USER: 1}, rules, kv_usage=0.9)  # batch has room, the KV does not
+    assert not holds(BACKGROUND, {USER: 1}, rules, kv_usage=0.7)
+    assert not holds(BACKGROUND, {BACKGROUND: 1}, rules, kv_usage=0.9)  # no higher class runs
+
+
+def test_a_pause_still_happens_only_if_the_paused_one_would_be_held() -> None:
+    paused = running(1, BACKGROUND, 1.0)
+    assert still_pausing(paused, {USER: 2, BACKGROUND: 1}, RULES)  # the users still run
+    assert not still_pausing(paused, {USER: 1, BACKGROUND: 1}, RULES)  # one left: room for it
+    assert not still_pausing(paused, {BACKGROUND: 1}, RULES)  # the users have gone
+    assert not still_pausing(paused, {USER: 2, BACKGROUND: 1}, replace(RULES, above_running=3))

@@ -4,6 +4,7 @@ stream, which waits (kept alive) and goes on as the same answer once the user is
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -148,3 +149,71 @@ def test_a_reload_turns_preemption_on_in_place() -> None:
     background, _ = asyncio.run(background_then_user(router, coding))
     assert any(x.startswith(": gps-paused") for x in lines_of(background))
     assert coding.calls == 3  # the background answer went on after the user's
+
+
+def test_a_paused_answer_whose_client_leaves_as_its_slot_comes_back_gives_the_slot_back() -> None:
+    async def scenario() -> tuple[int, dict[PriorityClass, int]]:
+        coding = FakeBackend(script, step_s=0.01)
+        router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)))
+        queue = router._links["coding@local"].gate.queue
+        chat = router.chat(job(priority=PriorityClass.BACKGROUND))
+        user = None
+        async for item in chat:
+            if user is None and coding.calls >= 1 and len(coding.streams[0]._items) <= TOKENS:
+                user = asyncio.create_task(collect(router, job(priority=PriorityClass.USER)))
+            if isinstance(item, list) and any("gps-waiting" in x for x in item):
+                assert user is not None
+                await user  # the slot comes back while the stream sits at its keep-alive
+                await asyncio.sleep(0.01)
+                break  # and the client leaves: the ingress closes the stream
+        await chat.aclose()
+        await asyncio.sleep(0.05)
+        return queue.in_flight, queue.running_by_class()
+
+    in_flight, running = asyncio.run(scenario())
+    assert in_flight == 0
+    assert set(running.values()) == {0}
+
+
+def test_a_pause_asked_for_a_user_already_gone_does_not_happen() -> None:
+    """The user's answer ends before the background stream's next item: nothing to make room
+    for by then, so the stream goes on where it is."""
+    coding = FakeBackend(script, step_s=0.05)  # the background's items come slowly
+    router = make_router(
+        make_config(router=PREEMPT), {"coding@local": coding, "orchestrator@local": coding}
+    )
+
+    async def scenario() -> list[Any]:
+        background = asyncio.create_task(collect(router, job(priority=PriorityClass.BACKGROUND)))
+        await until(lambda: coding.calls >= 1 and len(coding.streams[0]._items) <= TOKENS)
+        coding.step_s = 0.0  # the user's answer is instant
+        await collect(router, job(priority=PriorityClass.USER))
+        coding.step_s = 0.05
+        return await background
+
+    lines = lines_of(asyncio.run(scenario()))
+    assert not any(x.startswith(": gps-") for x in lines)
+    assert coding.calls == 2
+
+
+def test_an_answer_whose_end_was_sent_is_not_paused() -> None:
+    finish = {"id": "bg", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    ended = [
+        [sse("bg", {"role": "assistant", "content": ""})],
+        [sse("bg", {"content": " t0"})],
+        [f"data: {json.dumps(finish)}\n\n"],  # ended by the model: nothing left to go on
+        [sse("bg", usage=USAGE)],
+        ["data: [DONE]\n\n"],
+    ]
+    coding = FakeBackend(lambda call: ended if call == 1 else script(2), step_s=0.02)
+    router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)))
+
+    async def scenario() -> list[Any]:
+        background = asyncio.create_task(collect(router, job(priority=PriorityClass.BACKGROUND)))
+        await until(lambda: coding.calls >= 1 and len(coding.streams[0]._items) <= 2)
+        await collect(router, job(priority=PriorityClass.USER))
+        return await background
+
+    lines = lines_of(asyncio.run(scenario()))
+    assert not any(x.startswith(": gps-") for x in lines)
+    assert coding.calls == 2  # no continuation after its finish_reason
