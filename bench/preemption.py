@@ -30,72 +30,44 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import stack
-from bench.overload import CONFIG, USER_INTERVAL_S
+from bench import overload, stack
+from bench.overload import CONFIG
 from deployments.engine.llm_server import ObservedLLMServer
 
 PORT = 18250
-BACKGROUND_TOKENS = 256
-USER_TOKENS = 16
 FILL_S = 2.0  # background alone before the users start
 P99_TARGET = 1.3
 BACKGROUND_TARGET = 0.5
 
 
-def body(tokens: int, stream: bool) -> dict[str, Any]:
-    return {
-        "model": "orchestrator",
-        "messages": [{"role": "user", "content": "Tell a long story about a lighthouse."}],
-        "max_tokens": tokens,
-        "ignore_eos": True,
-        "stream": stream,
-        **({"stream_options": {"include_usage": True}} if stream else {}),
-    }
+# A long answer, streamed (the users' request is the overload bench's).
+BACKGROUND_BODY = {
+    **overload.BODY,
+    "messages": [{"role": "user", "content": "Tell a long story about a lighthouse."}],
+    "max_tokens": 256,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 
 
 @dataclass
-class Phase:
-    variant: str
-    loaded: bool
-    seconds: float = 0.0
-    user_latencies_s: list[float] = field(default_factory=list)
-    user_errors: int = 0
+class Phase(overload.Phase):
+    """The overload bench's phase (its users, open loop, the same 16-token request), with what
+    the background streams received and what pausing them cost."""
+
     background_tokens: int = 0
     background_answers: int = 0
     background_shed: int = 0  # 429 at admission (waited queue_timeout_s): no stream begun
     background_errors: int = 0  # any other status, or an error event in a stream
     pauses: float = 0.0
     reprefill_tokens: float = 0.0
-
-    def user_ms(self, q: float) -> float:
-        ordered = sorted(self.user_latencies_s)
-        if not ordered:
-            return float("nan")
-        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def users(client: httpx.AsyncClient, url: str, requests: int, phase: Phase) -> None:
-    async def one(delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        started = time.perf_counter()
-        try:
-            reply = await client.post(url, json=body(USER_TOKENS, False), headers=_as("user"))
-        except httpx.HTTPError:
-            phase.user_errors += 1
-            return
-        if reply.status_code != 200:
-            phase.user_errors += 1
-            return
-        phase.user_latencies_s.append(time.perf_counter() - started)
-
-    await asyncio.gather(*(one(i * USER_INTERVAL_S) for i in range(requests)))
 
 
 async def background(
@@ -106,7 +78,7 @@ async def background(
     while not stop.is_set():
         try:
             async with client.stream(
-                "POST", url, json=body(BACKGROUND_TOKENS, True), headers=_as("background")
+                "POST", url, json=BACKGROUND_BODY, headers={"X-Priority": "background"}
             ) as reply:
                 if reply.status_code == 429:
                     phase.background_shed += 1
@@ -131,10 +103,6 @@ async def background(
             phase.background_errors += 1
 
 
-def _as(priority: str) -> dict[str, str]:
-    return {"X-Priority": priority}
-
-
 def preemption_counts(base_url: str) -> tuple[float, float]:
     """The gateway's pauses and re-sent prompt tokens so far, over every backend."""
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
@@ -147,7 +115,7 @@ def preemption_counts(base_url: str) -> tuple[float, float]:
 
 async def run_phase(variant: str, base_url: str, url: str, requests: int, streams: int) -> Phase:
     """Users alone (`streams` 0), or beside that many background streams."""
-    phase = Phase(variant, loaded=streams > 0)
+    phase = Phase(variant, streams)
     pauses, reprefill = preemption_counts(base_url)
     limits = httpx.Limits(max_connections=streams + requests)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
@@ -158,7 +126,7 @@ async def run_phase(variant: str, base_url: str, url: str, requests: int, stream
         started = time.perf_counter()
         if clients:
             await asyncio.sleep(FILL_S)
-        await users(client, url, requests, phase)
+        await overload.user_stream(client, url, requests, phase)
         stop.set()
         phase.seconds = time.perf_counter() - started
         await asyncio.gather(*clients)
@@ -212,16 +180,16 @@ def report(phases: list[Phase]) -> bool:
     loaded: dict[str, Phase] = {}
     ratios: dict[str, float] = {}
     for phase in phases:
-        p99 = phase.user_ms(0.99)
-        if phase.loaded:
-            loaded[phase.variant] = phase
+        p99 = phase.percentile_ms(0.99)
+        if phase.background_clients:
+            loaded[phase.path] = phase
         else:
-            unloaded[phase.variant] = p99
-        ratio = ratios[phase.variant] = p99 / unloaded[phase.variant]
+            unloaded[phase.path] = p99
+        ratio = ratios[phase.path] = p99 / unloaded[phase.path]
         p50 = 1000 * statistics.median(phase.user_latencies_s) if phase.user_latencies_s else 0
         rate = phase.background_tokens / phase.seconds if phase.seconds else 0.0
         print(
-            f"| {phase.variant} | {'streams' if phase.loaded else 'none'} "
+            f"| {phase.path} | {'streams' if phase.background_clients else 'none'} "
             f"| {len(phase.user_latencies_s)} | {p50:.0f} | {p99:.0f} | {ratio:.2f} "
             f"| {phase.user_errors} | {rate:.1f} | {phase.background_answers} "
             f"| {phase.background_shed} | {phase.background_errors} | {phase.pauses:.0f} "
@@ -233,15 +201,15 @@ def report(phases: list[Phase]) -> bool:
     for on in ons:
         share = (on.background_tokens / on.seconds) / off_rate if off_rate else float("nan")
         this = (
-            ratios[on.variant] <= P99_TARGET
+            ratios[on.path] <= P99_TARGET
             and on.user_errors == 0
             and on.background_errors == 0
             and share >= BACKGROUND_TARGET
         )
         met &= this
         print(
-            f"\n{on.variant}: user p99 loaded / unloaded {ratios[on.variant]:.2f} (target <= "
-            f"{P99_TARGET}; off: {ratios[off.variant]:.2f}), user errors {on.user_errors}, "
+            f"\n{on.path}: user p99 loaded / unloaded {ratios[on.path]:.2f} (target <= "
+            f"{P99_TARGET}; off: {ratios[off.path]:.2f}), user errors {on.user_errors}, "
             f"background errors {on.background_errors} (and {on.background_shed} shed with 429 "
             f"at admission), background tokens/s {share:.2f} x off's (target >= "
             f"{BACKGROUND_TARGET}); {on.pauses:.0f} pauses re-sent {on.reprefill_tokens:.0f} "

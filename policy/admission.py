@@ -87,7 +87,6 @@ class AdmissionQueue:
     max_queue: int
     aging_s: float
     shares: Mapping[PriorityClass, float] = field(default_factory=dict)
-    in_flight: int = 0
     paused: bool = False
     preempt: PreemptRules | None = None
     kv_usage: float | None = None  # the backend's last fresh KV cache reading (preemption)
@@ -100,6 +99,10 @@ class AdmissionQueue:
 
     def __post_init__(self) -> None:
         self._limits = class_limits(self.cap, self.shares)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
 
     def running_by_class(self) -> dict[PriorityClass, int]:
         return dict(self._running_by_class)
@@ -144,7 +147,6 @@ class AdmissionQueue:
     def release(self, now: float, ticket: int) -> list[int]:
         """A request ended (`ticket`, its arrival's): free its slot and admit whoever may go
         next."""
-        self.in_flight = max(0, self.in_flight - 1)
         if ticket in self._running:
             self._running_by_class[self._running.pop(ticket)] -= 1
         return self._admit_waiters(now)
@@ -191,7 +193,6 @@ class AdmissionQueue:
         return rules is None or not holds(priority, self._running_by_class, rules, self.kv_usage)
 
     def _start(self, ticket: int, priority: PriorityClass) -> None:
-        self.in_flight += 1
         self._running[ticket] = priority
         self._running_by_class[priority] += 1
 

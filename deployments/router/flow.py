@@ -80,7 +80,6 @@ class Flow:
         self._counters = counters
         self._clock = clock
         self._serving = Serving(config.router)
-        self._keepalive_s = config.router.preempt.keepalive_s
         # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
         # that off the event loop that relays every stream (and fits one at a time, in order).
         self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
@@ -89,7 +88,6 @@ class Flow:
         """A reload's config for jobs from now on (a job under way keeps its chain)."""
         self._config = config
         self._serving = Serving(config.router)
-        self._keepalive_s = config.router.preempt.keepalive_s
 
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
@@ -158,7 +156,8 @@ class Flow:
         task = asyncio.ensure_future(admitting)
         try:
             while not task.done():
-                done, _ = await asyncio.wait({task}, timeout=self._keepalive_s)
+                keepalive_s = self._config.router.preempt.keepalive_s
+                done, _ = await asyncio.wait({task}, timeout=keepalive_s)
                 if not done:
                     yield [waiting_note()]
             seating.result = task.result()

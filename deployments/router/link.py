@@ -276,9 +276,13 @@ class Link:
         metrics.BACKEND_OOM.labels(self.target.name).inc()
         self.breaker.trip(f"out of memory: {error.error.message}")
 
-    def pause_for(self, arriving: PriorityClass, rules: PreemptRules) -> None:
-        """A job of class `arriving` started here: ask the running jobs of lower classes that
-        policy.preemption picks to pause (each does at its next item, if still warranted)."""
+    def pause_for(self, arriving: PriorityClass) -> None:
+        """A job of class `arriving` started here: with `router.preempt` on, ask the running
+        jobs of lower classes that policy.preemption picks to pause (each does at its next
+        item, if still warranted)."""
+        rules = self.gate.queue.preempt
+        if rules is None:
+            return
         jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
         kv = self.fresh_kv()
         for ticket in to_pause([job.view() for job in jobs.values()], arriving, rules, kv):

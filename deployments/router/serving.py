@@ -50,7 +50,7 @@ from deployments.router.ports import ChatStream
 from policy.context.embed_fit import EmbedFit
 from policy.context.fit import Fit
 from policy.context.prompt_fit import PromptFit
-from policy.preemption import PreemptRules, RunningView, rules_of, still_pausing
+from policy.preemption import RunningView, still_pausing
 from policy.stream_migration import (
     Rewriter,
     StreamTape,
@@ -132,7 +132,6 @@ END = Step([], ended=True)
 class Serving:
     def __init__(self, settings: RouterConfig) -> None:
         self._settings = settings
-        self._preempt: PreemptRules | None = rules_of(settings.preempt)
 
     async def serve_on(
         self,
@@ -152,8 +151,7 @@ class Serving:
         attempt.pausable = streaming and continuable(job.request)
         _enter(link, attempt)
         try:
-            if self._preempt is not None:
-                link.pause_for(job.priority, self._preempt)
+            link.pause_for(job.priority)
             request = engine_request(
                 link, job, fit, self._settings.engine_priority_of(job.priority)
             )
@@ -177,14 +175,15 @@ class Serving:
         finally:
             _leave(attempt)
 
-    def _pausing(self, attempt: Attempt) -> bool:
+    @staticmethod
+    def _pausing(attempt: Attempt) -> bool:
         """Whether to stop here, to go on later as the same answer: only while the pause is
         still warranted (the higher class that asked may be gone, or preemption turned off),
         and not where what the client has cannot be continued as text (a tool call begun) or
         is already whole (its finish_reason sent): such a stream runs to its end."""
         attempt.pause_asked = False
-        rules, link = self._preempt, attempt.link
-        counts = link.gate.queue.running_by_class()
+        link = attempt.link
+        rules, counts = link.gate.queue.preempt, link.gate.queue.running_by_class()
         if rules is None or not still_pausing(attempt.view(), counts, rules, link.fresh_kv()):
             return False
         partial = attempt.tape.partial()
