@@ -12,6 +12,9 @@ from core.config import ClusterConfig
 from core.types import Role
 
 WINDOW = 8192  # the demo model's window in gateway.yaml
+# A window's worth of prompt takes a CPU engine minutes to prefill where the CPU lacks native
+# bf16 or the machine is busy (a 40k-token prompt timed out at 120 s in CI): liveness, not speed.
+PREFILL_TIMEOUT_S = 600
 FILLER = "The router keeps a priority queue per backend and sheds background work first. "
 
 
@@ -35,7 +38,7 @@ def huge_system_prompt() -> str:
 
 
 def post(http: httpx.Client, body: dict[str, Any]) -> httpx.Response:
-    return http.post("/v1/chat/completions", json=body)
+    return http.post("/v1/chat/completions", json=body, timeout=PREFILL_TIMEOUT_S)
 
 
 def test_plain_request_reports_no_fitting_and_its_max_tokens(http: httpx.Client) -> None:
@@ -62,7 +65,9 @@ def test_conversation_ten_times_the_window_is_served(http: httpx.Client, stream:
         "max_tokens": 8,
         "stream": stream,
     }
-    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+    with http.stream(
+        "POST", "/v1/chat/completions", json=body, timeout=PREFILL_TIMEOUT_S
+    ) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["x-context-fitted"] == "true"
         assert int(response.headers["x-context-dropped-messages"]) > 100

@@ -282,18 +282,20 @@ def test_cluster_status_needs_a_key_and_shows_placements(gateway: str, http: htt
         "thinker-small@local": "local",
     }
     assert list(status["pools"]) == ["local"]
-    # The cluster manager sees this machine's node in the pool, alive and sound (its first
-    # round may still be under way if this test runs early).
-    for _ in range(60):
-        local = http.get("/v1/cluster/status").json()["pools"]["local"]
-        if local["nodes"]:
+    # The cluster manager sees this machine's node in the pool, alive and sound, and Serve
+    # coding's replica running (the manager's first round, or the router's read of Serve's
+    # status, may still be under way on a loaded machine).
+    for _ in range(240):
+        status = http.get("/v1/cluster/status").json()
+        local = status["pools"]["local"]
+        if local["nodes"] and status["backends"]["coding@local"]["running_replicas"]:
             break
         time.sleep(0.5)
     assert local["state"] == "healthy"
     assert local["kind"] == "local"
-    assert len(local["nodes"]) == 1
+    assert len(local["nodes"]) == 1, local
     assert isinstance(status["events"], list)
-    assert status["backends"]["coding@local"]["running_replicas"] == 1
+    assert status["backends"]["coding@local"]["running_replicas"] == 1, status["backends"]
 
 
 def test_metrics_count_answers_by_status(http: httpx.Client) -> None:

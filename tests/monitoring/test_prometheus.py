@@ -254,6 +254,12 @@ def counted_requests(url: str) -> float:
     return float(found[0]["value"][1]) if found else 0.0
 
 
+def exporting_workers(url: str) -> set[str]:
+    """The workers whose router gauges Prometheus holds now: each ingress replica's router sets
+    its breaker states every 2 s, so a live replica's worker shows once its exports arrive."""
+    return {s["metric"].get("WorkerId", "") for s in query(url, "gps_breaker_state")}
+
+
 def settled_requests(url: str) -> float:
     """The count once it stopped moving: two readings two export intervals apart agree (each
     worker's metrics reach its agent every second here; Prometheus scrapes them every second)."""
@@ -315,6 +321,13 @@ def test_every_request_is_counted_once_over_two_ingress_replicas_and_a_replica_c
     # Its replacement may still be starting (a loaded machine: 40 s and more), and a request
     # the proxy holds for it is not counted until it is answered.
     ingress_running()
+    # Nor is one it answered before its worker reaches its node's metrics agent: Ray's exporter
+    # waits for the agent's health check (up to 30 s of retries) and keeps the counts until then.
+    wait_for(
+        lambda: bool(exporting_workers(prometheus) - workers),
+        120,
+        "the replacement replica's metrics to reach Prometheus",
+    )
     second = send(20)
     try:
         wait_for(lambda: counted_requests(prometheus) == before + 60, 90, "60 counted")
