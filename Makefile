@@ -205,6 +205,7 @@ bench: $(INSTALLED) $(DEMO_MODEL)
 	$(PY) -m bench.batch || status=1; \
 	$(PY) -m bench.catalog || status=1; \
 	$(PY) -m bench.prefix || status=1; \
+	$(PY) -m bench.cpu_dtype || status=1; \
 	exit $$status
 
 clean:
