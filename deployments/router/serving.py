@@ -278,16 +278,23 @@ async def _unless_gone(link: Link, item: Awaitable[Any], timeout_s: float) -> An
             (answer, gone), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
         )
     except asyncio.CancelledError:  # the client went away: stop reading too
-        answer.cancel()
+        _abandon(answer)
         raise
     finally:
         gone.cancel()
     if answer in done:
         return answer.result()
-    answer.cancel()
+    _abandon(answer)
     if gone in done:
         raise LinkGone(f"{link.gone_reason() or 'it is gone'} while the job waited")
     raise TimeoutError(f"no first item in {timeout_s:.0f} s")
+
+
+def _abandon(answer: asyncio.Future[Any]) -> None:
+    """Stop waiting for a first item nobody will read. Ray's handle answers the cancel with
+    RequestCancelledError, which asyncio would log with its traceback as never retrieved."""
+    answer.add_done_callback(lambda task: task.cancelled() or task.exception())
+    answer.cancel()
 
 
 def _method(link: Link, request: Any) -> Any:
