@@ -4,8 +4,8 @@ against float32, same vLLM engine, demo model, one thread, eager, no prefix cach
 For each dtype, in a child process of its own (an engine per process, vLLM spawns more):
 prefill tokens/s of one prompt of about 1,400 tokens (one output token), and decode tokens/s of
 64 tokens after a short prompt. On an x86 CPU without AVX512-BF16 or AMX, vLLM still runs
-bfloat16, through conversions: prefill (compute-bound) pays for them, decode (bound by memory:
-float32 weights are twice the bytes) does not. No target: the figures say which a machine of
+bfloat16, through conversions: prefill (compute-bound) pays for them; decode does not (probably
+memory: float32 weights are twice the bytes). No target: the figures say which a machine of
 this kind should run.
 
 Run with `make bench` (or `python -m bench.cpu_dtype`).
@@ -24,6 +24,7 @@ MODEL = Path(__file__).resolve().parent.parent / ".models" / "SmolLM2-135M-Instr
 DTYPES = ("bfloat16", "float32")
 PROMPT = "The router keeps a priority queue per backend and sheds background work first. " * 100
 DECODE_TOKENS = 64
+RESULT = "cpu_dtype result: "  # the child's answer line among the engine's own output
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "OMP_NUM_THREADS": "1",
@@ -64,9 +65,11 @@ def in_child(dtype: str) -> dict[str, float]:
         env={**os.environ, **ENGINE_ENV},
         capture_output=True,
         text=True,
-        check=True,
     )
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    found = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT)]
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"the {dtype} engine failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return dict(json.loads(found[-1].removeprefix(RESULT)))
 
 
 def cpu_flags() -> set[str]:
@@ -98,6 +101,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        print(json.dumps(measure(sys.argv[2])), flush=True)
+        print(RESULT + json.dumps(measure(sys.argv[2])), flush=True)
         sys.exit(0)
     sys.exit(main())

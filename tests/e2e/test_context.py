@@ -13,7 +13,8 @@ from core.types import Role
 
 WINDOW = 8192  # the demo model's window in gateway.yaml
 # A window's worth of prompt takes a CPU engine minutes to prefill where the CPU lacks native
-# bf16 or the machine is busy (a 40k-token prompt timed out at 120 s in CI): liveness, not speed.
+# bf16 or the machine is busy (a 40k-token prompt timed out at 120 s in CI). The router gives the
+# engine 300 s for its first item (gateway.yaml) and then fails over: the client waits for both.
 PREFILL_TIMEOUT_S = 600
 FILLER = "The router keeps a priority queue per backend and sheds background work first. "
 

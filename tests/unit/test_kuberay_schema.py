@@ -1,12 +1,12 @@
 """deploy/kuberay/rayservice.yaml checked against KubeRay's own RayService CRD (v1.6.2, vendored
 in tests/fixtures/kuberay), not only against our config.
 
-The API server prunes fields its schema does not know, silently: a misspelt field would be
-dropped, not refused. So the check is stricter than Kubernetes: every object of the schema that
-lists its properties and neither allows more nor keeps unknown fields
-(`x-kubernetes-preserve-unknown-fields`) refuses any other. What JSON Schema cannot see: CEL
-rules (`x-kubernetes-validations`), formats such as int32, and what `serveConfigV2` holds (a
-string to KubeRay; tests/unit/test_deploy_files.py reads it).
+Unless the client asks for strict field validation, the API server prunes fields its schema
+does not know, with at most a warning: a misspelt field would be dropped, not refused. So the
+check is stricter: every object of the schema that lists its properties and neither allows more
+nor keeps unknown fields (`x-kubernetes-preserve-unknown-fields`) refuses any other. What JSON
+Schema cannot see: CEL rules (`x-kubernetes-validations`), formats such as int32, and what
+`serveConfigV2` holds (a string to KubeRay; tests/unit/test_deploy_files.py reads it).
 """
 
 from __future__ import annotations
@@ -26,19 +26,21 @@ MANIFEST = ROOT / "deploy" / "kuberay" / "rayservice.yaml"
 
 
 def strict(schema: Any) -> Any:
-    """`schema` with unknown fields refused wherever Kubernetes would prune them."""
-    if isinstance(schema, dict):
-        schema = {key: strict(value) for key, value in schema.items()}
-        pruned = (
-            "properties" in schema
-            and "additionalProperties" not in schema
-            and not schema.get("x-kubernetes-preserve-unknown-fields")
-        )
-        if pruned:
-            schema["additionalProperties"] = False
+    """`schema` with unknown fields refused wherever Kubernetes would prune them. It walks only
+    where schemas nest (properties, items, a schema of additional properties): `anyOf` branches
+    here are int-or-string, and closing a branch would refuse its outer schema's fields."""
+    if not isinstance(schema, dict):
         return schema
-    if isinstance(schema, list):
-        return [strict(item) for item in schema]
+    schema = dict(schema)
+    if "properties" in schema:
+        schema["properties"] = {name: strict(sub) for name, sub in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            schema["additionalProperties"] = False
+    for nested in ("items", "additionalProperties"):
+        if isinstance(schema.get(nested), dict):
+            schema[nested] = strict(schema[nested])
     return schema
 
 
@@ -87,7 +89,7 @@ def test_a_misspelt_field_is_refused_not_pruned() -> None:
         "spec.rayClusterConfig: Additional properties are not allowed "
         "('gcsFaultToleranceOption' was unexpected)"
     ]
-    # KubeRay's schema as it is takes it (and the API server would drop it without a word).
+    # KubeRay's schema as it is takes it (and the API server, unless told to be strict, drops it).
     assert jsonschema.Draft7Validator(kuberays_schema()).is_valid(broken)
 
 

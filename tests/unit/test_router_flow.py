@@ -95,10 +95,12 @@ class FakeBackend:
         self.counter_calls = 0
         self.routable: int | None = None  # Serve's handle's replica count; None: it cannot tell
 
+    stream_type: type[FakeStream] = FakeStream
+
     def chat(self, request: ChatCompletionRequest) -> FakeStream:
         self.calls += 1
         self.requests.append(request)
-        stream = FakeStream(self, self.behaviour(self.calls))
+        stream = self.stream_type(self, self.behaviour(self.calls))
         self.streams.append(stream)
         return stream
 
@@ -517,11 +519,7 @@ class CancelRaisingStream(FakeStream):
 
 
 class CancelRaisingBackend(FakeBackend):
-    def chat(self, request: ChatCompletionRequest) -> FakeStream:
-        self.calls += 1
-        stream = CancelRaisingStream(self, self.behaviour(self.calls))
-        self.streams.append(stream)
-        return stream
+    stream_type = CancelRaisingStream
 
 
 def test_a_first_item_given_up_on_leaves_no_error_for_asyncio_to_log() -> None:
