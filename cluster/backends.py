@@ -23,6 +23,7 @@ from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
 from deployments.engine.replica_choice import ROUTER_PATH
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.log_options import serve_logging
+from policy.cpu_dtype import CPU_DTYPE_ENV
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many
 # replicas a node takes (docs/design.md, pools and placement).
@@ -105,7 +106,13 @@ def llm_config_for(
         **node_init_config(config.resolve_path(model.source)),
         # The engine's processes die with the replica (deployments/engine/parent_death.py).
         "runtime_env": {
-            "env_vars": {**model.env_vars, PARENT_DEATH_ENV: "1", **_adapter_env(config, model)}
+            "env_vars": {
+                **model.env_vars,
+                PARENT_DEATH_ENV: "1",
+                **_adapter_env(config, model),
+                # The replica picks a CPU engine's dtype on its node (policy/cpu_dtype.py).
+                **({CPU_DTYPE_ENV: model.cpu_dtype} if model.device == "cpu" else {}),
+            }
         },
     }
     if model.adapters:  # Ray Serve LLM's multiplexing loads them (deployments/engine/adapters)

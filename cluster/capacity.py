@@ -41,7 +41,9 @@ from autoscale.vram import GpuReading, NvmlSource
 from cluster.capacity_report import EngineFacts, Measurement, fragment, table
 from cluster.model_files import read_geometry
 from core.config import ClusterConfig, ConfigError, ModelConfig, load_config
+from deployments.engine.cpu_features import node_has_native_bf16
 from policy.capacity_search import EdgeSearch
+from policy.cpu_dtype import served_model
 from policy.engine_memory import ModelGeometry, plan_engine
 
 __all__ = ["EngineFacts", "Measurement", "fragment", "main", "measure", "table"]
@@ -175,6 +177,7 @@ def start_engine(args: dict[str, Any], device: str) -> Engine:
         max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
         max_batched_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
         vocab_size=int(vllm_config.model_config.get_vocab_size()),
+        dtype=str(vllm_config.model_config.dtype).removeprefix("torch."),
     )
     return Engine(engine, facts)
 
@@ -262,7 +265,8 @@ def measure(
     request_tokens: int | None = None,
     max_context: int | None = None,
 ) -> Measurement:
-    model = config.base_model(name)  # an adapter's name: its base model's engine
+    # An adapter's name: its base model's engine, in the dtype this node serves it in.
+    model = served_model(config.base_model(name), node_has_native_bf16())
     if not model.generates:
         raise ConfigError(f"{name}: an embedding model has no context to search")
     geometry = read_geometry(config.resolve_path(model.source))

@@ -21,6 +21,7 @@ class EngineFacts:
     max_num_seqs: int
     max_batched_tokens: int  # tokens one engine step takes (prefill chunks and decodes)
     vocab_size: int
+    dtype: str = ""  # what the engine computes in (a CPU engine's: by its node, cpu_dtype)
 
     @property
     def kv_tokens(self) -> int:
@@ -69,6 +70,7 @@ def table(result: Measurement, margin: float) -> list[str]:
     measured = result.measured_bytes_per_token
     rows = [
         ("device", result.device),
+        ("dtype", facts.dtype),
         ("memory after load", mib(facts.memory_bytes)),
         (
             "KV cache",

@@ -21,6 +21,7 @@ from cluster.config_docs import reference
 from cluster.model_files import model_geometries
 from core.config import ClusterConfig, ConfigError, load_config
 from policy.config_guard import Finding, guard_config
+from policy.cpu_dtype import served_model
 from policy.engine_memory import GiB, ModelGeometry, plan_engine
 
 __all__ = ["SCHEMA_FILE", "check", "json_schema", "main", "schema", "summary"]
@@ -61,7 +62,7 @@ def summary(config: ClusterConfig) -> list[str]:
             continue
         pool = config.pool(model.home_pool)
         gpu = None if pool.gpu_memory_gb is None else int(pool.gpu_memory_gb * GiB)
-        plan = plan_engine(model, geometry, gpu)
+        plan = plan_engine(served_model(model, native_bf16=False), geometry, gpu)  # as guarded
         tokens = plan.kv_tokens
         kv = (
             "KV cache unknown before start"

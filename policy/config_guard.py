@@ -20,6 +20,7 @@ from typing import Literal
 
 from core.config import ClusterConfig, ModelConfig
 from core.types import Role
+from policy.cpu_dtype import served_model
 from policy.engine_memory import (
     CHECKPOINT_QUANTIZATIONS,
     DTYPE_BYTES,
@@ -83,7 +84,9 @@ def guard_model(
                 f"to {geometry.max_positions} or less",
             )
         )
-    plan = plan_engine(model, geometry, gpu_bytes)
+    # A CPU engine as a node without bf16 math serves it (policy/cpu_dtype.py): the pool's
+    # nodes are not known here, and there its weights and KV tokens take the most bytes.
+    plan = plan_engine(served_model(model, native_bf16=False), geometry, gpu_bytes)
     findings += _memory(at, model, plan)
     return findings
 

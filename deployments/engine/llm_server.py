@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -31,8 +32,10 @@ from ray.serve.llm import LLMServer
 from core.errors import ErrorCode
 from core.wire import PromptCount, is_embedding, take_prompt_count
 from deployments.engine.adapters import ConfiguredAdapterLoader
+from deployments.engine.cpu_features import node_has_native_bf16
 from deployments.engine.quiet_polls import quiet_polls
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
+from policy.cpu_dtype import CPU_DTYPE_ENV, served_engine_kwargs
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
 from policy.kv_room import KvRoom, admits
 from policy.oom import OOM_CODE, error_kind, item_kind
@@ -120,13 +123,31 @@ def _kv_capacity_tokens(engine_client: Any) -> int | None:
     return int(blocks) * int(block_size) if blocks and block_size else None
 
 
+def served_on_this_node(llm_config: Any) -> Any:
+    """The engine's config with the dtype this node's CPU computes natively, where the backend
+    asks for that (models[].cpu_dtype, passed as CPU_DTYPE_ENV to CPU backends only)."""
+    choice = os.environ.get(CPU_DTYPE_ENV)
+    if choice is None:
+        return llm_config
+    kwargs = dict(llm_config.engine_kwargs)
+    served = served_engine_kwargs(kwargs, choice, node_has_native_bf16())
+    if served is kwargs:
+        return llm_config
+    logger.info(
+        "serving in %s, not %s: this CPU has no native bf16 math (models[].cpu_dtype: auto)",
+        served["dtype"],
+        kwargs.get("dtype", "auto"),
+    )
+    return llm_config.model_copy(update={"engine_kwargs": served})
+
+
 class ObservedLLMServer(LLMServer):  # type: ignore[misc]
     def _init_multiplex_loader(self, model_downloader_cls: Any = None) -> None:
         """LoRA adapters from their configured sources (deployments/engine/adapters.py)."""
         super()._init_multiplex_loader(model_downloader_cls or ConfiguredAdapterLoader)
 
-    async def __init__(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[misc]
-        await super().__init__(*args, **kwargs)
+    async def __init__(self, llm_config: Any, **kwargs: Any) -> None:  # type: ignore[misc]
+        await super().__init__(served_on_this_node(llm_config), **kwargs)
         quiet_polls()
         self._stats: _EngineStats | None = None
         self._failure: str | None = None  # why Serve must replace this replica, once it must

@@ -49,6 +49,7 @@ def cpu_model(**overrides: Any) -> dict[str, Any]:
         "device": "cpu",
         "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"},
         "engine_kwargs": {"dtype": "bfloat16"},
+        "cpu_dtype": "as_configured",  # bfloat16 on every node: the arithmetic below
         "max_concurrency": 4,
         "pools": ["local"],
         **overrides,
@@ -97,6 +98,19 @@ def test_the_demo_model_within_its_cache_passes_with_its_arithmetic(
     # weights in bfloat16: half.
     assert "KV cache 46464 tokens = 5 full windows of 8192" in line
     assert "weights 0.25 GiB" in line
+
+
+def test_a_cpu_engine_whose_node_may_lack_bf16_math_is_reckoned_in_float32(
+    tmp_path: Path, demo: Path
+) -> None:
+    model = cpu_model(cpu_dtype="auto")
+    [line] = config_cli.summary(load_config(config_file(tmp_path, model), environ={}))
+    # 1 GiB / 46080 B = 23301 tokens, 182 whole blocks of 128, less vLLM's null block: 23168;
+    # weights in float32, as the checkpoint stores them.
+    assert "46080 KV bytes/token, KV cache 23168 tokens = 2 full windows of 8192" in line
+    assert "weights 0.50 GiB" in line
+    [warned] = only(findings(tmp_path, model), "warn")
+    assert "2 sequences of the full 8192-token window" in warned.message
 
 
 def test_a_window_above_the_models_own_maximum_is_refused(tmp_path: Path, demo: Path) -> None:
