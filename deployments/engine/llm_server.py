@@ -124,8 +124,8 @@ def _kv_capacity_tokens(engine_client: Any) -> int | None:
 
 
 def served_on_this_node(llm_config: Any) -> Any:
-    """The engine's config with the dtype this node's CPU computes natively, where the backend
-    asks for that (models[].cpu_dtype, passed as CPU_DTYPE_ENV to CPU backends only)."""
+    """The replica's own engine config, set to the dtype this node's CPU computes natively where
+    the backend asks for that (models[].cpu_dtype, passed as CPU_DTYPE_ENV to CPU backends)."""
     choice = os.environ.get(CPU_DTYPE_ENV)
     if choice is None:
         return llm_config
@@ -138,7 +138,10 @@ def served_on_this_node(llm_config: Any) -> Any:
         served["dtype"],
         kwargs.get("dtype", "auto"),
     )
-    return llm_config.model_copy(update={"engine_kwargs": served})
+    # Ray's own setter: it also updates the engine config the deployment's build cached (a copy
+    # of the LLMConfig would keep that cache, and the engine would start in the old dtype).
+    llm_config.update_engine_kwargs(dtype=served["dtype"])
+    return llm_config
 
 
 class ObservedLLMServer(LLMServer):  # type: ignore[misc]

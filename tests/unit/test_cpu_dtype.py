@@ -83,25 +83,32 @@ def test_a_served_model_is_a_cpu_models_copy_and_a_gpu_model_as_it_is() -> None:
     assert served_model(gpu, native_bf16=False) is gpu
 
 
-def test_a_cpu_backend_tells_its_replica_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the replica reads on its node, and what it then starts its engine with."""
-    for choice in ("auto", "as_configured"):
-        built = llm_config_for(
-            gateway_config(cpu_dtype=choice), Backend(model="coding", pool="local")
-        )
-        assert built.runtime_env["env_vars"][CPU_DTYPE_ENV] == choice
-        monkeypatch.setenv(CPU_DTYPE_ENV, choice)
-        monkeypatch.setattr(llm_server, "node_has_native_bf16", lambda: False)
-        served = llm_server.served_on_this_node(built)
-        expected = "float32" if choice == "auto" else "bfloat16"
-        assert served.engine_kwargs["dtype"] == expected
-        assert built.engine_kwargs["dtype"] == "bfloat16"  # the deployment's own config kept
-        monkeypatch.setattr(llm_server, "node_has_native_bf16", lambda: True)
-        assert llm_server.served_on_this_node(built) is built
+def engine_dtype(built: Any) -> Any:
+    """The dtype the replica's engine starts with: ray.serve.llm's engine config (cached when
+    the deployment is built), as its VLLMEngine reads it."""
+    return built.get_engine_config().get_initialization_kwargs()["dtype"]
+
+
+@pytest.mark.parametrize(("choice", "native", "expected"), [
+    ("auto", False, "float32"),
+    ("auto", True, "bfloat16"),
+    ("as_configured", False, "bfloat16"),
+])  # fmt: skip
+def test_a_cpu_backend_tells_its_replica_the_choice_and_its_engine_starts_with_it(
+    monkeypatch: pytest.MonkeyPatch, choice: str, native: bool, expected: str
+) -> None:
+    built = llm_config_for(gateway_config(cpu_dtype=choice), Backend(model="coding", pool="local"))
+    assert built.runtime_env["env_vars"][CPU_DTYPE_ENV] == choice
+    assert engine_dtype(built) == "bfloat16"  # cached, as the deployment's build caches it
+    monkeypatch.setenv(CPU_DTYPE_ENV, choice)
+    monkeypatch.setattr(llm_server, "node_has_native_bf16", lambda: native)
+    served = llm_server.served_on_this_node(built)
+    assert engine_dtype(served) == expected
+    assert served.engine_kwargs["dtype"] == expected
 
 
 def test_a_replica_not_told_keeps_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
     built = llm_config_for(gateway_config(), Backend(model="coding", pool="local"))
     monkeypatch.delenv(CPU_DTYPE_ENV, raising=False)
     monkeypatch.setattr(llm_server, "node_has_native_bf16", lambda: False)
-    assert llm_server.served_on_this_node(built) is built
+    assert engine_dtype(llm_server.served_on_this_node(built)) == "bfloat16"
