@@ -74,7 +74,7 @@ def gateway_config(**changes: Any) -> Any:
 
 
 def test_a_served_model_is_a_cpu_models_copy_and_a_gpu_model_as_it_is() -> None:
-    config = gateway_config()
+    config = gateway_config(cpu_dtype="auto")
     coding = config.base_model("coding")
     served = served_model(coding, native_bf16=False)
     assert served.engine_kwargs["dtype"] == "float32"
