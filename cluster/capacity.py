@@ -55,8 +55,9 @@ SEED = 1234
 TOLERANCE = 0.05  # measured KV bytes per token against the engine's own figure
 # The KV cache the two engines differ by, at least: far above what else moves between two starts
 # (tens of MB of touched library pages: 256 MiB apart once measured 1.11 x on a fresh clone; a
-# float32 engine moves more, 1 GiB apart measured 1.086 x once and 0.924 x once).
-MEASURE_BYTES = 2 << 30
+# float32 CPU engine moves more, 1 GiB apart measured 1.086 x once and 0.924 x once). A GPU
+# keeps 1 GiB: a cache smaller than twice this would make its second engine larger than the card.
+MEASURE_BYTES = {"cpu": 2 << 30, "gpu": 1 << 30}
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,7 @@ async def _measure(
     # KV cache's. Fewer where that still leaves a clear difference (a GPU's cache is all it may
     # have), else more (a small CPU cache; RAM is there).
     bar.set_postfix_str("second engine, another KV cache size")
-    blocks = _other_block_count(facts)
+    blocks = _other_block_count(facts, model.device)
     other_len = min(ceiling, blocks * facts.block_size)
     other = start_engine(engine_args(config, model, other_len, blocks=blocks), model.device)
     other.close()
@@ -334,10 +335,10 @@ async def _measure(
     return result
 
 
-def _other_block_count(facts: EngineFacts) -> int:
+def _other_block_count(facts: EngineFacts, device: str) -> int:
     """Blocks for the second engine: at least MEASURE_BYTES of KV cache apart from the first."""
     page = facts.block_size * facts.engine_bytes_per_token
-    apart = max(facts.blocks // 2, -(-MEASURE_BYTES // page))
+    apart = max(facts.blocks // 2, -(-MEASURE_BYTES[device] // page))
     return facts.blocks - apart if facts.blocks - apart >= 1 else facts.blocks + apart
 
 

@@ -1,12 +1,14 @@
 """The dtype a CPU engine serves in, by what the node's CPU computes natively (pure).
 
 vLLM runs bfloat16 and float16 on any x86 CPU, but only one with AVX512-BF16 or AMX-BF16 does
-16-bit math in hardware; elsewhere (AVX2-only CPUs, AVX-512 without BF16) each product is
-converted from and to float32 in software. Measured on an AVX2-only node with the demo model
-(bench/cpu_dtype.py): bfloat16 prefilled 4x slower than float32 and decoded 1.7x faster, so
-float32 answers sooner wherever a prompt is longer than about three times its answer, which is
-what chat and agent traffic sends. `models[].cpu_dtype: auto` takes float32 there; the weights
-and each KV token then take twice the bytes, which the config guard reckons with.
+bf16 math in hardware; elsewhere (AVX2-only CPUs, AVX-512 without BF16) each product is
+converted from and to float32 in software. float16 is judged by the same flags (a CPU with
+AVX512-BF16 but no AVX512-FP16 keeps it, converted: not measured). Measured on an AVX2-only
+node with the demo model (bench/cpu_dtype.py): bfloat16 prefilled 4x slower than float32 and
+decoded 1.7x faster, so float32 answers sooner wherever a prompt is longer than about three
+times its answer, which is what chat and agent traffic sends. `models[].cpu_dtype: auto` takes
+float32 there; the weights and each KV token then take twice the bytes, which the config guard
+reckons with.
 """
 
 from __future__ import annotations

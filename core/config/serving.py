@@ -220,8 +220,9 @@ class ModelConfig(Frozen):
         description="CPU engines: auto serves a 16-bit dtype (engine_kwargs.dtype bfloat16, "
         "float16 or auto) in float32 on a node whose CPU has neither AVX512-BF16 nor AMX, where "
         "vLLM would emulate it (4x slower to prefill there, 1.7x faster to decode; twice the "
-        "bytes for weights and KV, which the config guard reckons with). as_configured: "
-        "engine_kwargs.dtype on every node.",
+        "bytes for weights and KV, which the config guard reckons with). float16 is judged by "
+        "the same flags, so a CPU with AVX512-BF16 but no AVX512-FP16 keeps it, converted. "
+        "as_configured: engine_kwargs.dtype on every node.",
     )
     cpus_per_replica: float = Field(
         1.0,
