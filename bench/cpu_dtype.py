@@ -20,6 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from deployments.engine.cpu_features import cpu_flags
+from policy.cpu_dtype import NATIVE_BF16_FLAGS
+
 MODEL = Path(__file__).resolve().parent.parent / ".models" / "SmolLM2-135M-Instruct"
 DTYPES = ("bfloat16", "float32")
 PROMPT = "The router keeps a priority queue per backend and sheds background work first. " * 100
@@ -72,18 +75,9 @@ def in_child(dtype: str) -> dict[str, float]:
     return dict(json.loads(found[-1].removeprefix(RESULT)))
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
 def main() -> int:
     flags = cpu_flags()
-    native = sorted(flags & {"avx512_bf16", "amx_bf16"}) or ["none"]
+    native = sorted(flags & NATIVE_BF16_FLAGS) or ["none"]
     print(f"CPU: AVX-512 {'yes' if 'avx512f' in flags else 'no'}, native bf16: {', '.join(native)}")
     figures = {dtype: in_child(dtype) for dtype in DTYPES}
     anchor = figures["bfloat16"]

@@ -20,9 +20,8 @@ from typing import Any
 from cluster.config_docs import reference
 from cluster.model_files import model_geometries
 from core.config import ClusterConfig, ConfigError, load_config
-from policy.config_guard import Finding, guard_config
-from policy.cpu_dtype import served_model
-from policy.engine_memory import GiB, ModelGeometry, plan_engine
+from policy.config_guard import Finding, guard_config, guarded_plan
+from policy.engine_memory import GiB, ModelGeometry
 
 __all__ = ["SCHEMA_FILE", "check", "json_schema", "main", "schema", "summary"]
 
@@ -62,7 +61,7 @@ def summary(config: ClusterConfig) -> list[str]:
             continue
         pool = config.pool(model.home_pool)
         gpu = None if pool.gpu_memory_gb is None else int(pool.gpu_memory_gb * GiB)
-        plan = plan_engine(served_model(model, native_bf16=False), geometry, gpu)  # as guarded
+        plan = guarded_plan(model, geometry, gpu)
         tokens = plan.kv_tokens
         kv = (
             "KV cache unknown before start"

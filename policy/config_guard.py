@@ -31,7 +31,7 @@ from policy.engine_memory import (
     plan_engine,
 )
 
-__all__ = ["MAX_GPU_UTILIZATION", "Finding", "guard_config", "guard_model"]
+__all__ = ["MAX_GPU_UTILIZATION", "Finding", "guard_config", "guard_model", "guarded_plan"]
 
 MAX_GPU_UTILIZATION = 0.95
 # vLLM's CPU attention backend takes KV blocks of a multiple of this many tokens.
@@ -84,11 +84,17 @@ def guard_model(
                 f"to {geometry.max_positions} or less",
             )
         )
-    # A CPU engine as a node without bf16 math serves it (policy/cpu_dtype.py): the pool's
-    # nodes are not known here, and there its weights and KV tokens take the most bytes.
-    plan = plan_engine(served_model(model, native_bf16=False), geometry, gpu_bytes)
-    findings += _memory(at, model, plan)
+    findings += _memory(at, model, guarded_plan(model, geometry, gpu_bytes))
     return findings
+
+
+def guarded_plan(
+    model: ModelConfig, geometry: ModelGeometry, gpu_bytes: int | None
+) -> EngineMemory:
+    """The engine the guard reckons with: a CPU engine as a node without bf16 math serves it
+    (policy/cpu_dtype.py), since the pool's nodes are not known here and there its weights and
+    KV tokens take the most bytes."""
+    return plan_engine(served_model(model, native_bf16=False), geometry, gpu_bytes)
 
 
 def _without_geometry(i: int, model: ModelConfig) -> list[Finding]:

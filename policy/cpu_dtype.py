@@ -13,7 +13,7 @@ reckons with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from core.config import ModelConfig
@@ -23,9 +23,9 @@ __all__ = [
     "CPU_DTYPE_ENV",
     "FLOAT32",
     "NATIVE_BF16_FLAGS",
+    "configured_dtype",
     "cpu_serving_dtype",
     "has_native_bf16",
-    "served_engine_kwargs",
     "served_model",
 ]
 
@@ -49,6 +49,10 @@ def has_native_bf16(machine: str, cpu_flags: Iterable[str]) -> bool:
     return not NATIVE_BF16_FLAGS.isdisjoint(cpu_flags)
 
 
+def configured_dtype(engine_kwargs: Mapping[str, Any]) -> str:
+    return str(engine_kwargs.get("dtype", "auto"))
+
+
 def cpu_serving_dtype(configured: str, choice: str, native_bf16: bool) -> str:
     """The dtype to start a CPU engine with: float32 for a 16-bit dtype the CPU would emulate,
     when `choice` (models[].cpu_dtype) is auto; `configured` otherwise."""
@@ -57,21 +61,13 @@ def cpu_serving_dtype(configured: str, choice: str, native_bf16: bool) -> str:
     return configured
 
 
-def served_engine_kwargs(
-    engine_kwargs: dict[str, Any], choice: str, native_bf16: bool
-) -> dict[str, Any]:
-    """vLLM's engine arguments with the dtype this node serves in (a copy where it changes)."""
-    configured = str(engine_kwargs.get("dtype", "auto"))
-    dtype = cpu_serving_dtype(configured, choice, native_bf16)
-    return engine_kwargs if dtype == configured else {**engine_kwargs, "dtype": dtype}
-
-
 def served_model(model: ModelConfig, native_bf16: bool) -> ModelConfig:
     """The model as a node serves it: a CPU engine's dtype chosen for that node's CPU."""
     if model.device != "cpu":
         return model
-    kwargs = dict(model.engine_kwargs)
-    served = served_engine_kwargs(kwargs, model.cpu_dtype, native_bf16)
-    if served is kwargs:
+    configured = configured_dtype(model.engine_kwargs)
+    dtype = cpu_serving_dtype(configured, model.cpu_dtype, native_bf16)
+    if dtype == configured:
         return model
-    return model.model_copy(update={"engine_kwargs": FrozenDict(served)})
+    kwargs = FrozenDict({**model.engine_kwargs, "dtype": dtype})
+    return model.model_copy(update={"engine_kwargs": kwargs})

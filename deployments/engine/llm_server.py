@@ -35,7 +35,7 @@ from deployments.engine.adapters import ConfiguredAdapterLoader
 from deployments.engine.cpu_features import node_has_native_bf16
 from deployments.engine.quiet_polls import quiet_polls
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
-from policy.cpu_dtype import CPU_DTYPE_ENV, served_engine_kwargs
+from policy.cpu_dtype import CPU_DTYPE_ENV, configured_dtype, cpu_serving_dtype
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
 from policy.kv_room import KvRoom, admits
 from policy.oom import OOM_CODE, error_kind, item_kind
@@ -129,18 +129,18 @@ def served_on_this_node(llm_config: Any) -> Any:
     choice = os.environ.get(CPU_DTYPE_ENV)
     if choice is None:
         return llm_config
-    kwargs = dict(llm_config.engine_kwargs)
-    served = served_engine_kwargs(kwargs, choice, node_has_native_bf16())
-    if served is kwargs:
+    configured = configured_dtype(llm_config.engine_kwargs)
+    dtype = cpu_serving_dtype(configured, choice, node_has_native_bf16())
+    if dtype == configured:
         return llm_config
     logger.info(
         "serving in %s, not %s: this CPU has no native bf16 math (models[].cpu_dtype: auto)",
-        served["dtype"],
-        kwargs.get("dtype", "auto"),
+        dtype,
+        configured,
     )
     # Ray's own setter: it also updates the engine config the deployment's build cached (a copy
     # of the LLMConfig would keep that cache, and the engine would start in the old dtype).
-    llm_config.update_engine_kwargs(dtype=served["dtype"])
+    llm_config.update_engine_kwargs(dtype=dtype)
     return llm_config
 
 

@@ -16,9 +16,9 @@ from deployments.engine import llm_server
 from deployments.engine.cpu_features import cpu_flags, node_has_native_bf16
 from policy.cpu_dtype import (
     CPU_DTYPE_ENV,
+    configured_dtype,
     cpu_serving_dtype,
     has_native_bf16,
-    served_engine_kwargs,
     served_model,
 )
 
@@ -58,12 +58,9 @@ def test_the_flags_come_from_cpuinfo_and_an_unreadable_one_means_none(tmp_path: 
     assert not node_has_native_bf16(tmp_path / "absent", machine="x86_64")
 
 
-def test_engine_kwargs_are_copied_only_where_the_dtype_changes() -> None:
-    kwargs = {"dtype": "bfloat16", "enforce_eager": True}
-    assert served_engine_kwargs(kwargs, "auto", native_bf16=True) is kwargs
-    served = served_engine_kwargs(kwargs, "auto", native_bf16=False)
-    assert served == {"dtype": "float32", "enforce_eager": True}
-    assert kwargs["dtype"] == "bfloat16"
+def test_a_missing_dtype_is_vllms_auto() -> None:
+    assert configured_dtype({"enforce_eager": True}) == "auto"
+    assert cpu_serving_dtype(configured_dtype({}), "auto", native_bf16=False) == "float32"
 
 
 def gateway_config(**changes: Any) -> Any:
@@ -77,8 +74,9 @@ def test_a_served_model_is_a_cpu_models_copy_and_a_gpu_model_as_it_is() -> None:
     config = gateway_config(cpu_dtype="auto")
     coding = config.base_model("coding")
     served = served_model(coding, native_bf16=False)
-    assert served.engine_kwargs["dtype"] == "float32"
+    assert served.engine_kwargs == {**coding.engine_kwargs, "dtype": "float32"}
     assert coding.engine_kwargs["dtype"] == "bfloat16"
+    assert served_model(coding, native_bf16=True) is coding
     gpu = coding.model_copy(update={"device": "gpu"})
     assert served_model(gpu, native_bf16=False) is gpu
 
