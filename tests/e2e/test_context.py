@@ -11,7 +11,6 @@ import pytest
 from core.config import ClusterConfig
 from core.types import Role
 
-WINDOW = 8192  # the demo model's window in gateway.yaml
 # A window's worth of prompt takes a CPU engine minutes to prefill where the CPU lacks native
 # bf16 or the machine is busy (a 40k-token prompt timed out at 120 s in CI). The router gives the
 # engine 300 s for its first item (gateway.yaml) and then fails over: the client waits for both.
@@ -51,15 +50,25 @@ def test_plain_request_reports_no_fitting_and_its_max_tokens(http: httpx.Client)
     assert response.headers["x-max-tokens"] == "8"
 
 
-def test_missing_max_tokens_is_clamped_to_a_share_of_the_window(http: httpx.Client) -> None:
+@pytest.fixture(scope="module")
+def window(config: ClusterConfig) -> int:
+    """The orchestrator's (`smollm2`'s) window in gateway.yaml."""
+    return config.model_for(Role.ORCHESTRATOR).context_window
+
+
+def test_missing_max_tokens_is_clamped_to_a_share_of_the_window(
+    http: httpx.Client, window: int
+) -> None:
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}
     response = post(http, {**body, "stop": ["."]})
     assert response.status_code == 200, response.text
-    assert int(response.headers["x-max-tokens"]) == int(WINDOW * 0.6)
+    assert int(response.headers["x-max-tokens"]) == int(window * 0.6)
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_conversation_ten_times_the_window_is_served(http: httpx.Client, stream: bool) -> None:
+def test_conversation_ten_times_the_window_is_served(
+    http: httpx.Client, window: int, stream: bool
+) -> None:
     body = {
         "model": "smollm2",
         "messages": long_conversation(70),
@@ -79,7 +88,7 @@ def test_conversation_ten_times_the_window_is_served(http: httpx.Client, stream:
     else:
         reply = json.loads(text)
         assert reply["choices"][0]["message"]["content"]
-        assert reply["usage"]["prompt_tokens"] + 8 <= WINDOW
+        assert reply["usage"]["prompt_tokens"] + 8 <= window
 
 
 @pytest.mark.parametrize("stream", [False, True])

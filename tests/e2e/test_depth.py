@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
-WINDOW = 8192  # the demo model's window in gateway.yaml
-QUICK_WINDOW = WINDOW // 4  # gateway.yaml keeps the default quick share, 0.25
+from core.config import ClusterConfig
+from core.types import Depth, Role
+
+
+@pytest.fixture(scope="module")
+def quick_window(config: ClusterConfig) -> int:
+    """The quick depth's share of the orchestrator's window (gateway.yaml keeps the default
+    quarter)."""
+    share = config.depth.routes[Depth.QUICK].context_share
+    return int(config.model_for(Role.ORCHESTRATOR).context_window * share)
 
 
 def conversation(turns: int) -> list[dict[str, Any]]:
@@ -28,14 +37,14 @@ def ask(http: httpx.Client, content: str, **extra: object) -> httpx.Response:
 
 
 def test_a_short_question_is_quick_on_the_orchestrator_with_a_quarter_window(
-    http: httpx.Client,
+    http: httpx.Client, quick_window: int
 ) -> None:
     response = ask(http, "What is two plus two?")
     assert response.status_code == 200, response.text
     assert response.headers["x-depth"] == "quick"
     assert response.headers["x-depth-reason"] == "short"
     assert response.headers["x-backend"] == "orchestrator@local"
-    assert int(response.headers["x-max-tokens"]) == int(QUICK_WINDOW * 0.6)
+    assert int(response.headers["x-max-tokens"]) == int(quick_window * 0.6)
 
 
 def test_deep_goes_to_its_configured_role(http: httpx.Client) -> None:
@@ -68,7 +77,7 @@ def test_an_unknown_depth_header_is_a_400_naming_the_choices(http: httpx.Client)
 
 
 def test_a_quick_budget_fits_a_long_conversation_into_a_quarter_window_and_counts_it(
-    http: httpx.Client,
+    http: httpx.Client, quick_window: int
 ) -> None:
     body = {"model": "auto", "messages": conversation(10), "max_tokens": 8}
     response = http.post("/v1/chat/completions", json=body, headers={"X-Depth": "quick"})
@@ -76,7 +85,7 @@ def test_a_quick_budget_fits_a_long_conversation_into_a_quarter_window_and_count
     assert response.headers["x-context-fitted"] == "true"
     dropped = int(response.headers["x-context-dropped-messages"])
     assert dropped > 0
-    assert response.json()["usage"]["prompt_tokens"] + 8 <= QUICK_WINDOW
+    assert response.json()["usage"]["prompt_tokens"] + 8 <= quick_window
     metrics = http.get("/metrics").text
     assert 'gps_depth_decisions_total{depth="quick"}' in metrics
     assert 'gps_context_fits_total{backend="orchestrator@local"}' in metrics
