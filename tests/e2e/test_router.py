@@ -141,7 +141,9 @@ def test_a_failing_backend_trips_its_breaker_after_exactly_three_faults(
     assert [r.headers["x-backend"] for r in replies] == [ORCHESTRATOR] * 6
     assert [r.headers["x-failovers"] for r in replies] == ["1"] * 3 + ["0"] * 3
     assert probe_reset.counts.remote().result()["calls"] == 3
-    assert status(http)["backends"][CODING]["breaker"] == "open"
+    # Not closed: open, or half-open once the 5 s cooldown passed (the six answers above took
+    # longer than that on an AVX2-only machine, in float32), until a probe or a call succeeds.
+    assert status(http)["backends"][CODING]["breaker"] in ("open", "half_open")
     assert status(http)["status"] == "degraded"
     metrics = http.get("/metrics").text
     assert 'gps_breaker_transitions_total{backend="coding@local",state="open"}' in metrics
