@@ -34,7 +34,7 @@ from bench.multinode import (
 )
 from cluster.app import build_app
 from cluster.ray_runtime import this_cluster
-from core.config import load_config
+from core.config import ClusterManagerConfig, load_config
 from tests.local_ray import start_retrying
 
 CONFIG = Path(__file__).with_name("recovery.yaml")
@@ -74,6 +74,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     kill_started_nodes(pids)
     nodes.shutdown()
     del os.environ["GPS_TEST_NODE_PIDS"]
+
+
+def provisioning_budget_s(settings: ClusterManagerConfig) -> float:
+    """The manager's own bound on replacing a node: every attempt's timeout and the backoffs
+    between them, and a look's interval to see the node. A `ray start` that misses Ray's fixed
+    30 s for its raylet on a loaded machine fails, and the manager's next attempt follows."""
+    backoffs = sum(settings.backoff_s * 2.0 ** (n - 1) for n in range(1, settings.max_attempts))
+    return settings.max_attempts * settings.provision_timeout_s + backoffs + settings.interval_s
+
+
+def started_nodes_log(pids: Path) -> str:
+    """The tail of what the provisioner's `ray start`s printed (tests/recovery/start_node.py)."""
+    try:
+        lines = pids.with_suffix(".log").read_text(errors="replace").splitlines()
+    except OSError as error:
+        return f"no provisioner log: {error}"
+    return "provisioner log: " + " | ".join(lines[-15:])
 
 
 def pool(name: str) -> dict[str, Any]:
@@ -121,11 +138,14 @@ def test_a_dead_pool_is_drained_replaced_and_serves_again(cluster: dict[str, Any
         wait_for(lambda: stream.first_from("cpu-fallback", killed) is not None, 60, "fallback")
         first_fallback_s = (stream.first_from("cpu-fallback", killed) or 0) - killed
 
-        wait_for(
-            lambda: alive_pool_node("cloud", cluster["cloud"].node_id) is not None,
-            240,
-            "a new node",
-        )
+        try:
+            wait_for(
+                lambda: alive_pool_node("cloud", cluster["cloud"].node_id) is not None,
+                provisioning_budget_s(settings),
+                "a new node",
+            )
+        except TimeoutError as timeout:
+            raise TimeoutError(f"{timeout}; {started_nodes_log(cluster['pids'])}") from None
         new_node = alive_pool_node("cloud", cluster["cloud"].node_id)
         assert new_node is not None
         report_free(NAMESPACE, new_node, 40)  # its "GPU" has room again: reasoning may go home
