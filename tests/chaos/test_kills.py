@@ -128,8 +128,9 @@ def test_sigkilled_replicas_under_mixed_load_lose_no_request_and_no_stream(
     engines = engine_processes(victim)
     assert engines, "the replica has no engine processes to check"
 
-    async def load_with_a_kill() -> tuple[list[int], list[dict[str, Any]]]:
+    async def load_with_a_kill() -> tuple[list[int], list[str], list[dict[str, Any]]]:
         whole: list[int] = []
+        refused: list[str] = []
         streams: list[dict[str, Any]] = []
         streaming = [asyncio.Event(), asyncio.Event()]
         async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=300) as session:
@@ -143,6 +144,8 @@ def test_sigkilled_replicas_under_mixed_load_lose_no_request_and_no_stream(
                     }
                     reply = await session.post("/v1/chat/completions", json=body)
                     whole.append(reply.status_code)
+                    if reply.status_code != 200:  # what the failure names
+                        refused.append(f"{reply.status_code} {reply.text[:300]}")
 
             async def stream_client(started: asyncio.Event) -> None:
                 for _ in range(3):
@@ -169,10 +172,10 @@ def test_sigkilled_replicas_under_mixed_load_lose_no_request_and_no_stream(
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 120)
             os.kill(victim, signal.SIGKILL)
             await asyncio.gather(*tasks)
-        return whole, streams
+        return whole, refused, streams
 
-    whole, streams = asyncio.run(load_with_a_kill())
-    assert whole == [200] * len(whole)
+    whole, refused, streams = asyncio.run(load_with_a_kill())
+    assert whole == [200] * len(whole), refused
     assert [s["status"] for s in streams] == [200] * len(streams)
     assert all(s["done"] and not s["errors"] for s in streams), streams
     assert all(len(s["ids"]) == 1 for s in streams), "a migrated stream changed its id"
