@@ -2,19 +2,25 @@
 
 Ray waits a fixed 30 s for a new node's raylet to register with the GCS (ray/_private/node.py,
 not configurable), then raises "The current node timed out during startup". With `make test`'s
-sessions side by side on 2 cores (load average 10-24) a start has missed it (run of f17e99f,
-2026-11-27: the autoscale suite's `ray.init`). A start that fails so is undone (the processes it
-started are killed) and tried again; any other error is raised at once. Ray gives up on its
-dashboard the same way, without an error: see `_quietly`.
+sessions side by side on 2 cores (load average 10-35) starts missed it: the autoscale suite's
+`ray.init` (run of f17e99f, 2026-11-27), and the recovery suite's three nodes on all five tries
+of a run, each a whole start undone and done again (run of eaf96ac, 2026-11-28, an AVX2-only
+machine beside the shared app). So inside our starts Ray's question "is the node registered?"
+is asked again until REGISTRATION_WAIT_S, and Ray's own loop sees the node once it is: see
+`_patient_registration`. A start that still times out is undone (the processes it started are
+killed) and tried again; any other error is raised at once. Ray gives up on its dashboard the
+same way, without an error: see `_quietly`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import time
 import warnings
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import psutil
 import ray
@@ -26,6 +32,9 @@ RAY_SERVICES_LOGGER = "ray._private.services"  # logs a failed dashboard start
 # suite's three-node start missed Ray's 30 s three times in a row, and autoscale's twice (run
 # of 176b495, 2026-11-28).
 ATTEMPTS = 5
+# How long a starting node may take to register. A raylet that died never will, and its start
+# fails this much later than Ray's 30 s; one that is slow saves a whole start done again.
+REGISTRATION_WAIT_S = 150.0
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +45,8 @@ def start_retrying(start: Callable[[], T]) -> T:
     for attempt in range(1, ATTEMPTS + 1):
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
-            return _quietly(start)
+            with _patient_registration():
+                return _quietly(start)
         except Exception as error:
             if NODE_TIMEOUT not in str(error) or attempt == ATTEMPTS:
                 raise
@@ -44,6 +54,32 @@ def start_retrying(start: Callable[[], T]) -> T:
             ray.shutdown()
             _kill_started_since(before)
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _patient_registration() -> Iterator[None]:
+    """Ray's `services.get_node`, which a starting node asks in a loop that gives up after 30 s,
+    asked again here while the node is not found, until REGISTRATION_WAIT_S after the first
+    question about it."""
+    services = ray._private.services
+    original = services.get_node
+    first_asked: dict[str, float] = {}
+
+    def get_node(gcs_address: str, node_id: str) -> Any:
+        started = first_asked.setdefault(node_id, time.monotonic())
+        while True:
+            try:
+                return original(gcs_address, node_id)
+            except RuntimeError:  # not registered (yet)
+                if time.monotonic() - started >= REGISTRATION_WAIT_S:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = get_node
+    try:
+        yield
+    finally:
+        services.get_node = original
 
 
 def _quietly(start: Callable[[], T]) -> T:

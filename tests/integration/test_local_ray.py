@@ -1,5 +1,6 @@
 """A Ray node start that timed out on a loaded machine is undone and tried again
-(tests/local_ray.py); any other failure is not."""
+(tests/local_ray.py); any other failure is not. Within a start, a node not yet registered is
+asked about again, for longer than Ray's own 30 s."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import subprocess
 
 import psutil
 import pytest
+import ray
 
+from tests import local_ray
 from tests.local_ray import ATTEMPTS, NODE_TIMEOUT, RAY_SERVICES_LOGGER, start_retrying
 
 
@@ -86,3 +89,45 @@ def test_an_exception_ray_logs_during_a_start_is_kept_as_text(
     [record] = caplog.records
     assert record.getMessage() == "Failed to bind to 0.0.0.0:8265 because it's already occupied."
     assert not isinstance(record.msg, BaseException)  # no traceback, so no socket kept alive
+
+
+class Registry:
+    """Ray's `services.get_node` for a node that registers after `late` questions."""
+
+    def __init__(self, late: int) -> None:
+        self.late = late
+        self.asked: list[str] = []
+
+    def get_node(self, gcs_address: str, node_id: str) -> dict[str, str]:
+        self.asked.append(node_id)
+        if len(self.asked) <= self.late:
+            raise RuntimeError(f"Node {node_id} is not found")
+        return {"NodeID": node_id}
+
+
+def test_a_node_that_registers_late_is_waited_for_within_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry = Registry(late=3)
+    monkeypatch.setattr(ray._private.services, "get_node", registry.get_node)
+
+    def start() -> dict[str, str]:  # as Ray's Node does: one question, then its own loop
+        answer: dict[str, str] = ray._private.services.get_node("gcs:1", "n1")
+        return answer
+
+    assert start_retrying(start) == {"NodeID": "n1"}
+    assert registry.asked == ["n1"] * 4
+    assert ray._private.services.get_node == registry.get_node  # Ray's own, after the start
+
+
+def test_a_node_that_never_registers_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = Registry(late=10**6)
+    monkeypatch.setattr(ray._private.services, "get_node", registry.get_node)
+    monkeypatch.setattr(local_ray, "REGISTRATION_WAIT_S", 1.2)
+
+    def start() -> None:
+        ray._private.services.get_node("gcs:1", "n1")
+
+    with pytest.raises(RuntimeError, match="is not found"):
+        start_retrying(start)
+    assert 2 <= len(registry.asked) <= 5  # asked every 0.5 s for 1.2 s, then raised
