@@ -70,7 +70,10 @@ def _patient_registration() -> Iterator[None]:
         while True:
             try:
                 return original(gcs_address, node_id)
-            except RuntimeError:  # not registered (yet)
+            except (RuntimeError, ray.exceptions.RaySystemError):
+                # Not registered yet, or (RaySystemError) the GCS just started did not answer
+                # the connect within its deadline: at load average 68 here, a recovery start
+                # failed so at once, outside Ray's loop (run of 3e655a4).
                 if time.monotonic() - started >= REGISTRATION_WAIT_S:
                     raise
                 time.sleep(0.5)

@@ -120,6 +120,25 @@ def test_a_node_that_registers_late_is_waited_for_within_the_start(
     assert ray._private.services.get_node == registry.get_node  # Ray's own, after the start
 
 
+def test_a_gcs_that_does_not_answer_yet_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = Registry(late=0)
+    gcs_answers = iter([False, False, True])
+
+    def get_node(gcs_address: str, node_id: str) -> dict[str, str]:
+        if not next(gcs_answers):  # as Ray's state accessor says it
+            raise ray.exceptions.RaySystemError("Failed to connect to GCS.")
+        return registry.get_node(gcs_address, node_id)
+
+    monkeypatch.setattr(ray._private.services, "get_node", get_node)
+
+    def start() -> dict[str, str]:
+        answer: dict[str, str] = ray._private.services.get_node("gcs:1", "n1")
+        return answer
+
+    assert start_retrying(start) == {"NodeID": "n1"}
+    assert registry.asked == ["n1"]
+
+
 def test_a_node_that_never_registers_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = Registry(late=10**6)
     monkeypatch.setattr(ray._private.services, "get_node", registry.get_node)
