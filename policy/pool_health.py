@@ -123,6 +123,16 @@ class RecoveryPolicy:
     backoff_s: float
     can_provision: bool  # the pool's provisioner is not `none`
 
+    def retry_delay_s(self, attempt: int) -> float:
+        """The backoff after failed attempt `attempt` (1-based)."""
+        return self.backoff_s * 2.0 ** (attempt - 1)
+
+    def replacement_budget_s(self) -> float:
+        """The longest a replacement can take before the pool is failed: every attempt's
+        timeout and the backoffs between them."""
+        backoffs = sum(self.retry_delay_s(n) for n in range(1, self.max_attempts))
+        return self.max_attempts * self.provision_timeout_s + backoffs
+
 
 @dataclass(frozen=True)
 class PoolRecord:
@@ -270,7 +280,7 @@ def _attempt_failed(turn: _Turn, now: float, policy: RecoveryPolicy, why: str) -
         turn.become(state=PoolState.FAILED, attempt_started=None, reason=reason)
         turn.say(EventType.POOL_FAILED, reason)
         return
-    delay = policy.backoff_s * 2 ** (attempt - 1)
+    delay = policy.retry_delay_s(attempt)
     reason = f"attempt {attempt} failed ({why}); retrying in {delay:.0f} s"
     turn.become(attempt_started=None, next_attempt_at=now + delay, reason=reason)
 

@@ -24,6 +24,7 @@ from ray import serve
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
+from autoscale.cluster_manager import recovery_policy
 from bench.multinode import (
     Stream,
     alive_pool_node,
@@ -34,7 +35,7 @@ from bench.multinode import (
 )
 from cluster.app import build_app
 from cluster.ray_runtime import this_cluster
-from core.config import ClusterManagerConfig, load_config
+from core.config import load_config
 from tests.local_ray import start_retrying
 
 CONFIG = Path(__file__).with_name("recovery.yaml")
@@ -76,14 +77,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     del os.environ["GPS_TEST_NODE_PIDS"]
 
 
-def provisioning_budget_s(settings: ClusterManagerConfig) -> float:
-    """The manager's own bound on replacing a node: every attempt's timeout and the backoffs
-    between them, and a look's interval to see the node. A `ray start` that misses Ray's fixed
-    30 s for its raylet on a loaded machine fails, and the manager's next attempt follows."""
-    backoffs = sum(settings.backoff_s * 2.0 ** (n - 1) for n in range(1, settings.max_attempts))
-    return settings.max_attempts * settings.provision_timeout_s + backoffs + settings.interval_s
-
-
 def started_nodes_log(pids: Path) -> str:
     """The tail of what the provisioner's `ray start`s printed (tests/recovery/start_node.py)."""
     try:
@@ -122,7 +115,8 @@ def test_the_gateway_stands_on_the_head_node(cluster: dict[str, Any]) -> None:
 
 
 def test_a_dead_pool_is_drained_replaced_and_serves_again(cluster: dict[str, Any]) -> None:
-    settings = load_config(CONFIG, environ={}).cluster_manager
+    config = load_config(CONFIG, environ={})
+    settings = config.cluster_manager
     assert cluster_status(PORT)["placements"] == {CLOUD: "cloud"}
     wait_for(lambda: pool("cloud")["nodes"] != [], 60, "the manager to see the cloud node")
     assert pool("cloud")["state"] == "healthy"
@@ -141,7 +135,8 @@ def test_a_dead_pool_is_drained_replaced_and_serves_again(cluster: dict[str, Any
         try:
             wait_for(
                 lambda: alive_pool_node("cloud", cluster["cloud"].node_id) is not None,
-                provisioning_budget_s(settings),
+                # The manager's own bound on replacing a node, and a look's interval to see it.
+                recovery_policy(config, "cloud").replacement_budget_s() + settings.interval_s,
                 "a new node",
             )
         except TimeoutError as timeout:

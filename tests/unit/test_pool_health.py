@@ -190,3 +190,9 @@ def test_node_verdicts(
     fact = node_fact("n", alive, answered, needs_gpu, has_gpu, None, faults)
     assert fact.problem == problem
     assert fact.sound == (problem is None)
+
+
+def test_a_replacements_budget_is_every_attempt_and_the_backoffs_between_them() -> None:
+    policy = RecoveryPolicy(10, 120, 3, 5, can_provision=True)
+    assert [policy.retry_delay_s(n) for n in (1, 2, 3)] == [5, 10, 20]
+    assert policy.replacement_budget_s() == 3 * 120 + 5 + 10  # no backoff after the last
