@@ -29,7 +29,10 @@ from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import local_pool_resources
 from core.config import ClusterConfig, load_config
 from core.types import FALLBACK_BACKEND
-from tests.local_ray import start_retrying
+from tests.local_ray import start_retrying, use_loaded_machine_settings
+
+# Every session's tests live under this folder, so every Ray cluster a test starts gets them.
+use_loaded_machine_settings()
 
 ROOT = Path(__file__).parents[1]
 E2E = Path(__file__).with_name("e2e")

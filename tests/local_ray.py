@@ -10,6 +10,9 @@ is asked again until REGISTRATION_WAIT_S, and Ray's own loop sees the node once 
 `_patient_registration`. A start that still times out is undone (the processes it started are
 killed) and tried again; any other error is raised at once. Ray gives up on its dashboard the
 same way, without an error: see `_quietly`.
+
+Serve's own waits are settings, and `use_loaded_machine_settings` gives the processes a test
+session starts (its raylets, and so its Serve controller) the ones in LOADED_MACHINE_SETTINGS.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -36,7 +40,27 @@ ATTEMPTS = 5
 # fails this much later than Ray's 30 s; one that is slow saves a whole start done again.
 REGISTRATION_WAIT_S = 150.0
 
+# Ray and Serve settings (environment variables every process of a test cluster inherits) for
+# a 2-core machine where `make test` runs sessions side by side.
+LOADED_MACHINE_SETTINGS = {
+    # Serve gives a starting HTTP proxy 5 s to answer its readiness check, and kills it after
+    # three misses: CI's recovery suite lost its proxy so, with `serve.start` waiting on it
+    # (CI's run of 198867b, 2026-11-29). Serve waits (n+1) times this for the n-th restart.
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    # The Serve controller looks at every deployment 10 times a second (0.1 s): in the main
+    # suite it took 219 s of CPU in 40 minutes (run of 3e655a4). Twice a second is enough for
+    # tests whose waits are in seconds.
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+}
+
 logger = logging.getLogger(__name__)
+
+
+def use_loaded_machine_settings() -> None:
+    """LOADED_MACHINE_SETTINGS in this process's environment, for the Ray processes it starts
+    later; a value already set (by whoever runs the tests) stays."""
+    for name, value in LOADED_MACHINE_SETTINGS.items():
+        os.environ.setdefault(name, value)
 
 
 def start_retrying(start: Callable[[], T]) -> T:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import socket
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -150,3 +151,26 @@ def test_a_node_that_never_registers_is_given_up_on(monkeypatch: pytest.MonkeyPa
     with pytest.raises(RuntimeError, match="is not found"):
         start_retrying(start)
     assert 2 <= len(registry.asked) <= 5  # asked every 0.5 s for 1.2 s, then raised
+
+
+def test_the_loaded_machine_settings_are_ones_serve_reads_and_an_explicit_value_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Serve reads its settings once, at import: a fresh interpreter shows what a Serve
+    controller started with these variables would use, and so that the names are still Ray's."""
+    for name in local_ray.LOADED_MACHINE_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.25")  # set by whoever runs
+    local_ray.use_loaded_machine_settings()
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ray.serve._private import constants as c; "
+            "print(c.PROXY_READY_CHECK_TIMEOUT_S, c.CONTROL_LOOP_INTERVAL_S)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert read.stdout.split() == ["60.0", "0.25"]
