@@ -88,6 +88,7 @@ def _patient_registration() -> Iterator[None]:
     services = ray._private.services
     original = services.get_node
     first_asked: dict[str, float] = {}
+    earlier = {child.pid for child in psutil.Process().children(recursive=True)}
 
     def get_node(gcs_address: str, node_id: str) -> Any:
         started = first_asked.setdefault(node_id, time.monotonic())
@@ -98,7 +99,7 @@ def _patient_registration() -> Iterator[None]:
                 # Not registered yet, or (RaySystemError) the GCS just started did not answer
                 # the connect within its deadline: at load average 68 here, a recovery start
                 # failed so at once, outside Ray's loop (run of 3e655a4).
-                if time.monotonic() - started >= REGISTRATION_WAIT_S:
+                if time.monotonic() - started >= REGISTRATION_WAIT_S or _a_raylet_ended(earlier):
                     raise
                 time.sleep(0.5)
 
@@ -107,6 +108,25 @@ def _patient_registration() -> Iterator[None]:
         yield
     finally:
         services.get_node = original
+
+
+def _a_raylet_ended(earlier: set[int]) -> bool:
+    """Whether a raylet this process started (one not among `earlier`) has ended: its node
+    will never register, so waiting longer only delays the next try. A raylet waits a fixed 15 s
+    for its dashboard agent's port, and crashes when the agent misses it: 2-3 minutes of each
+    failed recovery start went to waiting for such a node (run of 1d8f684, load average 40-50).
+    Ray's Node does not reap it while it starts, so it stays a zombie child until the undo."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if (
+                child.pid not in earlier
+                and child.name() == "raylet"
+                and child.status() == psutil.STATUS_ZOMBIE
+            ):
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
 
 
 def _quietly(start: Callable[[], T]) -> T:

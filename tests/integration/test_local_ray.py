@@ -5,9 +5,12 @@ asked about again, for longer than Ray's own 30 s."""
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -151,6 +154,32 @@ def test_a_node_that_never_registers_is_given_up_on(monkeypatch: pytest.MonkeyPa
     with pytest.raises(RuntimeError, match="is not found"):
         start_retrying(start)
     assert 2 <= len(registry.asked) <= 5  # asked every 0.5 s for 1.2 s, then raised
+
+
+def test_a_node_whose_raylet_ended_is_given_up_on_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A raylet that crashed while its node started (a zombie child, as Ray's Node leaves it)
+    ends the wait at the next question, not REGISTRATION_WAIT_S later."""
+    registry = Registry(late=10**6)
+    monkeypatch.setattr(ray._private.services, "get_node", registry.get_node)
+    raylet = tmp_path / "raylet"
+    shutil.copy("/bin/true", raylet)
+
+    def start() -> None:
+        crashed = subprocess.Popen([str(raylet)])  # not waited for: a zombie once it exits
+        while psutil.Process(crashed.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.05)
+        try:
+            ray._private.services.get_node("gcs:1", "n1")
+        finally:
+            crashed.wait()
+
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="is not found"):
+        start_retrying(start)
+    assert registry.asked == ["n1"]
+    assert time.monotonic() - began < local_ray.REGISTRATION_WAIT_S
 
 
 def test_the_loaded_machine_settings_are_ones_serve_reads_and_an_explicit_value_stays(
