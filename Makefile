@@ -153,7 +153,7 @@ monitoring: $(INSTALLED) $(DEMO_MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/monitoring -q -s
 
 # `make reload` adding and removing a model on a running app under load (a second engine: its
-# own cluster, alone in `make test`).
+# own cluster, in `make test` beside recovery only).
 reload-test: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/reload -q -s
 
