@@ -16,8 +16,9 @@ one after another, beside a session that computes, in three phases:
    workers of both apps when it ran beside them). Recovery starts four Ray nodes (a head, two
    pools, a replacement), and each node's raylet crashes when its dashboard agent does not
    write its port within Ray's fixed 15 s: beside the shared app at work its agents took 35-70
-   s, and its start failed all five tries (run of 1d8f684); beside reload, a test engine and
-   llama.cpp, the machine has the CPU and the memory for both.
+   s, and its start failed all five tries (run of 1d8f684). Its engines are a test engine and
+   llama.cpp, so memory allows it beside reload; there its start missed twice while reload's
+   engine loaded (a minute each) and the suite passed in 9.3 min (run of 86afc82).
 
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
