@@ -4,12 +4,14 @@ asked about again, for longer than Ray's own 30 s."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -37,6 +39,25 @@ def test_a_timed_out_start_is_undone_and_tried_again() -> None:
         for process in started:
             process.kill()
             process.wait()
+
+
+def test_the_popens_a_timed_out_start_dropped_do_not_warn_after_the_undo() -> None:
+    """Ray's Node holds a Popen for each process it started; a timed-out start's are dropped
+    with its error, while the processes still run (the undo kills them after)."""
+    attempts: list[int] = []
+
+    def start() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            daemon = subprocess.Popen(["sleep", "60"])
+            raise Exception(f"{NODE_TIMEOUT}: {daemon.pid}")  # `daemon` lives in this frame
+        return "up"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        assert start_retrying(start) == "up"
+        gc.collect()
+    assert len(attempts) == 2
 
 
 def test_another_failure_and_the_last_timeout_are_raised() -> None:
