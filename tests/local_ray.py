@@ -75,7 +75,7 @@ def start_retrying(start: Callable[[], T]) -> T:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             try:
-                with _patient_registration():
+                with _patient_registration(before):
                     return _quietly(start)
             except Exception as error:
                 if NODE_TIMEOUT not in str(error) or attempt == ATTEMPTS:
@@ -88,14 +88,13 @@ def start_retrying(start: Callable[[], T]) -> T:
 
 
 @contextlib.contextmanager
-def _patient_registration() -> Iterator[None]:
+def _patient_registration(earlier: set[int]) -> Iterator[None]:
     """Ray's `services.get_node`, which a starting node asks in a loop that gives up after 30 s,
     asked again here while the node is not found, until REGISTRATION_WAIT_S after the first
     question about it."""
     services = ray._private.services
     original = services.get_node
     first_asked: dict[str, float] = {}
-    earlier = {child.pid for child in psutil.Process().children(recursive=True)}
 
     def get_node(gcs_address: str, node_id: str) -> Any:
         started = first_asked.setdefault(node_id, time.monotonic())
@@ -137,20 +136,19 @@ def _a_raylet_ended(earlier: set[int]) -> bool:
 
 
 def _quietly(start: Callable[[], T]) -> T:
-    """`start()`, without the ResourceWarning of a Popen that Ray drops while its process still
-    runs: on a loaded machine Ray gives up waiting for its dashboard ("Failed to start the
-    dashboard"), drops the Popen and goes on while the dashboard's process runs on (run of
-    a54bd3d, the recovery suite). The process is Ray's daemon, not a leak of ours."""
+    """`start()`, inside start_retrying's scope that ignores the ResourceWarning of a Popen Ray
+    drops while its process still runs: on a loaded machine Ray gives up waiting for its
+    dashboard ("Failed to start the dashboard"), drops the Popen and goes on while the
+    dashboard's process runs on (run of a54bd3d, the recovery suite). The process is Ray's
+    daemon, not a leak of ours."""
     errors_as_text = _ErrorsAsText()
     ray_services = logging.getLogger(RAY_SERVICES_LOGGER)
     ray_services.addFilter(errors_as_text)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        try:
-            return start()
-        finally:
-            ray_services.removeFilter(errors_as_text)
-            gc.collect()  # a dropped Popen in a reference cycle warns now, not in a later test
+    try:
+        return start()
+    finally:
+        ray_services.removeFilter(errors_as_text)
+        gc.collect()  # a dropped Popen in a reference cycle warns now, not in a later test
 
 
 class _ErrorsAsText(logging.Filter):

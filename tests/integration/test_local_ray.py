@@ -196,11 +196,9 @@ def test_a_node_whose_raylet_ended_is_given_up_on_at_once(
         finally:
             crashed.wait()
 
-    began = time.monotonic()
     with pytest.raises(RuntimeError, match="is not found"):
         start_retrying(start)
-    assert registry.asked == ["n1"]
-    assert time.monotonic() - began < local_ray.REGISTRATION_WAIT_S
+    assert registry.asked == ["n1"]  # given up on at the first question, not asked again
 
 
 def test_the_loaded_machine_settings_are_ones_serve_reads_and_an_explicit_value_stays(
