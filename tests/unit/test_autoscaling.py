@@ -221,8 +221,14 @@ def test_the_router_reports_the_load_of_autoscaled_backends() -> None:
 
     async def busy() -> dict[str, BackendLoad]:
         jobs = [asyncio.ensure_future(collect(router, job())) for _ in range(5)]
-        await asyncio.sleep(0.02)
-        load = router.load()
+        # Until all five are admitted or queued (each is fitted first, on a worker thread:
+        # slow on a loaded machine), not a fixed wait.
+        for _ in range(10_000):
+            load = router.load()
+            seen = load.get(deployment)
+            if seen is not None and seen.running + seen.waiting == 5:
+                break
+            await asyncio.sleep(0.001)
         await asyncio.gather(*jobs)
         return load
 
