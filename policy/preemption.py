@@ -18,6 +18,8 @@ each goes on later as the same answer (mid-stream failover's machinery, policy.s
   `above_running` or more, a lower class waits (`holds`). A paused request waits at the head of
   its class (it keeps its arrival time), and aging still lifts a waiter a class per `aging_s`,
   so background work under steady user load never stops entirely.
+- **Whole answers too.** A whole (non-streamed) chat of a class that may be paused is generated
+  as a stream and handed back whole (policy/whole_answer.py), so it pauses the same way.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from dataclasses import dataclass
 from core.config import PreemptConfig
 from core.types import PriorityClass
 
-__all__ = ["PreemptRules", "RunningView", "holds", "rules_of", "still_pausing", "to_pause"]
+__all__ = [
+    "PreemptRules",
+    "RunningView",
+    "holds",
+    "may_be_paused",
+    "rules_of",
+    "still_pausing",
+    "to_pause",
+]
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,11 @@ def rules_of(config: PreemptConfig) -> PreemptRules | None:
         max_pauses=config.max_pauses,
         protect_last_tokens=config.protect_last_tokens,
     )
+
+
+def may_be_paused(priority: PriorityClass, rules: PreemptRules) -> bool:
+    """Whether an arrival of some higher class may pause a request of `priority`."""
+    return any(n > 0 and c.rank < priority.rank for c, n in rules.may_pause.items())
 
 
 @dataclass(frozen=True)

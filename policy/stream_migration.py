@@ -28,6 +28,7 @@ __all__ = [
     "migration_note",
     "pause_note",
     "resume_note",
+    "sse_chunks",
     "waiting_note",
 ]
 
@@ -79,7 +80,7 @@ class StreamTape:
         tokens = 0
         continuable = True
         finished = False
-        for chunk in _chunks(self.lines):
+        for chunk in sse_chunks(self.lines):
             finished = finished or bool(chunk.get("usage"))
             ident = ident or chunk.get("id")
             created = created or chunk.get("created")
@@ -209,7 +210,8 @@ def _opening_only(choice: dict[str, Any]) -> bool:
     )
 
 
-def _chunks(lines: list[str]) -> list[dict[str, Any]]:
+def sse_chunks(lines: list[str]) -> list[dict[str, Any]]:
+    """The JSON objects of an SSE stream's `data:` lines, in order (not `[DONE]`)."""
     chunks = []
     for line in lines:
         for row in line.splitlines():

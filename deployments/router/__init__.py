@@ -51,8 +51,11 @@ from deployments.router.report import backend_state, overall_status, status_repo
 from deployments.router.serve_ports import serve_ports
 from deployments.router.slot_sync import SlotSync
 from deployments.router.watch import Watch
+from deployments.router.whole_by_stream import whole_through_stream
 from policy.breaker import BreakerState
 from policy.context.counters import counters_for
+from policy.preemption import may_be_paused, rules_of
+from policy.whole_answer import streams_as_whole
 
 logger = logging.getLogger("ray.serve")
 
@@ -107,7 +110,11 @@ class Router:
                 yield _continued(item)
 
     async def chat_once(self, job: ChatJob) -> Reply:
-        """`chat` for a whole (non-streaming) answer, in one call."""
+        """`chat` for a whole (non-streaming) answer, in one call. One a higher class may
+        pause is generated as a stream, to go on where it stopped (whole_by_stream.py)."""
+        rules = rules_of(self._config.router.preempt)
+        if rules and may_be_paused(job.priority, rules) and streams_as_whole(job.request):
+            return await whole_through_stream(self.chat, job)
         async with contextlib.aclosing(self.chat(job)) as items:
             reply = await anext(items)
         assert isinstance(reply, Opening | Refusal)

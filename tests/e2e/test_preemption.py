@@ -134,3 +134,51 @@ def test_a_background_stream_paused_for_users_goes_on_as_the_same_answer(
     received = sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))
     assert usage["completion_tokens"] == TOKENS
     assert received <= TOKENS
+
+
+async def whole_background_and_users(gateway: str, probe: DeploymentHandle) -> dict[str, Any]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=300) as client:
+
+        async def user() -> None:
+            body = chat("user", 16, stream=False)
+            reply = await client.post(
+                "/v1/chat/completions", json=body, headers={"X-Priority": "user"}
+            )
+            assert reply.status_code == 200, reply.text
+
+        background = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions",
+                json=chat("background", TOKENS, stream=False),
+                headers={"X-Priority": "background"},
+            )
+        )
+        deadline = time.monotonic() + 120
+        while not (await probe.counts.remote())["running"] and time.monotonic() < deadline:  # noqa: ASYNC110 - the engine's count
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # a few of its tokens made: there is text to go on from
+        await asyncio.gather(user(), user())
+        reply = await background
+    assert reply.status_code == 200, reply.text
+    answer: dict[str, Any] = reply.json()
+    return answer
+
+
+def test_a_whole_background_answer_paused_for_users_comes_back_whole(
+    gateway: str, preempting: None, probe: DeploymentHandle
+) -> None:
+    probe.reset_counts.remote().result()
+    answer = asyncio.run(whole_background_and_users(gateway, probe))
+
+    assert answer["object"] == "chat.completion"
+    text = answer["choices"][0]["message"]["content"]
+    # It was paused and went on: the engine was asked to continue the text made before the pause,
+    # and the answer is that text, then the rest.
+    continued = [m for m in probe.last_messages.remote().result() if m["continue"]]
+    assert continued
+    assert continued[0]["content"]
+    assert text.startswith(continued[0]["content"])
+    assert len(text) > len(continued[0]["content"])
+    assert answer["usage"]["completion_tokens"] == TOKENS  # all of it, over both parts

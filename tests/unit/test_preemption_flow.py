@@ -9,9 +9,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionResponse,
+    ErrorResponse,
+)
+
 from core.config.reload import reload_changes
 from core.types import PriorityClass
-from core.wire import Routed
+from core.wire import ChatJob, Opening, Routed
+from deployments.router.faults import stream_error_event
 from tests.unit.test_router_flow import (
     FakeBackend,
     chunks_of,
@@ -122,21 +128,93 @@ def test_without_preemption_the_background_stream_runs_beside_the_user() -> None
     assert coding.calls == 2
 
 
-def test_a_whole_background_answer_is_never_paused() -> None:
+def sample_whole() -> ChatCompletionResponse:
+    return ChatCompletionResponse(
+        id="whole",
+        model="coding",
+        choices=[{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+        usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    )
+
+
+def whole(chat_job: ChatJob) -> ChatJob:
+    return replace(chat_job, request=chat_job.request.model_copy(update={"stream": False}))
+
+
+def test_a_whole_background_answer_is_paused_and_handed_back_whole() -> None:
     coding = FakeBackend(script, step_s=0.01)
     router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)))
 
-    async def run() -> list[Any]:
-        streamed = job(priority=PriorityClass.BACKGROUND)
-        whole = replace(streamed, request=streamed.request.model_copy(update={"stream": False}))
-        background = asyncio.create_task(collect(router, whole))
-        await until(lambda: coding.calls >= 1)
-        await collect(router, job())
+    async def run() -> Any:
+        background = asyncio.create_task(
+            router.chat_once(whole(job(priority=PriorityClass.BACKGROUND)))
+        )
+        await until(lambda: coding.calls >= 1 and len(coding.streams[0]._items) <= TOKENS)
+        await collect(router, job(priority=PriorityClass.USER))
         return await background
 
-    lines = lines_of(asyncio.run(run()))
-    assert coding.calls == 2  # no continuation asked for
-    assert not any(isinstance(x, str) and x.startswith(": gps-") for x in lines)
+    reply = asyncio.run(run())
+    assert isinstance(reply, Opening)
+    answer = reply.first.model_dump()
+    assert coding.requests[0].stream  # generated as a stream, to be paused
+    assert coding.requests[0].stream_options.include_usage
+    assert coding.calls == 3  # paused for the user, then continued
+    continued = coding.requests[2]
+    assert continued.continue_final_message
+    partial = continued.messages[-1]["content"]
+    text = answer["choices"][0]["message"]["content"]
+    assert text.startswith(partial)  # one answer: what came before the pause, then the rest
+    assert text.split() == partial.split() + [f"t{i}" for i in range(TOKENS)]
+    assert answer["id"] == "bg"
+    assert answer["object"] == "chat.completion"
+    assert answer["usage"]["completion_tokens"] == (
+        len(partial.split()) + USAGE["completion_tokens"]
+    )
+    assert coding.streams[0].cancelled
+
+
+def test_a_whole_user_answer_is_not_generated_as_a_stream() -> None:
+    """Nothing pauses the highest class: its whole answer is one engine call, as before."""
+    coding = FakeBackend(lambda call: [sample_whole()], step_s=0.0)
+    router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)))
+    reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.USER))))
+    assert isinstance(reply, Opening)
+    assert not coding.requests[0].stream
+
+
+def test_a_whole_background_answer_without_preemption_is_one_engine_call() -> None:
+    coding = FakeBackend(lambda call: [sample_whole()], step_s=0.0)
+    router = make_router(make_config(), two(coding, FakeBackend(script)))
+    asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
+    assert not coding.requests[0].stream
+
+
+BROKEN = [
+    [sse("bg", {"role": "assistant", "content": ""})],
+    [sse("bg", {"content": " t0"})],
+    stream_error_event("it broke"),
+]
+
+
+def test_a_whole_answer_whose_backend_fails_midway_goes_on_at_the_next_link() -> None:
+    coding, orchestrator = FakeBackend(lambda call: BROKEN), FakeBackend(script)
+    router = make_router(make_config(router=PREEMPT), two(coding, orchestrator))
+    reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
+    assert isinstance(reply, Opening)
+    answer = reply.first.model_dump()
+    assert answer["id"] == "bg"
+    assert orchestrator.requests[0].messages[-1]["content"] == " t0"
+    assert answer["choices"][0]["message"]["content"].split()[:2] == ["t0", "t0"]
+
+
+def test_a_whole_answer_that_cannot_go_on_is_an_engine_error_not_half_an_answer() -> None:
+    coding, orchestrator = FakeBackend(lambda call: BROKEN), FakeBackend(lambda call: BROKEN)
+    router = make_router(make_config(router=PREEMPT), two(coding, orchestrator))
+    reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
+    assert isinstance(reply, Opening)
+    assert isinstance(reply.first, ErrorResponse)
+    assert "could not be continued" in reply.first.error.message
+    assert reply.first.error.code == 502
 
 
 def test_a_reload_turns_preemption_on_in_place() -> None:
