@@ -111,6 +111,9 @@ class Routed:
     # Seconds the serving link's engine took to its first item (a whole answer: all of it);
     # the rest of the time to the response is the gateway's own (x-gateway-overhead-ms).
     engine_wait_s: float = 0.0
+    # Times a higher class paused the answer: known here for a whole answer only (a stream's
+    # say it in its comments, as it happens).
+    pauses: int = 0
 
 
 @dataclass(frozen=True)

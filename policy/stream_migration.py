@@ -27,6 +27,8 @@ __all__ = [
     "continuation_request",
     "migration_note",
     "pause_note",
+    "pauses_note",
+    "pauses_said",
     "resume_note",
     "sse_chunks",
     "waiting_note",
@@ -145,22 +147,39 @@ def resume_note(backend: str, pauses: int) -> str:
     return f": gps-resumed on={backend} pauses={pauses}\n\n"
 
 
+def pauses_note(pauses: int) -> str:
+    """A paused answer's last comment, before its `[DONE]`: how often it was paused."""
+    return f": gps-pauses n={pauses}\n\n"
+
+
+def pauses_said(line: str) -> int | None:
+    """The count a `pauses_note` line says; None for any other line."""
+    head, _, count = line.strip().partition(" n=")
+    if head != pauses_note(0).partition(" n=")[0] or not count.isdigit():
+        return None
+    return int(count)
+
+
 def waiting_note() -> str:
     """A paused answer's keep-alive while it waits for a slot."""
     return ": gps-waiting\n\n"
 
 
 class Rewriter:
-    """Turns a continuing link's SSE lines into more of the first link's answer."""
+    """Turns a continuing link's SSE lines into more of the first link's answer (`closing`: a
+    comment put before its `[DONE]`)."""
 
-    def __init__(self, partial: Partial) -> None:
+    def __init__(self, partial: Partial, closing: str | None = None) -> None:
         self._partial = partial
+        self._closing = closing
 
     def lines(self, item: Any) -> Any:
         if not isinstance(item, list):
             return item
         out: list[Any] = []
         for part in item:
+            if self._closing is not None and isinstance(part, str) and part.startswith(DONE):
+                out.append(self._closing)
             rewritten = self._line(part) if isinstance(part, str) else part
             if rewritten is not None:
                 out.append(rewritten)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from policy.stream_migration import continuable, sse_chunks
+from policy.stream_migration import continuable, pauses_said, sse_chunks
 
 __all__ = ["WholeAnswer", "streams_as_whole", "whole_answer"]
 
@@ -39,6 +39,7 @@ class WholeAnswer:
 
     body: dict[str, Any] | None
     error: str | None = None
+    pauses: int = 0  # as its closing comment says (stream_migration.pauses_note)
 
 
 def whole_answer(lines: list[str], prompt_tokens: int) -> WholeAnswer:
@@ -49,6 +50,7 @@ def whole_answer(lines: list[str], prompt_tokens: int) -> WholeAnswer:
     content: list[str] = []
     reasoning: dict[str, list[str]] = {}  # by the field the stream used (vLLM's or older)
     usage: dict[str, Any] | None = None
+    pauses = max((said for said in map(pauses_said, lines) if said is not None), default=0)
     for chunk in sse_chunks(lines):
         error = chunk.get("error")
         if error is not None:
@@ -83,4 +85,4 @@ def whole_answer(lines: list[str], prompt_tokens: int) -> WholeAnswer:
         "choices": [{"index": 0, "message": message, "finish_reason": finish or "stop"}],
         "usage": usage,
     }
-    return WholeAnswer({k: v for k, v in body.items() if v is not None})
+    return WholeAnswer({k: v for k, v in body.items() if v is not None}, pauses=pauses)

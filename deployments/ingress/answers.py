@@ -42,6 +42,8 @@ def routing_headers(
         "X-Context-Dropped-Messages": str(routed.dropped_messages),
         "X-Failovers": str(routed.failovers),
     }
+    if routed.pauses:
+        headers["X-Pauses"] = str(routed.pauses)
     if depth is not None:
         headers["X-Depth"] = depth.depth.value
         headers["X-Depth-Reason"] = depth.reason

@@ -57,6 +57,7 @@ from policy.stream_migration import (
     continuable,
     migration_note,
     pause_note,
+    pauses_note,
     resume_note,
 )
 
@@ -96,7 +97,8 @@ class Attempt:
         self.tape = StreamTape(
             continuing.partial.prompt_tokens if continuing else self.fit.prompt_tokens
         )
-        self.rewriter = Rewriter(continuing.partial) if continuing else None
+        closing = pauses_note(continuing.pauses) if continuing and continuing.pauses else None
+        self.rewriter = Rewriter(continuing.partial, closing) if continuing else None
 
     def view(self) -> RunningView:
         """As preemption sees it; a content line is about one token (vLLM's streams, ours)."""

@@ -54,8 +54,8 @@ async def whole_through_stream(chat: Chat, job: ChatJob) -> Reply:
     # The rest of the stream (and a pause's wait) was the engine's time, not the gateway's:
     # the overhead the ingress reports leaves it out, as it does a whole answer's wait.
     waited = reply.routed.engine_wait_s + time.perf_counter() - first_at
-    routed = replace(reply.routed, engine_wait_s=waited)
-    whole = whole_answer(lines, routed.prompt_tokens)
+    whole = whole_answer(lines, reply.routed.prompt_tokens)
+    routed = replace(reply.routed, engine_wait_s=waited, pauses=whole.pauses)
     if whole.body is None:
         info = ErrorInfo(message=whole.error or "", type=ErrorCode.BACKEND_FAILED, code=502)
         return Opening(routed, ErrorResponse(error=info))

@@ -92,7 +92,8 @@ def test_a_user_pauses_a_background_stream_which_goes_on_as_the_same_answer() ->
     assert not any("error" in x for x in lines)
     notes = [x.split()[1] for x in lines if x.startswith(": gps-")]
     assert notes[0] == "gps-paused"
-    assert notes[-1] == "gps-resumed"
+    assert notes[-2] == "gps-resumed"
+    assert lines[-2] == ": gps-pauses n=1\n\n"  # the last word before [DONE]: paused once
     assert "gps-waiting" in notes  # kept alive while the user ran
     chunks = chunks_of(lines)
     assert {c["id"] for c in chunks} == {"bg"}  # one answer: the first stream's id
@@ -159,6 +160,7 @@ def test_a_whole_background_answer_is_paused_and_handed_back_whole() -> None:
     assert coding.requests[0].stream  # generated as a stream, to be paused
     assert coding.requests[0].stream_options.include_usage
     assert coding.calls == 3  # paused for the user, then continued
+    assert reply.routed.pauses == 1  # X-Pauses at the ingress
     continued = coding.requests[2]
     assert continued.continue_final_message
     partial = continued.messages[-1]["content"]

@@ -33,12 +33,15 @@ def test_the_chunks_make_one_answer_with_the_streams_usage() -> None:
         delta("a", content="Hello"),
         ": gps-paused on=x pauses=1\n\n",
         ": gps-resumed on=x pauses=1\n\n",
+        ": gps-pauses n=1\n\n",
         delta("a", content=" there"),
         delta("a", finish="length"),
         line(id="a", created=5, model="m", choices=[], usage=usage),
         "data: [DONE]\n\n",
     ]
-    body = whole_answer(lines, prompt_tokens=99).body
+    answer = whole_answer(lines, prompt_tokens=99)
+    assert answer.pauses == 1
+    body = answer.body
     assert body == {
         "id": "a",
         "object": "chat.completion",
