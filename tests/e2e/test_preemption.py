@@ -11,11 +11,13 @@ saw the continuation asked for with the text the client had), `usage` counting w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from ray.serve.handle import DeploymentHandle
 
@@ -28,24 +30,57 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 TOKENS = 96
 
 
-@pytest.fixture
-def preempting(gateway: str) -> Iterator[None]:
+CODING_TO_FALLBACK = ("coding@local", "cpu-fallback")
+RULES = PreemptConfig(
+    enabled=True,
+    above_running=1,
+    may_pause={PriorityClass.USER: 2},
+    max_pauses=2,
+    protect_last_tokens=8,
+    keepalive_s=0.5,
+)
+
+
+def reloaded_with_preemption(chains: dict[str, tuple[str, ...]]) -> Iterator[None]:
+    """`router.preempt` on (and `chains` changed) by a reload, as before again after."""
     app = ServeApp("gateway")
     before = app.running().config
-    rules = PreemptConfig(
-        enabled=True,
-        above_running=1,
-        may_pause={PriorityClass.USER: 2},
-        max_pauses=2,
-        protect_last_tokens=8,
-        keepalive_s=0.5,
-    )
-    router = before.router.model_copy(update={"preempt": rules})
-    assert reload(before.model_copy(update={"router": router}), app) is not None
+    router = before.router.model_copy(update={"preempt": RULES})
+    update = {"router": router, "chains": {**before.chains, **chains}}
+    assert reload(before.model_copy(update=update), app) is not None
     try:
         yield
     finally:
         reload(before, app)
+
+
+@pytest.fixture
+def preempting(gateway: str) -> Iterator[None]:
+    yield from reloaded_with_preemption({})
+
+
+@pytest.fixture
+def preempting_on_the_fallback(gateway: str, probe: DeploymentHandle) -> Iterator[None]:
+    """Coding's answers on the CPU fallback: its chain is coding@local (where placement puts
+    it, always first) and the fallback, and coding@local fails every request meanwhile."""
+    with contextlib.contextmanager(reloaded_with_preemption)({"coding": CODING_TO_FALLBACK}):
+        probe.set_faulty.remote(True).result()
+        try:
+            yield
+        finally:
+            probe.set_faulty.remote(False).result()
+            closed_again(gateway, "coding@local")
+
+
+def closed_again(gateway: str, backend: str, timeout_s: float = 60) -> None:
+    """Until `backend`'s breaker is closed (later tests find every backend up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = httpx.get(f"{gateway}/v1/cluster/status", headers=HEADERS).json()
+        if status["backends"][backend]["breaker"] == "closed":
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{backend}'s breaker still not closed after {timeout_s} s")
 
 
 def chat(priority: str, max_tokens: int, stream: bool) -> dict[str, Any]:
@@ -61,8 +96,6 @@ def chat(priority: str, max_tokens: int, stream: bool) -> dict[str, Any]:
 
 
 async def background_and_users(gateway: str) -> tuple[list[tuple[float, str]], list[float]]:
-    import httpx
-
     seen: list[tuple[float, str]] = []  # each SSE line of the background stream, when it came
     async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=300) as client:
 
@@ -109,6 +142,7 @@ def test_a_background_stream_paused_for_users_goes_on_as_the_same_answer(
 
     lines = [line for _, line in seen]
     assert lines[-1] == "data: [DONE]"
+    assert lines[-2].startswith(": gps-pauses n=")  # how often, said last
     assert not any('"error"' in line for line in lines)
     paused = [t for t, line in seen if line.startswith(": gps-paused")]
     resumed = [t for t, line in seen if line.startswith(": gps-resumed")]
@@ -136,9 +170,7 @@ def test_a_background_stream_paused_for_users_goes_on_as_the_same_answer(
     assert received <= TOKENS
 
 
-async def whole_background_and_users(gateway: str, probe: DeploymentHandle) -> dict[str, Any]:
-    import httpx
-
+async def whole_background_and_users(gateway: str, probe: DeploymentHandle) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=300) as client:
 
         async def user() -> None:
@@ -162,15 +194,16 @@ async def whole_background_and_users(gateway: str, probe: DeploymentHandle) -> d
         await asyncio.gather(user(), user())
         reply = await background
     assert reply.status_code == 200, reply.text
-    answer: dict[str, Any] = reply.json()
-    return answer
+    return reply
 
 
 def test_a_whole_background_answer_paused_for_users_comes_back_whole(
     gateway: str, preempting: None, probe: DeploymentHandle
 ) -> None:
     probe.reset_counts.remote().result()
-    answer = asyncio.run(whole_background_and_users(gateway, probe))
+    reply = asyncio.run(whole_background_and_users(gateway, probe))
+    answer = reply.json()
+    assert int(reply.headers["X-Pauses"]) >= 1
 
     assert answer["object"] == "chat.completion"
     text = answer["choices"][0]["message"]["content"]
@@ -182,3 +215,34 @@ def test_a_whole_background_answer_paused_for_users_comes_back_whole(
     assert text.startswith(continued[0]["content"])
     assert len(text) > len(continued[0]["content"])
     assert answer["usage"]["completion_tokens"] == TOKENS  # all of it, over both parts
+
+
+def test_a_background_stream_on_the_cpu_fallback_is_paused_and_goes_on_there(
+    gateway: str, preempting_on_the_fallback: None, http: httpx.Client
+) -> None:
+    """The same pause and continuation on llama.cpp's server: the fallback aborts the stream,
+    is asked to continue the text the client had (counted as re-prefilled tokens) and the
+    client sees one answer."""
+    seen, users_done = asyncio.run(background_and_users(gateway))
+
+    lines = [line for _, line in seen]
+    assert lines[-1] == "data: [DONE]"
+    assert not any('"error"' in line for line in lines)
+    paused = [t for t, line in seen if line.startswith(": gps-paused on=cpu-fallback")]
+    resumed = [t for t, line in seen if line.startswith(": gps-resumed on=cpu-fallback")]
+    assert paused, lines[:20]
+    assert resumed
+    assert paused[0] < min(users_done) < resumed[-1]
+    assert lines[-2].startswith(": gps-pauses n=")
+    chunks = _content(seen)
+    assert len({c["id"] for c in chunks}) == 1
+    assert sum(1 for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]) == 1
+    cut = lines.index(next(line for line in lines if line.startswith(": gps-paused")))
+    before_pause = _text(_content([(0.0, line) for line in lines[:cut]]))
+    assert before_pause
+    assert len(_text(chunks)) > len(before_pause)  # it went on after the pause
+    [usage] = [c["usage"] for c in chunks if c.get("usage")]
+    received = sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))
+    assert received <= usage["completion_tokens"] <= TOKENS  # the parts' tokens, summed
+    metrics = http.get("/metrics").text
+    assert 'gps_preempt_reprefill_tokens_total{backend="cpu-fallback"}' in metrics
