@@ -20,6 +20,8 @@ from typing import Any
 __all__ = [
     "DATA",
     "DONE",
+    "MIGRATED",
+    "RESUMED",
     "Partial",
     "Rewriter",
     "StreamTape",
@@ -110,13 +112,15 @@ class StreamTape:
 def continuable(request: Any) -> bool:
     """Whether a cut answer to this request can be continued as plain text: a chat (not a
     completion, whose prompt has no assistant turn to continue), not under a grammar (a JSON
-    format, a forced tool call), which would start over on the next link."""
+    format, vLLM's `structured_outputs`, a forced tool call), which would start over on the next
+    link."""
     if not hasattr(request, "messages"):
         return False
     fmt = getattr(request, "response_format", None)
     kind = fmt.get("type") if isinstance(fmt, dict) else getattr(fmt, "type", None)
     choice = getattr(request, "tool_choice", None)
-    return kind in (None, "text") and choice in (None, "none", "auto")
+    grammar = getattr(request, "structured_outputs", None)
+    return kind in (None, "text") and choice in (None, "none", "auto") and grammar is None
 
 
 def continuation_request(request: Any, partial: Partial, max_tokens: int) -> Any:
@@ -134,8 +138,12 @@ def continuation_request(request: Any, partial: Partial, max_tokens: int) -> Any
     )
 
 
+MIGRATED = ": gps-migrated"
+RESUMED = ": gps-resumed"
+
+
 def migration_note(source: str, target: str) -> str:
-    return f": gps-migrated from={source} to={target}\n\n"
+    return f"{MIGRATED} from={source} to={target}\n\n"
 
 
 def pause_note(backend: str, pauses: int) -> str:
@@ -144,7 +152,7 @@ def pause_note(backend: str, pauses: int) -> str:
 
 
 def resume_note(backend: str, pauses: int) -> str:
-    return f": gps-resumed on={backend} pauses={pauses}\n\n"
+    return f"{RESUMED} on={backend} pauses={pauses}\n\n"
 
 
 def pauses_note(pauses: int) -> str:

@@ -14,22 +14,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from policy.stream_migration import continuable, pauses_said, sse_chunks
+from policy.stream_migration import (
+    MIGRATED,
+    RESUMED,
+    continuable,
+    pauses_said,
+    sse_chunks,
+)
 
 __all__ = ["WholeAnswer", "streams_as_whole", "whole_answer"]
 
 
+# What a whole answer may carry besides its text: an answer that asks for any of it is one
+# engine call, as the engine would put it (a stream's pieces of it are not put together here).
+WHOLE_ONLY_FIELDS = (
+    "tools",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "logprob_token_ids",
+    "echo",
+    "return_token_ids",
+    "return_tokens_as_token_ids",
+    "return_token_offsets",
+    "return_prompt_text",
+)
+
+
 def streams_as_whole(request: Any) -> bool:
     """Whether a whole chat can be generated as a stream and put together again exactly: plain
-    text that can be continued (no tool calls, no grammar), one choice, no log probabilities
-    (each would have to be put together too)."""
+    text that can be continued (no tool calls, no grammar), one choice, nothing but its text,
+    finish_reason and usage asked for."""
     return (
         not getattr(request, "stream", False)
         and continuable(request)
-        and not getattr(request, "tools", None)
         and (getattr(request, "n", None) or 1) == 1
-        and not getattr(request, "logprobs", False)
-        and getattr(request, "top_logprobs", None) in (None, 0)
+        and not any(getattr(request, name, None) for name in WHOLE_ONLY_FIELDS)
     )
 
 
@@ -40,12 +60,28 @@ class WholeAnswer:
     body: dict[str, Any] | None
     error: str | None = None
     pauses: int = 0  # as its closing comment says (stream_migration.pauses_note)
+    served_by: str | None = None  # the link it ended on, where it moved after its first
+    moves: int = 0  # links it moved to after one failed in its middle
 
 
-def whole_answer(lines: list[str], prompt_tokens: int) -> WholeAnswer:
+def _moves(lines: list[str]) -> tuple[str | None, int]:
+    """The link the answer ended on as its comments name it (after a move: `to=`; after a
+    pause: `on=`), and how many moves there were."""
+    last, moves = None, 0
+    for line in lines:
+        words = line.split()
+        if line.startswith(MIGRATED):
+            moves += 1
+        if line.startswith((MIGRATED, RESUMED)):
+            last = next((w.split("=", 1)[1] for w in words if w.startswith(("to=", "on="))), last)
+    return last, moves
+
+
+def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> WholeAnswer:
     """The lines of one streamed answer (its `data:` chunks; comments and `[DONE]` are skipped)
     as one answer: its id, text, finish_reason and usage (counted from the chunks where the
-    stream sent none: one content chunk a token, as vLLM's and our streams send them)."""
+    stream sent none: one content chunk a token, as vLLM's and our streams send them);
+    `fallback_model`: its model's name where no chunk gave one."""
     ident = created = model = finish = None
     content: list[str] = []
     reasoning: dict[str, list[str]] = {}  # by the field the stream used (vLLM's or older)
@@ -81,8 +117,10 @@ def whole_answer(lines: list[str], prompt_tokens: int) -> WholeAnswer:
         "id": ident,
         "object": "chat.completion",
         "created": created,
-        "model": model,
+        "model": model or fallback_model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish or "stop"}],
         "usage": usage,
     }
-    return WholeAnswer({k: v for k, v in body.items() if v is not None}, pauses=pauses)
+    served_by, moves = _moves(lines)
+    kept = {k: v for k, v in body.items() if v is not None}
+    return WholeAnswer(kept, pauses=pauses, served_by=served_by, moves=moves)

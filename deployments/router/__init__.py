@@ -97,6 +97,16 @@ class Router:
     async def chat(self, job: ChatJob) -> AsyncGenerator[Reply | list[Any], None]:
         """The `Reply` (an `Opening` or a `Refusal`), then a stream's other batches of SSE
         lines; once an answer has begun, a refusal is an SSE error event."""
+        async with contextlib.aclosing(self._replies(job)) as items:
+            reply = await anext(items)
+            if isinstance(reply, Opening):
+                reply = Opening(reply.routed, _continued(reply.first))
+            yield reply
+            async for item in items:
+                yield _continued(item)
+
+    async def _replies(self, job: ChatJob) -> AsyncGenerator[Reply | Any, None]:
+        """`chat`'s items, a refusal after the answer began as it came."""
         self._start_loops()
         await self._placement.first_sync()
         async with contextlib.aclosing(self._flow.walk(job)) as items:
@@ -104,17 +114,19 @@ class Router:
             if isinstance(head, Refusal):
                 yield head
                 return
-            first = _continued(await anext(items, None))
-            yield Opening(head, first)
+            yield Opening(head, await anext(items, None))
             async for item in items:
-                yield _continued(item)
+                yield item
 
     async def chat_once(self, job: ChatJob) -> Reply:
         """`chat` for a whole (non-streaming) answer, in one call. One a higher class may
-        pause is generated as a stream, to go on where it stopped (whole_by_stream.py)."""
+        pause is generated as a stream, to go on where it stopped (whole_by_stream.py); if its
+        backend fails in its middle where it cannot go on, it is asked for again whole."""
         rules = rules_of(self._config.router.preempt)
         if rules and may_be_paused(job.priority, rules) and streams_as_whole(job.request):
-            return await whole_through_stream(self.chat, job)
+            whole = await whole_through_stream(self._replies, job)
+            if whole is not None:
+                return whole
         async with contextlib.aclosing(self.chat(job)) as items:
             reply = await anext(items)
         assert isinstance(reply, Opening | Refusal)

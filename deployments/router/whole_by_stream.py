@@ -1,8 +1,11 @@
 """A whole answer that a higher class may pause, generated as a stream (policy/whole_answer.py).
 
 The job goes through the router's streaming walk with `stream: true` and its usage asked for;
-the lines it gets (a pause's and a resume's comments among them) are put together into the
-`chat.completion` the client asked for, with the first link's id and the usage of all of it.
+the lines it gets (a pause's, a resume's and a move's comments among them) are put together into
+the `chat.completion` the client asked for, with the first part's id, the usage of all of it, and
+the link it ended on. A refusal after the answer began (its paused wait shed, or no link left) is
+the answer, as it would be before one began; an answer whose backend failed where it could not go
+on is asked for again from the start, as one engine call (`None` here: the caller does that).
 """
 
 from __future__ import annotations
@@ -15,17 +18,16 @@ from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionResponse,
-    ErrorInfo,
     ErrorResponse,
 )
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 
-from core.errors import ErrorCode
 from core.wire import ChatJob, Opening, Refusal, Reply
 from deployments.router.faults import engine_error
 from policy.whole_answer import whole_answer
 
-Chat = Callable[[ChatJob], AsyncGenerator[Any, None]]
+# The router's walk: the `Reply`, then the items, a refusal among them as it came.
+Replies = Callable[[ChatJob], AsyncGenerator[Any, None]]
 
 
 def as_stream(job: ChatJob) -> ChatJob:
@@ -35,16 +37,18 @@ def as_stream(job: ChatJob) -> ChatJob:
     return replace(job, request=request)
 
 
-async def whole_through_stream(chat: Chat, job: ChatJob) -> Reply:
-    """`chat`'s answer to `job` as a stream, handed back as one whole answer (a refusal, or an
-    engine's client error, as it came)."""
+async def whole_through_stream(replies: Replies, job: ChatJob) -> Reply | None:
+    """The answer to `job` generated as a stream and handed back whole (a refusal, or an
+    engine's error, as it came); None where it failed in its middle and could not go on."""
     lines: list[str] = []
-    async with contextlib.aclosing(chat(as_stream(job))) as items:
+    async with contextlib.aclosing(replies(as_stream(job))) as items:
         reply: Reply = await anext(items)
         if isinstance(reply, Refusal) or engine_error(reply.first) is not None:
             return reply
         item, first_at = reply.first, time.perf_counter()
         while item is not None:
+            if isinstance(item, Refusal):  # its paused wait shed, or no link left to go on
+                return item
             for part in item if isinstance(item, list) else [item]:
                 if isinstance(part, ErrorResponse):  # an engine's error once the answer began
                     return Opening(reply.routed, part)
@@ -54,9 +58,14 @@ async def whole_through_stream(chat: Chat, job: ChatJob) -> Reply:
     # The rest of the stream (and a pause's wait) was the engine's time, not the gateway's:
     # the overhead the ingress reports leaves it out, as it does a whole answer's wait.
     waited = reply.routed.engine_wait_s + time.perf_counter() - first_at
-    whole = whole_answer(lines, reply.routed.prompt_tokens)
-    routed = replace(reply.routed, engine_wait_s=waited, pauses=whole.pauses)
+    whole = whole_answer(lines, reply.routed.prompt_tokens, job.model)
     if whole.body is None:
-        info = ErrorInfo(message=whole.error or "", type=ErrorCode.BACKEND_FAILED, code=502)
-        return Opening(routed, ErrorResponse(error=info))
+        return None
+    routed = replace(
+        reply.routed,
+        backend=whole.served_by or reply.routed.backend,
+        failovers=reply.routed.failovers + whole.moves,
+        engine_wait_s=waited,
+        pauses=whole.pauses,
+    )
     return Opening(routed, ChatCompletionResponse.model_validate(whole.body))

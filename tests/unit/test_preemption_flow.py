@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionResponse,
-    ErrorResponse,
 )
 
 from core.config.reload import reload_changes
 from core.types import PriorityClass
-from core.wire import ChatJob, Opening, Routed
+from core.wire import ChatJob, Opening, Refusal, Routed
 from deployments.router.faults import stream_error_event
+from deployments.router.whole_by_stream import whole_through_stream
 from tests.unit.test_router_flow import (
     FakeBackend,
     chunks_of,
@@ -207,16 +207,54 @@ def test_a_whole_answer_whose_backend_fails_midway_goes_on_at_the_next_link() ->
     assert answer["id"] == "bg"
     assert orchestrator.requests[0].messages[-1]["content"] == " t0"
     assert answer["choices"][0]["message"]["content"].split()[:2] == ["t0", "t0"]
+    # Its headers name the link it ended on, and the move.
+    assert (reply.routed.backend, reply.routed.failovers) == ("orchestrator@local", 1)
 
 
-def test_a_whole_answer_that_cannot_go_on_is_an_engine_error_not_half_an_answer() -> None:
-    coding, orchestrator = FakeBackend(lambda call: BROKEN), FakeBackend(lambda call: BROKEN)
-    router = make_router(make_config(router=PREEMPT), two(coding, orchestrator))
+THOUGHT_THEN_BROKEN = [
+    [sse("bg", {"role": "assistant", "content": ""})],
+    [sse("bg", {"reasoning": "hmm"})],  # no text to go on from
+    stream_error_event("it broke"),
+]
+
+
+def broken_stream_whole_answer(backend: list[FakeBackend]) -> Callable[[int], list[Any]]:
+    """Fails in the middle of a stream that cannot go on; answers a whole request whole."""
+    return lambda call: THOUGHT_THEN_BROKEN if backend[0].requests[-1].stream else [sample_whole()]
+
+
+def test_a_whole_answer_that_cannot_go_on_is_asked_for_again_whole() -> None:
+    """As before it was generated as a stream: its backend failed where what it had cannot be
+    continued (a thought), so it is asked for again from the start, and the client never sees
+    half an answer."""
+    held: list[FakeBackend] = []
+    coding = FakeBackend(broken_stream_whole_answer(held))
+    held.append(coding)
+    router = make_router(
+        make_config(router=PREEMPT), {"coding@local": coding, "orchestrator@local": coding}
+    )
     reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
     assert isinstance(reply, Opening)
-    assert isinstance(reply.first, ErrorResponse)
-    assert "could not be continued" in reply.first.error.message
-    assert reply.first.error.code == 502
+    assert reply.first.model_dump()["id"] == "whole"
+    assert coding.requests[0].stream
+    assert not coding.requests[-1].stream
+
+
+def test_a_refusal_after_a_whole_answer_began_is_the_answer() -> None:
+    """Its paused wait shed (or no link left): the refusal (429 or 503, with its Retry-After),
+    as it would be before the answer began, not an error made of the half it had."""
+    routed = Routed("coding@local", 8, 9, False, 0, False, False)
+    shed = Refusal(429, "rate_limit_exceeded", "queue full", retry_after_s=2)
+
+    async def replies(_: ChatJob) -> AsyncGenerator[Any, None]:
+        yield Opening(routed, [sse("bg", {"role": "assistant", "content": ""})])
+        yield [sse("bg", {"content": " t0"})]
+        yield shed
+
+    reply = asyncio.run(
+        whole_through_stream(replies, whole(job(priority=PriorityClass.BACKGROUND)))
+    )
+    assert reply is shed
 
 
 def test_a_reload_turns_preemption_on_in_place() -> None:
@@ -297,3 +335,12 @@ def test_an_answer_whose_end_was_sent_is_not_paused() -> None:
     lines = lines_of(asyncio.run(scenario()))
     assert not any(x.startswith(": gps-") for x in lines)
     assert coding.calls == 2  # no continuation after its finish_reason
+
+
+def test_a_whole_answer_every_link_failed_in_the_middle_of_is_refused_with_retry_after() -> None:
+    coding, orchestrator = FakeBackend(lambda call: BROKEN), FakeBackend(lambda call: BROKEN)
+    router = make_router(make_config(router=PREEMPT), two(coding, orchestrator))
+    reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
+    assert isinstance(reply, Refusal)
+    assert reply.status == 503
+    assert reply.retry_after_s

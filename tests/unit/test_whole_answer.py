@@ -39,7 +39,7 @@ def test_the_chunks_make_one_answer_with_the_streams_usage() -> None:
         line(id="a", created=5, model="m", choices=[], usage=usage),
         "data: [DONE]\n\n",
     ]
-    answer = whole_answer(lines, prompt_tokens=99)
+    answer = whole_answer(lines, prompt_tokens=99, fallback_model="m")
     assert answer.pauses == 1
     body = answer.body
     assert body == {
@@ -60,14 +60,14 @@ def test_the_chunks_make_one_answer_with_the_streams_usage() -> None:
 
 def test_without_a_usage_chunk_the_content_chunks_are_counted() -> None:
     lines = [delta("a", content="x"), delta("a", content="y"), delta("a", finish="stop")]
-    body = whole_answer(lines, prompt_tokens=4).body
+    body = whole_answer(lines, prompt_tokens=4, fallback_model="m").body
     assert body is not None
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
 
 
 def test_reasoning_is_kept_apart_from_the_content() -> None:
     lines = [delta("a", reasoning_content="think"), delta("a", content="say", finish="stop")]
-    body = whole_answer(lines, prompt_tokens=1).body
+    body = whole_answer(lines, prompt_tokens=1, fallback_model="m").body
     assert body is not None
     assert body["choices"][0]["message"] == {
         "role": "assistant",
@@ -78,7 +78,7 @@ def test_reasoning_is_kept_apart_from_the_content() -> None:
 
 def test_an_error_event_is_the_answer_not_the_text_before_it() -> None:
     lines = [delta("a", content="half"), line(error={"message": "it broke", "code": "x"})]
-    answer = whole_answer(lines, prompt_tokens=1)
+    answer = whole_answer(lines, prompt_tokens=1, fallback_model="m")
     assert answer.body is None
     assert answer.error == "it broke"
 
@@ -89,6 +89,9 @@ def test_an_error_event_is_the_answer_not_the_text_before_it() -> None:
         ({}, True),
         ({"stream": True}, False),  # already a stream
         ({"n": 2}, False),
+        ({"echo": True}, False),
+        ({"prompt_logprobs": 1}, False),
+        ({"structured_outputs": {"json": {"type": "object"}}}, False),
         ({"logprobs": True}, False),
         ({"response_format": {"type": "json_object"}}, False),
         (
@@ -114,3 +117,25 @@ def test_only_a_class_some_higher_class_may_pause_is_paused() -> None:
     only_agents = PreemptRules(2, None, {PriorityClass.AGENT: 1}, 2, 8)
     assert not may_be_paused(PriorityClass.AGENT, only_agents)
     assert may_be_paused(PriorityClass.BACKGROUND, only_agents)
+
+
+def test_the_link_it_ended_on_is_the_last_a_comment_names() -> None:
+    lines = [
+        delta("a", content="x"),
+        ": gps-migrated from=one to=two\n\n",
+        delta("a", content="y"),
+        ": gps-paused on=two pauses=1\n\n",
+        ": gps-resumed on=three pauses=1\n\n",
+        delta("a", content="z", finish="stop"),
+    ]
+    answer = whole_answer(lines, prompt_tokens=1, fallback_model="m")
+    assert (answer.served_by, answer.moves) == ("three", 1)
+    plain = whole_answer([delta("a", content="x")], prompt_tokens=1, fallback_model="m")
+    assert (plain.served_by, plain.moves) == (None, 0)
+
+
+def test_an_answer_no_chunk_named_gets_its_models_name() -> None:
+    lines = [line(choices=[{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}])]
+    body = whole_answer(lines, prompt_tokens=1, fallback_model="coding").body
+    assert body is not None
+    assert body["model"] == "coding"
