@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,6 +20,8 @@ import pytest
 import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+
+from tests.waiting import wait_for
 
 VISION, CODING, FALLBACK = "vision@local", "coding@local", "cpu-fallback"
 VISION_DEPLOYMENT = f"model:{VISION}"
@@ -32,15 +34,6 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 def status(http: httpx.Client) -> dict[str, Any]:
     backends: dict[str, Any] = http.get("/v1/cluster/status").json()["backends"]
     return backends
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
 WORDS = (

@@ -24,6 +24,7 @@ from ray.serve.handle import DeploymentHandle
 from cluster.reload import ServeApp, reload
 from core.config import PreemptConfig
 from core.types import PriorityClass
+from tests.waiting import wait_for
 
 API_KEY = "test-user-key"  # tester: agent by default, may claim user
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -72,15 +73,14 @@ def preempting_on_the_fallback(gateway: str, probe: DeploymentHandle) -> Iterato
             closed_again(gateway, "coding@local")
 
 
-def closed_again(gateway: str, backend: str, timeout_s: float = 60) -> None:
+def closed_again(gateway: str, backend: str) -> None:
     """Until `backend`'s breaker is closed (later tests find every backend up)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def closed() -> bool:
         status = httpx.get(f"{gateway}/v1/cluster/status", headers=HEADERS).json()
-        if status["backends"][backend]["breaker"] == "closed":
-            return
-        time.sleep(0.5)
-    pytest.fail(f"{backend}'s breaker still not closed after {timeout_s} s")
+        return bool(status["backends"][backend]["breaker"] == "closed")
+
+    wait_for(closed, 60, f"{backend}'s breaker to close")
 
 
 def chat(priority: str, max_tokens: int, stream: bool) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,6 +19,8 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+
+from tests.waiting import wait_for
 
 ORCHESTRATOR, CODING = "orchestrator@local", "coding@local"
 THINKER, THINKER_SMALL = "thinker@local", "thinker-small@local"  # the test engine
@@ -38,15 +40,6 @@ def body(model: str = "coding", **extra: Any) -> dict[str, Any]:
 def status(http: httpx.Client) -> dict[str, Any]:
     reply: dict[str, Any] = http.get("/v1/cluster/status").json()
     return reply
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture

@@ -218,18 +218,15 @@ THOUGHT_THEN_BROKEN = [
 ]
 
 
-def broken_stream_whole_answer(backend: list[FakeBackend]) -> Callable[[int], list[Any]]:
-    """Fails in the middle of a stream that cannot go on; answers a whole request whole."""
-    return lambda call: THOUGHT_THEN_BROKEN if backend[0].requests[-1].stream else [sample_whole()]
-
-
 def test_a_whole_answer_that_cannot_go_on_is_asked_for_again_whole() -> None:
     """As before it was generated as a stream: its backend failed where what it had cannot be
     continued (a thought), so it is asked for again from the start, and the client never sees
     half an answer."""
-    held: list[FakeBackend] = []
-    coding = FakeBackend(broken_stream_whole_answer(held))
-    held.append(coding)
+    coding = FakeBackend(script)
+    # Fails in the middle of a stream that cannot go on; answers a whole request whole.
+    coding.behaviour = lambda call: (
+        THOUGHT_THEN_BROKEN if coding.requests[-1].stream else [sample_whole()]
+    )
     router = make_router(
         make_config(router=PREEMPT), {"coding@local": coding, "orchestrator@local": coding}
     )
