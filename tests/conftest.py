@@ -29,7 +29,7 @@ from cluster.backends import build_backend, build_fallback
 from cluster.ray_runtime import local_pool_resources
 from core.config import ClusterConfig, load_config
 from core.types import FALLBACK_BACKEND
-from tests.local_ray import start_retrying, use_loaded_machine_settings
+from tests.local_ray import start_retrying, stop_serve_and_ray, use_loaded_machine_settings
 
 # Every session's tests live under this folder, so every Ray cluster a test starts gets them.
 use_loaded_machine_settings()
@@ -116,8 +116,7 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
         backends[backend] = probe.bind(backends[backend])
     serve.run(build_gateway(config, backends), name="gateway", route_prefix="/")
     yield f"http://127.0.0.1:{PORT}"
-    serve.shutdown()
-    ray.shutdown()
+    stop_serve_and_ray()
 
 
 @pytest.fixture(scope="session")

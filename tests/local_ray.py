@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import psutil
 import ray
+from ray import serve
 
 T = TypeVar("T")
 NODE_TIMEOUT = "The current node timed out during startup"
@@ -164,6 +165,21 @@ class _ErrorsAsText(logging.Filter):
         if isinstance(record.msg, BaseException):
             record.msg, record.args = str(record.msg), ()
         return True
+
+
+def stop_serve_and_ray() -> None:
+    """`serve.shutdown()`, then `ray.shutdown()` of the node this process started, each of its
+    processes reaped before it returns. Ray kills a process that outlives its SIGTERM by 1 s and
+    by default waits 1 s more for it; on a loaded machine it may not have ended by then, and its
+    Popen, dropped, warns "still running" in whatever test runs then: four did in the batch
+    suite's restart, mid-test (CI's run of e176735, 2026-11-29). `wait_for_processes` waits up to
+    30 s for each. One stuck past that (uninterruptible sleep) is Ray's to report, not a leak of
+    ours: the suites' own process checks count what is left."""
+    serve.shutdown()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        ray.shutdown(wait_for_processes=True)
+        gc.collect()  # a Popen in a reference cycle is dropped here, quietly
 
 
 def _kill_started_since(before: set[int]) -> None:

@@ -9,16 +9,20 @@ one after another, beside a session that computes, in three phases:
 
 1. `rayup` and `stop` beside `no-ray` and `capacity` (which start no Ray either): `ray down` and
    `ray stop --force` end every Ray process on the machine, so nothing else of Ray may run.
-2. The rest, each on a Ray cluster of its own (dynamic GCS port, its own HTTP port), beside
-   `main`.
-3. `reload` beside `recovery`. A reload starts a second engine beside its app's, and while the
-   shared app's engines run the machine has no memory for it (Ray's memory monitor killed
-   workers of both apps when it ran beside them). Recovery starts four Ray nodes (a head, two
-   pools, a replacement), and each node's raylet crashes when its dashboard agent does not
+2. `placement`, `autoscale` and `monitoring`, each on a Ray cluster of its own (dynamic GCS
+   port, its own HTTP port), beside `main`.
+3. `reload` beside `recovery` and then `batch`. A reload starts a second engine beside its app's,
+   and while the shared app's engines run the machine has no memory for it (Ray's memory monitor
+   killed workers of both apps when it ran beside them). Recovery starts four Ray nodes (a head,
+   two pools, a replacement), and each node's raylet crashes when its dashboard agent does not
    write its port within Ray's fixed 15 s: beside the shared app at work its agents took 35-70
    s, and its start failed all five tries (run of 1d8f684). Its engines are a test engine and
    llama.cpp, so memory allows it beside reload; there its start missed twice while reload's
-   engine loaded (a minute each) and the suite passed in 9.3 min (run of 86afc82).
+   engine loaded (a minute each) and the suite passed in 9.3 min (run of 86afc82). Batch starts
+   its cluster twice (a restart is its subject): beside main on an AVX2-only machine that took
+   it 24.6 and 32.7 min (runs of a26378e and CI's of e176735) against 3-6 alone, and made phase
+   2's lane (66 and 77 min with monitoring) longer than main (63 and 57), past CI's 90 minutes
+   in all; after main it waits for no one.
 
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,10 +64,10 @@ STOPPING_RAY = ("rayup", "stop")
 # it failed; one counter delta, which Ray's workers send once and never again, was lost) and the
 # shared app took 13 minutes to start. With the engines' KV caches sized in bytes, memory allows
 # it beside the app at work (7 GB left of 24 GiB then, 1.8 GB at the lowest beside its start).
-BESIDE_MAIN = ("placement", "autoscale", "batch", "monitoring")
-# Phase 3: reload beside the suite whose node starts the shared app's load broke.
+BESIDE_MAIN = ("placement", "autoscale", "monitoring")
+# Phase 3: reload beside the suite whose node starts the shared app's load broke, and batch.
 LAST = ("reload",)
-BESIDE_LAST = ("recovery",)
+BESIDE_LAST = ("recovery", "batch")
 OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST)  # tests/<name>
 SUITES: dict[str, list[str]] = {
     "no-ray": ["tests/unit", "tests/integration", "tests/gpu", "--durations=20"],
@@ -126,7 +131,33 @@ def failed_tests(report: Path) -> tuple[str, ...]:
             test = f"{case.get('classname', '')}::{case.get('name', '')}"
             message = (problem.get("message") or "").strip().splitlines()
             failed.append(f"{test} - {message[0][:300] if message else problem.tag}")
+            failed.extend(f"    {line}" for line in group_members(problem.text or ""))
     return tuple(failed)
+
+
+GROUP_MEMBER = re.compile(r"^\s*\+[-+]* (?:\d+|\.\.\.) -+\s*$", re.MULTILINE)
+MEMBER_ERROR = re.compile(
+    r"^[\s|]*([\w.]+(?:Error|Warning|Exception|Exit)(?:: .*)?)$", re.MULTILINE
+)
+IGNORED_IN = re.compile(
+    r"Exception ignored in: <(?:function )?(.{1,80}?)(?: at 0x\w+>|>?$)", re.MULTILINE
+)
+
+
+def group_members(traceback: str, most: int = 6) -> list[str]:
+    """The first line of each of an exception group's members, as pytest prints the group (its
+    unraisable-exception warnings are one: the object whose `__del__` raised is named too), so
+    a CI log cut to its tail says what each was; the same line once, with how often."""
+    members = GROUP_MEMBER.split(traceback)[1:]
+    lines: list[str] = []
+    for member in members:
+        errors = MEMBER_ERROR.findall(member)
+        if not errors:
+            continue
+        ignored_in = IGNORED_IN.search(member)
+        lines.append(errors[0][:240] + (f" (in {ignored_in.group(1)})" if ignored_in else ""))
+    counted = {line: lines.count(line) for line in lines}
+    return [line if n == 1 else f"{line} (x{n})" for line, n in counted.items()][:most]
 
 
 def run_in_order(

@@ -13,9 +13,7 @@ exactly one engine process may remain.
 
 from __future__ import annotations
 
-import gc
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from autoscale.serve_scaling import read_scaled
 from bench.multinode import Stream, wait_for
 from cluster.app import build_app
 from core.config import load_config
-from tests.local_ray import start_retrying
+from tests.local_ray import start_retrying, stop_serve_and_ray
 from tests.own_processes import own_engine_processes
 
 CONFIG = Path(__file__).with_name("scaled.yaml")
@@ -51,13 +49,7 @@ def app() -> Iterator[None]:
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(load_config(CONFIG, environ={})), name=APP, route_prefix="/")
     yield
-    with warnings.catch_warnings():
-        # Ray's shutdown may drop a node process's Popen while the process still exits (Ray
-        # kills and reaps it; nothing is left after): not a leak of ours.
-        warnings.simplefilter("ignore", ResourceWarning)
-        serve.shutdown()
-        ray.shutdown()
-        gc.collect()
+    stop_serve_and_ray()
 
 
 def running_replicas() -> int:

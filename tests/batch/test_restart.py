@@ -18,7 +18,7 @@ from ray import serve
 from cluster.app import build_app
 from cluster.ray_runtime import local_pool_resources
 from core.config import ClusterConfig, load_config
-from tests.local_ray import start_retrying
+from tests.local_ray import start_retrying, stop_serve_and_ray
 
 CONFIG = Path(__file__).with_name("batch.yaml")
 PORT = 18950
@@ -38,8 +38,7 @@ def start(config: ClusterConfig) -> openai.OpenAI:
 
 
 def stop() -> None:
-    serve.shutdown()
-    ray.shutdown()
+    stop_serve_and_ray()
 
 
 def completed(client: openai.OpenAI, batch_id: str) -> int:

@@ -4,8 +4,6 @@ the session's own."""
 
 from __future__ import annotations
 
-import gc
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from ray import serve
 
 from cluster.app import build_app
 from core.config import ClusterConfig
-from tests.local_ray import start_retrying
+from tests.local_ray import start_retrying, stop_serve_and_ray
 from tests.monitoring.pressure_app import APP, EXPORT_INTERVAL_S, PORT, app_config
 
 
@@ -41,10 +39,4 @@ def app(keys_db: Path) -> Iterator[ClusterConfig]:
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(config), name=APP, route_prefix="/")
     yield config
-    with warnings.catch_warnings():
-        # Ray's shutdown may drop a node process's Popen while the process still exits (Ray
-        # kills and reaps it; nothing is left after): not a leak of ours.
-        warnings.simplefilter("ignore", ResourceWarning)
-        serve.shutdown()
-        ray.shutdown()
-        gc.collect()
+    stop_serve_and_ray()

@@ -40,5 +40,44 @@ def test_each_failed_or_erred_test_is_named_with_its_errors_first_line(tmp_path:
     )
 
 
+GROUP_SESSION = """
+import gc
+import warnings
+
+class Dropped:
+    def __del__(self):
+        warnings.warn("subprocess 4321 is still running", ResourceWarning)
+
+class Broken:
+    def __del__(self):
+        raise ValueError("closed twice")
+
+def test_leaves_unraisables():
+    for kind in (Dropped, Dropped, Broken):
+        held = kind()
+        held.me = held  # a cycle: only the collector drops it, inside the test
+        del held
+    gc.collect()
+"""
+
+
+def test_an_exception_groups_members_are_named_each_once_with_how_often(tmp_path: Path) -> None:
+    # CI's log of the batch suite showed only "multiple unraisable exception warnings (4
+    # sub-exceptions)": what each was is what mends it.
+    (tmp_path / "test_group.py").write_text(GROUP_SESSION)
+    report = tmp_path / "report.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error",
+         str(tmp_path), f"--junitxml={report}"],
+        cwd=tmp_path, capture_output=True, check=False,
+    )  # fmt: skip
+    named = failed_tests(report)
+    assert named[0].startswith("test_group::test_leaves_unraisables - ExceptionGroup: ")
+    assert sorted(named[1:]) == [
+        "    ResourceWarning: subprocess 4321 is still running (in Dropped.__del__) (x2)",
+        "    ValueError: closed twice (in Broken.__del__)",
+    ]
+
+
 def test_a_session_that_wrote_no_report_names_nothing(tmp_path: Path) -> None:
     assert failed_tests(tmp_path / "missing.xml") == ()
