@@ -90,6 +90,9 @@ class AdmissionQueue:
     paused: bool = False
     preempt: PreemptRules | None = None
     kv_usage: float | None = None  # the backend's last fresh KV cache reading (preemption)
+    # What other routers run on the backend, by class (shared slots): preemption weighs the
+    # backend's batch, not this router's part of it.
+    elsewhere: Mapping[PriorityClass, int] = field(default_factory=dict)
     _waiting: list[Waiter] = field(default_factory=list)
     _limits: dict[PriorityClass, int] = field(init=False)
     _running: dict[int, PriorityClass] = field(default_factory=dict)  # by ticket, base class
@@ -106,6 +109,15 @@ class AdmissionQueue:
 
     def running_by_class(self) -> dict[PriorityClass, int]:
         return dict(self._running_by_class)
+
+    def running_everywhere(self) -> dict[PriorityClass, int]:
+        """What runs on the backend by class: here, and at the other routers (`elsewhere`)."""
+        return {c: n + self.elsewhere.get(c, 0) for c, n in self._running_by_class.items()}
+
+    def seen_elsewhere(self, running: Mapping[PriorityClass, int], now: float) -> list[int]:
+        """What the other routers run now: waiters a higher class held there may go."""
+        self.elsewhere = dict(running)
+        return self._admit_waiters(now)
 
     def limit(self, priority: PriorityClass) -> int:
         return self._limits[priority]
@@ -190,7 +202,7 @@ class AdmissionQueue:
         if self.paused or self.in_flight >= self._limits[priority]:
             return False
         rules = self.preempt
-        return rules is None or not holds(priority, self._running_by_class, rules, self.kv_usage)
+        return rules is None or not holds(priority, self.running_everywhere(), rules, self.kv_usage)
 
     def _start(self, ticket: int, priority: PriorityClass) -> None:
         self._running[ticket] = priority

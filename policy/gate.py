@@ -85,6 +85,11 @@ class BackendGate:
         for granted in self._queue.release(self._clock(), ticket):
             self._grant(granted)
 
+    def seen_elsewhere(self, running: Mapping[PriorityClass, int]) -> None:
+        """What the other routers run on the backend (preemption across routers)."""
+        for ticket in self._queue.seen_elsewhere(running, self._clock()):
+            self._grant(ticket)
+
     def resize(self, cap: int) -> None:
         if cap != self._queue.cap:
             for ticket in self._queue.resize(cap, self._clock()):

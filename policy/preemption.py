@@ -20,6 +20,12 @@ each goes on later as the same answer (mid-stream failover's machinery, policy.s
   so background work under steady user load never stops entirely.
 - **Whole answers too.** A whole (non-streamed) chat of a class that may be paused is generated
   as a stream and handed back whole (policy/whole_answer.py), so it pauses the same way.
+- **Across routers.** With several routers sharing a backend's slots (`gateway.shared_slots`),
+  each posts its work there to the slot broker (`RouterWork`) and learns the others'. The batch
+  it weighs is the backend's (its own running and the others'), a lower class waits while a
+  higher one runs at any router, and where a higher class runs at one router and the batch is
+  past `above_running`, the others pause their lower-class work (`shared_pauses`: every router
+  reckons the same split from the same books, and runs its own part).
 """
 
 from __future__ import annotations
@@ -32,12 +38,16 @@ from core.types import PriorityClass
 
 __all__ = [
     "PreemptRules",
+    "RouterWork",
     "RunningView",
     "holds",
     "may_be_paused",
+    "pausable_by_class",
     "rules_of",
+    "shared_pauses",
     "still_pausing",
     "to_pause",
+    "victims",
 ]
 
 
@@ -85,19 +95,91 @@ def to_pause(
     arriving: PriorityClass,
     rules: PreemptRules,
     kv_usage: float | None = None,
+    elsewhere: int = 0,
 ) -> list[int]:
     """The tickets to pause for a request of class `arriving` just admitted (`running`
-    includes it), best victims first."""
-    excess = len(running) - rules.above_running
+    includes it; `elsewhere`: what other routers run on the backend), best victims first."""
+    excess = len(running) + elsewhere - rules.above_running
     kv_high = rules.above_kv is not None and kv_usage is not None and kv_usage > rules.above_kv
     wanted = min(max(excess, 1 if kv_high else 0), rules.may_pause.get(arriving, 0))
+    return victims(running, arriving, rules, wanted)
+
+
+def victims(
+    running: Sequence[RunningView], arriving: PriorityClass, rules: PreemptRules, wanted: int
+) -> list[int]:
+    """Up to `wanted` of `running` that `arriving` may pause: the lowest class first, the
+    youngest first within it (the least work is lost)."""
     if wanted <= 0:
         return []
-    victims = sorted(
+    chosen = sorted(
         (r for r in running if _may_pause(r, arriving, rules)),
         key=lambda r: (-r.priority.rank, -r.started),
     )
-    return [r.ticket for r in victims[:wanted]]
+    return [r.ticket for r in chosen[:wanted]]
+
+
+@dataclass(frozen=True)
+class RouterWork:
+    """One router's work on one backend, as it posts it to the slot broker."""
+
+    running: Mapping[PriorityClass, int]  # by base class
+    pausable: Mapping[PriorityClass, int]  # of those, what a higher class may pause
+    pausing: int = 0  # asked to pause, not paused yet: they leave the batch soon
+
+    @property
+    def total(self) -> int:
+        return sum(self.running.values())
+
+
+def pausable_by_class(
+    running: Sequence[RunningView], rules: PreemptRules
+) -> dict[PriorityClass, int]:
+    """How many of `running` some higher class may pause, by class (`RouterWork.pausable`)."""
+    counts = dict.fromkeys(PriorityClass, 0)
+    for request in running:
+        if _pausable(request, rules):
+            counts[request.priority] += 1
+    return counts
+
+
+def shared_pauses(
+    work: Mapping[str, RouterWork], rules: PreemptRules
+) -> dict[str, tuple[PriorityClass, int]]:
+    """For higher classes running at other routers: how many of its own requests each router
+    pauses, and the class it pauses them for (what it may pause is below that class).
+
+    While the backend's batch (every router's running, less what is already pausing) is past
+    `above_running`, requests of classes below the highest one running at another router are
+    paused, the lowest class first, spread one at a time over the routers in name order, until
+    the batch is back at `above_running`. Every router reckons this from the same books, so
+    each runs only its own part. A class that may pause none (`may_pause`) pauses none here."""
+    excess = sum(w.total - w.pausing for w in work.values()) - rules.above_running
+    pauses: dict[str, tuple[PriorityClass, int]] = {}
+    if excess <= 0:
+        return pauses
+    above = {name: _highest_elsewhere(work, name) for name in work}
+    for cls in sorted(PriorityClass, key=lambda c: -c.rank):  # the lowest class first
+        wants = {
+            name: w.pausable.get(cls, 0)
+            for name, w in sorted(work.items())
+            if (top := above[name]) is not None
+            and top.rank < cls.rank
+            and rules.may_pause.get(top, 0) > 0
+        }
+        while excess > 0 and any(wants.values()):
+            for name in [n for n, want in wants.items() if want > 0][:excess]:
+                wants[name] -= 1
+                top = above[name]
+                assert top is not None
+                pauses[name] = (top, pauses.get(name, (top, 0))[1] + 1)
+                excess -= 1
+    return pauses
+
+
+def _highest_elsewhere(work: Mapping[str, RouterWork], router: str) -> PriorityClass | None:
+    running = {c for name, w in work.items() if name != router for c, n in w.running.items() if n}
+    return min(running, key=lambda c: c.rank, default=None)
 
 
 def holds(
@@ -131,9 +213,13 @@ def still_pausing(
 
 
 def _may_pause(request: RunningView, arriving: PriorityClass, rules: PreemptRules) -> bool:
+    return request.priority.rank > arriving.rank and _pausable(request, rules)
+
+
+def _pausable(request: RunningView, rules: PreemptRules) -> bool:
+    """Whether `request` may be paused at all, whoever asks."""
     return (
-        request.priority.rank > arriving.rank
-        and request.pausable
+        request.pausable
         and request.pauses < rules.max_pauses
         and (request.tokens_left is None or request.tokens_left > rules.protect_last_tokens)
     )

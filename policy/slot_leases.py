@@ -19,6 +19,10 @@ it last reported running under, the lease last granted and what it runs); a leas
 into slots no other router holds, and a shrunk lease frees its slots once its router reports
 running under it. A router that falls silent keeps its holding (at least its fallback share,
 which it runs under once it cannot reach the broker) until it is known gone.
+
+With preemption on, each post also carries the router's work on the backend by class
+(`policy.preemption.RouterWork`), and the books hand every router all the routers' last (fresh)
+work, from which each reckons the backend's batch and its part of the pausing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from core.types import PriorityClass
+from policy.preemption import RouterWork
 
 __all__ = ["Lease", "SlotAnswer", "SlotLedger", "SlotReport", "fallback_share", "targets"]
 
@@ -39,6 +44,7 @@ class SlotReport:
     in_flight: int  # admitted and not yet ended
     waiting: Mapping[PriorityClass, int]  # queued, by base class
     total: int  # the backend's slots over every router, as this router counts them
+    work: RouterWork | None = None  # what it runs, by class (with preemption on)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,10 @@ class SlotAnswer:
 
     leases: Mapping[str, Lease]
     hurry: bool = False
+    # Per backend, every router's last fresh work (its own too), by router name; `me` is this
+    # router's name there.
+    work: Mapping[str, Mapping[str, RouterWork]] = field(default_factory=dict)
+    me: str = ""
 
 
 def fallback_share(total: int, routers: int) -> int:
@@ -171,6 +181,22 @@ class SlotLedger:
             entry.granted = max(0, min(want, cap - others))
             leases[backend] = Lease(entry.granted, cap)
         return leases
+
+    def work_for(
+        self, reports: Mapping[str, SlotReport], now: float, fresh_s: float
+    ) -> dict[str, dict[str, RouterWork]]:
+        """For each backend of a post that carried its work: every router's work there from a
+        post in the last `fresh_s` (one silent longer may be gone: its work would hold lower
+        classes back for nothing)."""
+        return {
+            backend: {
+                router: e.report.work
+                for router, e in self._books.get(backend, {}).items()
+                if e.report.work is not None and now - e.at <= fresh_s
+            }
+            for backend, report in reports.items()
+            if report.work is not None
+        }
 
     def forget(self, gone: Iterable[str]) -> None:
         """Routers known to be gone (dead replicas): their slots are free."""

@@ -25,7 +25,16 @@ from policy.gate import BackendGate, GatePolicy
 from policy.kv_pressure import KvPolicy, KvPressure
 from policy.links import Health, LinkFacts, LinkStatus, link_status
 from policy.oom import OOM_CODE
-from policy.preemption import PreemptRules, RunningView, rules_of, to_pause
+from policy.preemption import (
+    PreemptRules,
+    RouterWork,
+    RunningView,
+    pausable_by_class,
+    rules_of,
+    shared_pauses,
+    to_pause,
+    victims,
+)
 from policy.slot_leases import Lease, fallback_share
 
 logger = logging.getLogger("ray.serve")
@@ -73,6 +82,9 @@ class Link:
     seen_transitions: int = field(default=0)
     # The jobs running on the link, by their slot's ticket.
     running: dict[int, Running] = field(default_factory=dict)
+    # What the other routers run on the backend and will not pause (shared slots, their last
+    # posts): preemption weighs the backend's batch.
+    elsewhere_batch: int = 0
     # Set while jobs waiting on the link's first answer should stop waiting (serving.py)
     # instead of waiting out first_token_timeout_s: its pool was declared down (a dead
     # machine), or Serve's handle has held no replica for REPLICA_GRACE_S (the job is queued in
@@ -285,7 +297,40 @@ class Link:
             return
         jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
         kv = self.fresh_kv()
-        for ticket in to_pause([job.view() for job in jobs.values()], arriving, rules, kv):
+        views = [job.view() for job in jobs.values()]
+        for ticket in to_pause(views, arriving, rules, kv, self.elsewhere_batch):
+            jobs[ticket].pause()
+
+    def work(self) -> RouterWork:
+        """What this router runs on the backend, as the slot broker's books hold it."""
+        rules = self.gate.queue.preempt
+        views = [job.view() for job in self.running.values() if not job.pause_asked]
+        return RouterWork(
+            self.gate.queue.running_by_class(),
+            pausable_by_class(views, rules) if rules is not None else {},
+            sum(1 for job in self.running.values() if job.pause_asked),
+        )
+
+    def others_at_work(self, work: Mapping[str, RouterWork], me: str) -> None:
+        """Every router's work on the backend from the slot broker's books (`me`: this one's
+        name there): a lower class here waits while a higher one runs elsewhere, and this
+        router pauses its part of what the others' higher classes need paused."""
+        others: dict[PriorityClass, int] = {}
+        self.elsewhere_batch = 0
+        for name, theirs in work.items():
+            if name != me:
+                for cls, n in theirs.running.items():
+                    others[cls] = others.get(cls, 0) + n
+                self.elsewhere_batch += theirs.total - theirs.pausing
+        self.gate.seen_elsewhere(others)
+        rules = self.gate.queue.preempt
+        if rules is None or me not in work:
+            return
+        mine = shared_pauses({**work, me: self.work()}, rules).get(me)
+        if mine is None:
+            return
+        jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
+        for ticket in victims([job.view() for job in jobs.values()], mine[0], rules, mine[1]):
             jobs[ticket].pause()
 
     def fresh_kv(self) -> float | None:

@@ -34,7 +34,7 @@ from deployments.router.ports import (
     DeploymentKey,
     RouterPorts,
 )
-from deployments.router.slot_broker import ensure_slot_broker
+from deployments.router.slot_broker import ensure_slot_broker, work_from_wire, work_to_wire
 from policy.context.counters import counters_for
 from policy.engine_counters import EngineCounters
 from policy.load_scaling import LoadReport
@@ -226,14 +226,19 @@ class BrokerSlots:
 
     async def post(self, reports: Mapping[str, SlotReport]) -> SlotAnswer:
         posted = {
-            name: [r.lease, r.in_flight, {c.value: n for c, n in r.waiting.items()}, r.total]
+            name: [r.lease, r.in_flight, {c.value: n for c, n in r.waiting.items()}, r.total,
+                   None if r.work is None else work_to_wire(r.work)]
             for name, r in reports.items()
-        }
+        }  # fmt: skip
         answer = await self._actor.post.remote(self._replica, self._routers, posted)
         leases = {
             name: Lease(int(slots), int(of)) for name, (slots, of) in answer["leases"].items()
         }
-        return SlotAnswer(leases, bool(answer["hurry"]))
+        work = {
+            name: {router: work_from_wire(w) for router, w in by_router.items()}
+            for name, by_router in answer.get("work", {}).items()
+        }
+        return SlotAnswer(leases, bool(answer["hurry"]), work, str(answer.get("me", "")))
 
 
 def connect_backend(home: DeploymentKey, adapters: frozenset[str]) -> ServeBackend:

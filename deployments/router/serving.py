@@ -185,7 +185,7 @@ class Serving:
         is already whole (its finish_reason sent): such a stream runs to its end."""
         attempt.pause_asked = False
         link = attempt.link
-        rules, counts = link.gate.queue.preempt, link.gate.queue.running_by_class()
+        rules, counts = link.gate.queue.preempt, link.gate.queue.running_everywhere()
         if rules is None or not still_pausing(attempt.view(), counts, rules, link.fresh_kv()):
             return False
         partial = attempt.tape.partial()

@@ -18,6 +18,7 @@ from typing import Any
 
 from core.types import PriorityClass
 from deployments.detached import gateway_actor
+from policy.preemption import RouterWork
 from policy.slot_leases import SlotLedger, SlotReport
 
 logger = logging.getLogger("ray.serve")
@@ -28,9 +29,27 @@ WATCH_S = 0.5
 GONE_CHECK_S = 5.0
 ROUTER_DEPLOYMENTS = ("ingress", "router")  # whichever runs the routers
 
-# On the wire: {backend: [lease, in_flight, {class: waiting}, total]} ->
-# {"leases": {backend: [slots, of]}, "hurry": bool}
+# On the wire: {backend: [lease, in_flight, {class: waiting}, total, work]} ->
+# {"leases": {backend: [slots, of]}, "hurry": bool, "work": {backend: {router: work}}, "me": id},
+# where work is [{class: running}, {class: pausable}, pausing], or None with preemption off.
 Posted = Mapping[str, list[Any]]
+WireWork = list[Any]
+# A router's work counts for the others while its posts are this fresh (it posts every 0.1 s).
+WORK_FRESH_S = 1.0
+
+
+def work_to_wire(work: RouterWork) -> WireWork:
+    return [{c.value: n for c, n in work.running.items()},
+            {c.value: n for c, n in work.pausable.items()}, work.pausing]  # fmt: skip
+
+
+def work_from_wire(wire: WireWork) -> RouterWork:
+    running, pausable, pausing = wire
+    return RouterWork(
+        {PriorityClass(c): int(n) for c, n in running.items()},
+        {PriorityClass(c): int(n) for c, n in pausable.items()},
+        int(pausing),
+    )
 
 
 def broker_name(app: str) -> str:
@@ -56,9 +75,9 @@ class SlotBroker:
         reports = {
             backend: SlotReport(
                 int(lease), int(in_flight), {PriorityClass(c): int(n) for c, n in waiting.items()},
-                int(total),
+                int(total), work_from_wire(work[0]) if work and work[0] is not None else None,
             )
-            for backend, (lease, in_flight, waiting, total) in posted.items()
+            for backend, (lease, in_flight, waiting, total, *work) in posted.items()
         }  # fmt: skip
         leases = self._ledger.post(router, reports, now)
         warming = now - self._started < WARM_UP_S
@@ -67,7 +86,12 @@ class SlotBroker:
                       lease.of_total]
             for backend, lease in leases.items()
         }  # fmt: skip
-        return {"leases": granted, "hurry": self._ledger.users_waiting()}
+        work = {
+            backend: {r: work_to_wire(w) for r, w in by_router.items()}
+            for backend, by_router in self._ledger.work_for(reports, now, WORK_FRESH_S).items()
+        }
+        return {"leases": granted, "hurry": self._ledger.users_waiting(), "work": work,
+                "me": router}  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         """Slot-seconds users waited at one router while another held an unused slot, and

@@ -4,7 +4,8 @@ with `gateway.shared_slots`: policy/slot_leases.py says how the slots move).
 Every POST_S (HURRY_S while users wait at some router) the router posts, per backend, the
 slots it admits under, what it runs and what waits in its queue by class, and runs under the
 leases the broker answers (a raised lease admits waiters at once; a lowered one admits nobody
-new until what runs fits under it).
+new until what runs fits under it). With preemption on it posts its work by class too, and
+hears every router's: preemption weighs the backend's batch (link.others_at_work).
 Admission itself never calls the broker. Cut off from it for FALLBACK_AFTER_S, the router goes
 back to an equal share of each cap, which the broker holds for it from slot_broker.SILENT_AFTER_S
 on.
@@ -74,6 +75,7 @@ class SlotSync:
                 link.gate.queue.in_flight,
                 link.gate.queue.depth_by_class(),
                 link.total_cap,
+                link.work() if link.gate.queue.preempt is not None else None,
             )
             for name, link in list(self._links.items())
         }
@@ -86,6 +88,9 @@ class SlotSync:
                 before = link.gate.queue.cap
                 link.leased(lease)
                 shrank |= link.gate.queue.cap < before
+        for name, link in list(self._links.items()):
+            # Preemption turned off by a reload: nobody else's work holds anything here.
+            link.others_at_work(answer.work.get(name, {}), answer.me)
         self._last_ok = self._clock.monotonic()
         if self._failing:
             logger.warning("slot broker reachable again: leases from it")

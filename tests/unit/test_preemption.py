@@ -6,7 +6,16 @@ from dataclasses import replace
 
 from core.types import PriorityClass
 from policy.admission import AdmissionQueue
-from policy.preemption import PreemptRules, RunningView, holds, still_pausing, to_pause
+from policy.preemption import (
+    PreemptRules,
+    RouterWork,
+    RunningView,
+    holds,
+    pausable_by_class,
+    shared_pauses,
+    still_pausing,
+    to_pause,
+)
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 RULES = PreemptRules(
@@ -131,3 +140,63 @@ def test_a_pause_still_happens_only_if_the_paused_one_would_be_held() -> None:
     assert not still_pausing(paused, {USER: 1, BACKGROUND: 1}, RULES)  # one left: room for it
     assert not still_pausing(paused, {BACKGROUND: 1}, RULES)  # the users have gone
     assert not still_pausing(paused, {USER: 2, BACKGROUND: 1}, replace(RULES, above_running=3))
+
+
+def work(running: dict[PriorityClass, int], pausable: dict[PriorityClass, int] | None = None,
+         pausing: int = 0) -> RouterWork:  # fmt: skip
+    return RouterWork(running, running if pausable is None else pausable, pausing)
+
+
+def test_a_user_at_one_router_has_the_others_pause_their_lower_classes_one_at_a_time() -> None:
+    books = {
+        "a": work({USER: 1}),
+        "b": work({BACKGROUND: 2, AGENT: 1}),
+        "c": work({BACKGROUND: 1}),
+    }
+    # Five running, two allowed: three paused, background before agent, spread over b and c.
+    assert shared_pauses(books, RULES) == {"b": (USER, 2), "c": (USER, 1)}
+
+
+def test_what_is_already_pausing_leaves_the_batch_and_is_not_paused_again() -> None:
+    books = {"a": work({USER: 1}), "b": work({BACKGROUND: 3}, pausing=1)}
+    assert shared_pauses(books, RULES) == {"b": (USER, 1)}  # 4 - 1 pausing - 2 allowed
+    books = {"a": work({USER: 1}), "b": work({BACKGROUND: 2}, pausing=1)}
+    assert shared_pauses(books, RULES) == {}
+
+
+def test_a_router_pauses_nothing_for_its_own_higher_classes_or_for_a_class_that_may_not() -> None:
+    # Its own user's arrival paused what it had to (to_pause): nobody else runs a higher class.
+    assert shared_pauses({"a": work({USER: 1, BACKGROUND: 3}), "b": work({})}, RULES) == {}
+    # Background pauses nobody (may_pause names users and agents only).
+    books = {"a": work({BACKGROUND: 1}), "b": work({BACKGROUND: 3})}
+    assert shared_pauses(books, RULES) == {}
+    # Only what may be paused (not asked twice already, not near its end, continuable).
+    books = {"a": work({AGENT: 1}), "b": work({BACKGROUND: 3}, pausable={BACKGROUND: 1})}
+    assert shared_pauses(books, RULES) == {"b": (AGENT, 1)}
+
+
+def test_the_batch_an_arrival_weighs_counts_what_other_routers_run() -> None:
+    batch = [running(1, BACKGROUND, 1.0), running(9, USER, 2.0)]
+    assert to_pause(batch, USER, RULES) == []  # two here: the batch size
+    assert to_pause(batch, USER, RULES, elsewhere=1) == [1]  # and one at another router
+
+
+def test_a_lower_class_waits_while_a_higher_one_runs_at_another_router() -> None:
+    q = preempting_queue()
+    assert q.seen_elsewhere({USER: 1, BACKGROUND: 1}, now=0) == []
+    assert q.arrive(1, BACKGROUND, 0).admitted is False  # the backend's batch is full
+    assert q.arrive(2, USER, 0).admitted  # users never wait for it
+    assert q.running_everywhere() == {USER: 2, AGENT: 0, BACKGROUND: 1}
+    assert q.release(1, ticket=2) == []  # the other router's user still runs
+    assert q.seen_elsewhere({BACKGROUND: 1}, now=2) == [1]  # it ended: background goes
+
+
+def test_pausable_by_class_counts_what_some_higher_class_may_pause() -> None:
+    views = [
+        running(1, BACKGROUND, 1.0),
+        running(2, BACKGROUND, 2.0, pauses=2),  # paused max_pauses times
+        running(3, AGENT, 3.0, tokens_left=10),  # within protect_last_tokens of its end
+        running(4, AGENT, 4.0, pausable=False),  # a tool call: cannot go on as text
+        running(5, USER, 5.0),
+    ]
+    assert pausable_by_class(views, RULES) == {USER: 1, AGENT: 0, BACKGROUND: 1}

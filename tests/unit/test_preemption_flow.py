@@ -18,6 +18,8 @@ from core.types import PriorityClass
 from core.wire import ChatJob, Opening, Refusal, Routed
 from deployments.router.faults import stream_error_event
 from deployments.router.whole_by_stream import whole_through_stream
+from policy.slot_leases import SlotLedger
+from tests.unit.test_reload import changed
 from tests.unit.test_router_flow import (
     FakeBackend,
     chunks_of,
@@ -29,6 +31,7 @@ from tests.unit.test_router_flow import (
     sse,
     two,
 )
+from tests.unit.test_slot_leases import LedgerSlots
 
 PREEMPT = {
     "preempt": {
@@ -341,3 +344,66 @@ def test_a_whole_answer_every_link_failed_in_the_middle_of_is_refused_with_retry
     assert isinstance(reply, Refusal)
     assert reply.status == 503
     assert reply.retry_after_s
+
+
+def two_routers(shared: bool) -> tuple[Any, Any, FakeBackend]:
+    """Routers `a` and `b` (two ingress replicas) in front of one coding backend, preemption
+    on; `shared`: they post their work to one slot broker's books."""
+    config = make_config(router=PREEMPT)
+    config = changed(config, gateway={**config.gateway.model_dump(mode="json"),
+                                      "ingress_replicas": 2})  # fmt: skip
+    coding, ledger = FakeBackend(script, step_s=0.01), SlotLedger(routers=2)
+
+    def router(name: str) -> Any:
+        slots = LedgerSlots(ledger, name) if shared else None
+        return make_router(config, two(coding, FakeBackend(script)), slots=slots)
+
+    return router("a"), router("b"), coding
+
+
+async def background_at_b_then_user_at_a(
+    a: Any, b: Any, coding: FakeBackend, shared: bool
+) -> list[Any]:
+    background = asyncio.create_task(collect(b, job(priority=PriorityClass.BACKGROUND)))
+    await until(lambda: coding.calls >= 1 and len(coding.streams[0]._items) <= TOKENS)
+    user = asyncio.create_task(collect(a, job(priority=PriorityClass.USER)))
+    await until(lambda: coding.calls >= 2)  # the user's answer runs at a
+
+    async def posting() -> None:  # each router's post, as their slot syncs make them
+        while shared:
+            await a.post_slots_once()
+            await b.post_slots_once()
+            await asyncio.sleep(0.005)
+
+    posts = asyncio.create_task(posting())
+    try:
+        await user
+        return await background
+    finally:
+        posts.cancel()
+
+
+def test_a_user_at_one_router_pauses_background_work_another_router_runs() -> None:
+    # Each router ran under its own count: a user at one never paused what another ran there.
+    a, b, coding = two_routers(shared=True)
+    background = asyncio.run(background_at_b_then_user_at_a(a, b, coding, shared=True))
+    lines = lines_of(background)
+    assert lines[-1] == "data: [DONE]\n\n"
+    assert not any("error" in x for x in lines)
+    notes = [x.split()[1] for x in lines if x.startswith(": gps-")]
+    assert notes[0] == "gps-paused"
+    assert lines[-2] == ": gps-pauses n=1\n\n"
+    assert {c["id"] for c in chunks_of(lines)} == {"bg"}
+    assert coding.streams[0].cancelled  # aborted at the engine while the user's ran
+    continued = coding.requests[2]
+    assert continued.continue_final_message
+    assert continued.messages[-1]["role"] == "assistant"
+    assert coding.running == 0
+
+
+def test_routers_that_share_no_books_let_background_work_run_beside_another_routers_user() -> None:
+    a, b, coding = two_routers(shared=False)
+    background = asyncio.run(background_at_b_then_user_at_a(a, b, coding, shared=False))
+    assert not any(x.startswith(": gps-") for x in lines_of(background))
+    assert coding.max_running == 2
+    assert coding.calls == 2

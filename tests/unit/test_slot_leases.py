@@ -14,8 +14,15 @@ import pytest
 
 from core.types import PriorityClass
 from deployments.router.link import build_links
-from deployments.router.slot_broker import SILENT_AFTER_S, SlotBroker
+from deployments.router.slot_broker import (
+    SILENT_AFTER_S,
+    WORK_FRESH_S,
+    SlotBroker,
+    work_from_wire,
+    work_to_wire,
+)
 from deployments.router.slot_sync import FALLBACK_AFTER_S, HURRY_S, POST_S, SlotSync
+from policy.preemption import RouterWork
 from policy.slot_leases import (
     Lease,
     SlotAnswer,
@@ -180,7 +187,8 @@ class LedgerSlots:
     async def post(self, reports: Mapping[str, SlotReport]) -> SlotAnswer:
         self.now += 0.1
         leases = self._ledger.post(self._router, reports, self.now)
-        return SlotAnswer(leases, self._ledger.users_waiting())
+        work = self._ledger.work_for(reports, self.now, fresh_s=1.0)
+        return SlotAnswer(leases, self._ledger.users_waiting(), work, self._router)
 
 
 def test_a_user_waiting_at_one_router_gets_the_slots_another_leaves_unused() -> None:
@@ -291,3 +299,27 @@ def test_routers_post_more_often_while_users_wait_somewhere() -> None:
     asyncio.run(one_round(hurry=False))
     asyncio.run(one_round(hurry=True))
     assert clock.sleeps == [POST_S, HURRY_S]
+
+
+def test_the_broker_hands_every_router_all_routers_fresh_work_on_each_backend() -> None:
+    broker = SlotBroker("gateway", routers=2)
+    users = work_to_wire(RouterWork({PriorityClass.USER: 1}, {}))
+    background = work_to_wire(
+        RouterWork({PriorityClass.BACKGROUND: 2}, {PriorityClass.BACKGROUND: 2})
+    )
+
+    async def scenario() -> list[Any]:
+        await broker.post("a", 2, {"m": [8, 1, {}, 16, users]})
+        answer = await broker.post("b", 2, {"m": [8, 2, {}, 16, background], "n": [8, 0, {}, 16]})
+        broker._ledger._books["m"]["a"].at -= WORK_FRESH_S + 1  # a falls silent
+        later = await broker.post("b", 2, {"m": [8, 2, {}, 16, background]})
+        return [answer, later]
+
+    answer, later = asyncio.run(scenario())
+    assert answer["me"] == "b"
+    assert {r: work_from_wire(w) for r, w in answer["work"]["m"].items()} == {
+        "a": RouterWork({PriorityClass.USER: 1}, {}),
+        "b": RouterWork({PriorityClass.BACKGROUND: 2}, {PriorityClass.BACKGROUND: 2}),
+    }
+    assert "n" not in answer["work"]  # posted without work: preemption is off there
+    assert set(later["work"]["m"]) == {"b"}  # a silent router's work holds nobody back
