@@ -9,15 +9,17 @@ and then on (the gateway redeployed in front of the very same engine replica):
 
 - users: p50 and p99 latency, loaded against the unloaded run of the same variant, errors;
 - background: errors (an error event or a status other than 200), tokens per second received
-  over the phase (what the paused answers lost to the users), pauses and the prompt tokens
-  their continuations sent again (the gateway's `gps_preemptions_total` and
-  `gps_preempt_reprefill_tokens_total`).
+  over the phase (what the paused answers lost to the users), pauses (the streams'
+  `: gps-paused` comments, whichever router paused them) and the prompt tokens their
+  continuations sent again (`gps_preempt_reprefill_tokens_total` from the gateway's /metrics:
+  with several ingress replicas, the one router that answers the scrape).
 
 Targets (issue 37), preemption on: user p99 loaded <= 1.3 x unloaded, no user and no background
 errors, background tokens/s >= 0.5 x the run with preemption off.
 
-Run with `python -m bench.preemption` (`--requests`, `--above-running`, `--cap`); in
-`make bench`.
+Run with `python -m bench.preemption` (`--requests`, `--above-running`, `--cap`,
+`--ingress-replicas`: several routers, each setting also with `shared_slots` off, where each
+router weighs only what it runs); in `make bench`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from deployments.engine.llm_server import ObservedLLMServer
 PORT = 18250
 FILL_S = 2.0  # background alone before the users start
 P99_TARGET = 1.3
+PAUSED = ": gps-paused"  # a paused stream's comment (policy/stream_migration.py pause_note)
 BACKGROUND_TARGET = 0.5
 
 
@@ -70,6 +73,18 @@ class Phase(overload.Phase):
     reprefill_tokens: float = 0.0
 
 
+def received(line: str, phase: Phase) -> None:
+    """One line of a background stream, counted."""
+    if '"error"' in line:
+        phase.background_errors += 1
+    elif line.startswith(PAUSED):  # counted where it happened, at any router
+        phase.pauses += 1
+    elif line.startswith("data: {"):
+        chunk = json.loads(line[len("data: ") :])
+        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            phase.background_tokens += 1
+
+
 async def background(
     client: httpx.AsyncClient, url: str, stop: asyncio.Event, phase: Phase
 ) -> None:
@@ -89,12 +104,7 @@ async def background(
                     await asyncio.sleep(1)
                     continue
                 async for line in reply.aiter_lines():
-                    if '"error"' in line:
-                        phase.background_errors += 1
-                    elif line.startswith("data: {"):
-                        chunk = json.loads(line[len("data: ") :])
-                        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                            phase.background_tokens += 1
+                    received(line, phase)
                     if stop.is_set():
                         break
                 else:
@@ -103,20 +113,23 @@ async def background(
             phase.background_errors += 1
 
 
-def preemption_counts(base_url: str) -> tuple[float, float]:
-    """The gateway's pauses and re-sent prompt tokens so far, over every backend."""
+def preemption_counts(base_url: str) -> float:
+    """The prompt tokens paused answers sent again so far, over every backend: the /metrics of
+    the one router that answers the scrape (all of them with one ingress replica)."""
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
-    totals = {"gps_preemptions": 0.0, "gps_preempt_reprefill_tokens": 0.0}
-    for family in text_string_to_metric_families(text):
-        if family.name in totals:
-            totals[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
-    return totals["gps_preemptions"], totals["gps_preempt_reprefill_tokens"]
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gps_preempt_reprefill_tokens"
+        for s in family.samples
+        if s.name.endswith("_total")
+    )
 
 
 async def run_phase(variant: str, base_url: str, url: str, requests: int, streams: int) -> Phase:
     """Users alone (`streams` 0), or beside that many background streams."""
     phase = Phase(variant, streams)
-    pauses, reprefill = preemption_counts(base_url)
+    reprefill = preemption_counts(base_url)
     limits = httpx.Limits(max_connections=streams + requests)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         stop = asyncio.Event()
@@ -130,8 +143,7 @@ async def run_phase(variant: str, base_url: str, url: str, requests: int, stream
         stop.set()
         phase.seconds = time.perf_counter() - started
         await asyncio.gather(*clients)
-    after_pauses, after_reprefill = preemption_counts(base_url)
-    phase.pauses, phase.reprefill_tokens = after_pauses - pauses, after_reprefill - reprefill
+    phase.reprefill_tokens = preemption_counts(base_url) - reprefill
     return phase
 
 
@@ -141,22 +153,31 @@ def sized(cap: int) -> dict[str, Any]:
     return {"models": [{**model, "max_concurrency": cap}]}
 
 
-def variants(above_running: list[int]) -> dict[str, Mapping[str, Any]]:
-    on = {
-        f"preemption on, above_running {n}": {
-            "router": {"preempt": {"enabled": True, "above_running": n}}
-        }
-        for n in above_running
-    }
-    return {"preemption off": {"router": {"preempt": {"enabled": False}}}, **on}
+def variants(above_running: list[int], routers: int) -> dict[str, Mapping[str, Any]]:
+    """Preemption off, then on at each `above_running`. With several routers (ingress
+    replicas), each on setting once more with `shared_slots` off: every router then weighs only
+    what it runs itself (a user at one pauses nothing another runs), the anchor of what sharing
+    the routers' work is worth."""
+    gateway = {"ingress_replicas": routers}
+    on: dict[str, Mapping[str, Any]] = {}
+    for n in above_running:
+        preempt = {"router": {"preempt": {"enabled": True, "above_running": n}}}
+        on[f"preemption on, above_running {n}"] = {**preempt, "gateway": gateway}
+        if routers > 1:
+            on[f"preemption on, above_running {n}, shared_slots off"] = {
+                **preempt,
+                "gateway": {**gateway, "shared_slots": False},
+            }
+    off = {"router": {"preempt": {"enabled": False}}, "gateway": gateway}
+    return {"preemption off": off, **on}
 
 
 async def measure(
-    target: stack.Stage, cap: int, requests: int, above_running: list[int]
+    target: stack.Stage, cap: int, requests: int, above_running: list[int], routers: int
 ) -> list[Phase]:
     phases = []
     streams = cap // 2  # the background share: admitted at once, never queued
-    for name, overrides in variants(above_running).items():
+    for name, overrides in variants(above_running, routers).items():
         config = stack.load(CONFIG, {**sized(cap), **overrides})
         stack.deploy_gateway(config, target.anchor)
         await run_phase("warm-up", target.base_url, target.gateway_url, 4, 0)
@@ -228,11 +249,18 @@ def main() -> None:
         help="router.preempt.above_running values to run with preemption on (comma separated)",
     )
     parser.add_argument("--cap", type=int, default=8, help="the backend's max_concurrency")
+    parser.add_argument(
+        "--ingress-replicas",
+        type=int,
+        default=1,
+        help="routers (gateway.ingress_replicas); past 1, each preemption setting runs with "
+        "shared_slots off too",
+    )
     args = parser.parse_args()
     target = stack.stage(CONFIG, PORT, sized(args.cap), server_cls=ObservedLLMServer)
     try:
         above = [int(n) for n in args.above_running.split(",")]
-        phases = asyncio.run(measure(target, args.cap, args.requests, above))
+        phases = asyncio.run(measure(target, args.cap, args.requests, above, args.ingress_replicas))
     finally:
         stack.stop()
     sys.exit(0 if report(phases) else 1)
