@@ -126,10 +126,14 @@ def preemption_counts(base_url: str) -> float:
     )
 
 
-async def run_phase(variant: str, base_url: str, url: str, requests: int, streams: int) -> Phase:
-    """Users alone (`streams` 0), or beside that many background streams."""
+async def run_phase(
+    variant: str, base_url: str, url: str, requests: int, streams: int, routers: int = 1
+) -> Phase:
+    """Users alone (`streams` 0), or beside that many background streams; re-sent prompt
+    tokens only where one router answers /metrics (`routers` 1)."""
     phase = Phase(variant, streams)
-    reprefill = preemption_counts(base_url)
+    # With several routers two scrapes may reach two of them: their difference says nothing.
+    reprefill = preemption_counts(base_url) if routers == 1 else float("nan")
     limits = httpx.Limits(max_connections=streams + requests)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         stop = asyncio.Event()
@@ -143,7 +147,7 @@ async def run_phase(variant: str, base_url: str, url: str, requests: int, stream
         stop.set()
         phase.seconds = time.perf_counter() - started
         await asyncio.gather(*clients)
-    phase.reprefill_tokens = preemption_counts(base_url) - reprefill
+    phase.reprefill_tokens = preemption_counts(base_url) - reprefill if routers == 1 else reprefill
     return phase
 
 
@@ -184,7 +188,12 @@ async def measure(
         for background_streams in (0, streams):
             phases.append(
                 await run_phase(
-                    name, target.base_url, target.gateway_url, requests, background_streams
+                    name,
+                    target.base_url,
+                    target.gateway_url,
+                    requests,
+                    background_streams,
+                    routers,
                 )
             )
     return phases

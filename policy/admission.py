@@ -96,6 +96,9 @@ class AdmissionQueue:
     _waiting: list[Waiter] = field(default_factory=list)
     _limits: dict[PriorityClass, int] = field(init=False)
     _running: dict[int, PriorityClass] = field(default_factory=dict)  # by ticket, base class
+    # Tickets admitted as a higher class than their own, aged past it while waiting: the class
+    # they ran as (preemption does not pause them for the classes they aged past).
+    _aged: dict[int, PriorityClass] = field(default_factory=dict)
     _running_by_class: dict[PriorityClass, int] = field(
         default_factory=lambda: dict.fromkeys(PriorityClass, 0)
     )
@@ -109,6 +112,10 @@ class AdmissionQueue:
 
     def running_by_class(self) -> dict[PriorityClass, int]:
         return dict(self._running_by_class)
+
+    def admitted_as(self, ticket: int) -> PriorityClass | None:
+        """The class a running ticket was admitted as, where aging lifted it past its own."""
+        return self._aged.get(ticket)
 
     def running_everywhere(self) -> dict[PriorityClass, int]:
         """What runs on the backend by class: here, and at the other routers (`elsewhere`)."""
@@ -161,6 +168,7 @@ class AdmissionQueue:
         next."""
         if ticket in self._running:
             self._running_by_class[self._running.pop(ticket)] -= 1
+        self._aged.pop(ticket, None)
         return self._admit_waiters(now)
 
     def leave(self, ticket: int) -> bool:
@@ -214,10 +222,13 @@ class AdmissionQueue:
         admitted = []
         while self._waiting:
             best = min(self._waiting, key=lambda w: (w.effective_rank(now, self.aging_s), w.place))
-            if not self._has_room(best.effective_class(now, self.aging_s)):
+            effective = best.effective_class(now, self.aging_s)
+            if not self._has_room(effective):
                 break
             self._waiting.remove(best)
             self._start(best.ticket, best.priority)
+            if effective is not best.priority:
+                self._aged[best.ticket] = effective
             admitted.append(best.ticket)
         return admitted
 

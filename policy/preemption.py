@@ -88,6 +88,13 @@ class RunningView:
     pauses: int  # times it was paused already
     tokens_left: int | None  # of its max_tokens, after what it has produced; None: unknown
     pausable: bool  # it can be continued as text
+    # Admitted as a higher class than its own (aging lifted it while it waited): only a class
+    # above that one pauses it, or aging would not lift work that other routers' users pause.
+    admitted_as: PriorityClass | None = None
+
+    @property
+    def pausable_as(self) -> PriorityClass:
+        return self.admitted_as or self.priority
 
 
 def to_pause(
@@ -114,7 +121,7 @@ def victims(
         return []
     chosen = sorted(
         (r for r in running if _may_pause(r, arriving, rules)),
-        key=lambda r: (-r.priority.rank, -r.started),
+        key=lambda r: (-r.pausable_as.rank, -r.started),
     )
     return [r.ticket for r in chosen[:wanted]]
 
@@ -139,7 +146,7 @@ def pausable_by_class(
     counts = dict.fromkeys(PriorityClass, 0)
     for request in running:
         if _pausable(request, rules):
-            counts[request.priority] += 1
+            counts[request.pausable_as] += 1
     return counts
 
 
@@ -155,6 +162,11 @@ def shared_pauses(
     the batch is back at `above_running`. Every router reckons this from the same books, so
     each runs only its own part. A class that may pause none (`may_pause`) pauses none here."""
     excess = sum(w.total - w.pausing for w in work.values()) - rules.above_running
+    # No more than the running requests of the classes that may pause could pause on arrival.
+    allowance = sum(
+        n * rules.may_pause.get(c, 0) for w in work.values() for c, n in w.running.items()
+    )
+    excess = min(excess, allowance)
     pauses: dict[str, tuple[PriorityClass, int]] = {}
     if excess <= 0:
         return pauses
@@ -213,7 +225,7 @@ def still_pausing(
 
 
 def _may_pause(request: RunningView, arriving: PriorityClass, rules: PreemptRules) -> bool:
-    return request.priority.rank > arriving.rank and _pausable(request, rules)
+    return request.pausable_as.rank > arriving.rank and _pausable(request, rules)
 
 
 def _pausable(request: RunningView, rules: PreemptRules) -> bool:

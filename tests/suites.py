@@ -22,7 +22,8 @@ one after another, beside a session that computes, in three phases:
    its cluster twice (a restart is its subject): beside main on an AVX2-only machine that took
    it 24.6 and 32.7 min (runs of a26378e and CI's of e176735) against 3-6 alone, and made phase
    2's lane (66 and 77 min with monitoring) longer than main (63 and 57), past CI's 90 minutes
-   in all; after main it waits for no one.
+   in all; after main it waits for no one. It runs after recovery in one lane, so a recovery
+   failure leaves it for the next run.
 
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and

@@ -311,10 +311,11 @@ class Link:
             sum(1 for job in self.running.values() if job.pause_asked),
         )
 
-    def others_at_work(self, work: Mapping[str, RouterWork], me: str) -> None:
+    def others_at_work(self, work: Mapping[str, RouterWork], me: str) -> int:
         """Every router's work on the backend from the slot broker's books (`me`: this one's
         name there): a lower class here waits while a higher one runs elsewhere, and this
-        router pauses its part of what the others' higher classes need paused."""
+        router pauses its part of what the others' higher classes need paused; how many it
+        asked to pause."""
         others: dict[PriorityClass, int] = {}
         self.elsewhere_batch = 0
         for name, theirs in work.items():
@@ -325,13 +326,15 @@ class Link:
         self.gate.seen_elsewhere(others)
         rules = self.gate.queue.preempt
         if rules is None or me not in work:
-            return
+            return 0
         mine = shared_pauses({**work, me: self.work()}, rules).get(me)
         if mine is None:
-            return
+            return 0
         jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
-        for ticket in victims([job.view() for job in jobs.values()], mine[0], rules, mine[1]):
+        chosen = victims([job.view() for job in jobs.values()], mine[0], rules, mine[1])
+        for ticket in chosen:
             jobs[ticket].pause()
+        return len(chosen)
 
     def fresh_kv(self) -> float | None:
         return None if self.kv.stale(self.clock()) else self.kv.usage

@@ -52,8 +52,13 @@ def work_from_wire(wire: WireWork) -> RouterWork:
     )
 
 
-def broker_name(app: str) -> str:
-    return f"gps_slot_broker::{app}"
+# The posts' protocol, in the broker's name: a detached broker of an older one outlives an
+# upgrade of the app and would read the new posts wrong. 2: posts carry each router's work.
+PROTOCOL = 2
+
+
+def broker_name(app: str, protocol: int = PROTOCOL) -> str:
+    return f"gps_slot_broker::{app}" if protocol == 1 else f"gps_slot_broker::v{protocol}::{app}"
 
 
 class SlotBroker:
@@ -137,5 +142,14 @@ class SlotBroker:
 def ensure_slot_broker(
     app: str, namespace: str, resources: Mapping[str, float], routers: int
 ) -> Any:
-    """The app's broker, started by the first router to need it, on the gateway's nodes."""
+    """The app's broker, started by the first router to need it, on the gateway's nodes; one of
+    an older protocol is stopped (routers still posting to it fall back to an equal share)."""
+    import ray
+
+    for older in range(1, PROTOCOL):
+        try:
+            ray.kill(ray.get_actor(broker_name(app, older), namespace), no_restart=True)
+            logger.warning("slot broker: stopped the one of protocol %d", older)
+        except ValueError:  # none of that protocol
+            pass
     return gateway_actor(SlotBroker, broker_name(app), namespace, resources, app, routers)

@@ -15,6 +15,7 @@ from policy.preemption import (
     shared_pauses,
     still_pausing,
     to_pause,
+    victims,
 )
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
@@ -35,8 +36,9 @@ def running(
     pauses: int = 0,
     tokens_left: int | None = 100,
     pausable: bool = True,
+    admitted_as: PriorityClass | None = None,
 ) -> RunningView:
-    return RunningView(ticket, priority, started, pauses, tokens_left, pausable)
+    return RunningView(ticket, priority, started, pauses, tokens_left, pausable, admitted_as)
 
 
 def test_a_user_pauses_the_youngest_of_the_lowest_class_down_to_the_batch_size() -> None:
@@ -200,3 +202,31 @@ def test_pausable_by_class_counts_what_some_higher_class_may_pause() -> None:
         running(5, USER, 5.0),
     ]
     assert pausable_by_class(views, RULES) == {USER: 1, AGENT: 0, BACKGROUND: 1}
+
+
+def test_an_answer_aged_past_its_class_is_paused_only_by_a_class_above_the_one_it_ran_as() -> None:
+    aged = running(1, BACKGROUND, 1.0, admitted_as=AGENT)  # waited one aging period
+    fresh = running(2, BACKGROUND, 2.0)
+    assert pausable_by_class([aged, fresh], RULES) == {USER: 0, AGENT: 1, BACKGROUND: 1}
+    assert victims([aged, fresh], AGENT, RULES, 2) == [2]  # agents pause only the fresh one
+    assert victims([aged, fresh], USER, RULES, 2) == [2, 1]  # the lowest class it ran as first
+    assert victims([running(3, BACKGROUND, 1.0, admitted_as=USER)], USER, RULES, 1) == []
+
+
+def test_the_queue_says_which_running_tickets_aging_lifted_past_their_class() -> None:
+    q = preempting_queue()
+    q.arrive(1, USER, 0)
+    q.arrive(2, USER, 0)
+    assert not q.arrive(3, BACKGROUND, 0).admitted  # a user runs and the batch is full
+    assert q.release(25, ticket=1) == [3]  # aged two periods (aging_s 10): as a user
+    assert (q.admitted_as(3), q.admitted_as(2)) == (USER, None)
+    q.release(26, ticket=3)
+    assert q.admitted_as(3) is None
+
+
+def test_the_others_pause_no_more_than_the_running_higher_classes_may() -> None:
+    rules = replace(RULES, above_running=1, may_pause={USER: 1})
+    books = {"a": work({USER: 1}), "b": work({BACKGROUND: 4})}
+    assert shared_pauses(books, rules) == {"b": (USER, 1)}  # four over, one user may pause one
+    books = {"a": work({USER: 2}), "b": work({BACKGROUND: 4})}
+    assert shared_pauses(books, rules) == {"b": (USER, 2)}

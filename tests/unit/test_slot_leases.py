@@ -15,9 +15,11 @@ import pytest
 from core.types import PriorityClass
 from deployments.router.link import build_links
 from deployments.router.slot_broker import (
+    PROTOCOL,
     SILENT_AFTER_S,
     WORK_FRESH_S,
     SlotBroker,
+    broker_name,
     work_from_wire,
     work_to_wire,
 )
@@ -223,15 +225,20 @@ def test_a_user_waiting_at_one_router_gets_the_slots_another_leaves_unused() -> 
 class FlakySlots:
     """A broker that answers `leases` until it is `down`."""
 
-    def __init__(self, leases: Mapping[str, Lease]) -> None:
+    def __init__(
+        self,
+        leases: Mapping[str, Lease],
+        work: Mapping[str, Mapping[str, RouterWork]] | None = None,
+    ) -> None:
         self.leases = leases
+        self.work = work or {}
         self.down = False
         self.hurry = False
 
     async def post(self, reports: Mapping[str, SlotReport]) -> SlotAnswer:
         if self.down:
             raise ConnectionError("the broker's node is gone")
-        return SlotAnswer(self.leases, self.hurry)
+        return SlotAnswer(self.leases, self.hurry, self.work, "me")
 
 
 def test_a_router_cut_off_from_the_broker_keeps_its_leases_a_while_then_an_equal_share() -> None:
@@ -323,3 +330,34 @@ def test_the_broker_hands_every_router_all_routers_fresh_work_on_each_backend() 
     }
     assert "n" not in answer["work"]  # posted without work: preemption is off there
     assert set(later["work"]["m"]) == {"b"}  # a silent router's work holds nobody back
+
+
+def test_a_router_cut_off_from_the_broker_forgets_the_others_work_with_their_leases() -> None:
+    # Another router's user, as last heard, would hold background work here for as long as the
+    # broker stays away.
+    config = make_config(cap=4, router={"preempt": {"enabled": True, "above_running": 1}})
+    config = changed(config, gateway={**config.gateway.model_dump(mode="json"),
+                                      "ingress_replicas": 2})  # fmt: skip
+    clock = FakeClock()
+    links = build_links(config, two(FakeBackend(ok), FakeBackend(ok)), {}, clock.monotonic)
+    users = RouterWork({PriorityClass.USER: 1}, {})
+    broker = FlakySlots({"coding@local": Lease(2, 4)},
+                        {"coding@local": {"other": users, "me": RouterWork({}, {})}})  # fmt: skip
+    sync = SlotSync(links, broker, clock)
+    queue = links["coding@local"].gate.queue
+    asyncio.run(sync.step())
+    assert queue.running_everywhere()[PriorityClass.USER] == 1
+    assert not queue.arrive(1, PriorityClass.BACKGROUND, clock.now).admitted  # held
+    broker.down = True
+    clock.now += FALLBACK_AFTER_S / 2
+    asyncio.run(sync.step())
+    assert queue.depth == 1  # a broker restarting: what the others ran stands a while
+    clock.now += FALLBACK_AFTER_S
+    asyncio.run(sync.step())
+    assert queue.running_everywhere()[PriorityClass.USER] == 0
+    assert queue.depth == 0  # admitted with the fallback share
+
+
+def test_a_broker_of_an_older_protocol_has_another_name() -> None:
+    assert broker_name("gateway", 1) == "gps_slot_broker::gateway"  # what routers before 2 used
+    assert broker_name("gateway") == f"gps_slot_broker::v{PROTOCOL}::gateway"
