@@ -14,6 +14,7 @@ import pytest
 
 from core.types import PriorityClass
 from deployments.router.link import build_links
+from deployments.router.serve_ports import BrokerSlots
 from deployments.router.slot_broker import (
     PROTOCOL,
     SILENT_AFTER_S,
@@ -361,3 +362,32 @@ def test_a_router_cut_off_from_the_broker_forgets_the_others_work_with_their_lea
 def test_a_broker_of_an_older_protocol_has_another_name() -> None:
     assert broker_name("gateway", 1) == "gps_slot_broker::gateway"  # what routers before 2 used
     assert broker_name("gateway") == f"gps_slot_broker::v{PROTOCOL}::gateway"
+
+
+class ActorMethod:
+    """`actor.post.remote(...)` on a broker in this process (the Ray actor's call)."""
+
+    def __init__(self, method: Any) -> None:
+        self._method = method
+
+    def remote(self, *args: Any) -> Any:
+        return self._method(*args)
+
+
+def test_routers_work_goes_to_the_broker_and_back_through_the_routers_port() -> None:
+    broker = SlotBroker("gateway", routers=2)
+    actor = type("Actor", (), {"post": ActorMethod(broker.post)})()
+    users = RouterWork({PriorityClass.USER: 1}, {PriorityClass.USER: 1})
+    background = RouterWork({PriorityClass.BACKGROUND: 3}, {PriorityClass.BACKGROUND: 2}, 1)
+
+    async def scenario() -> SlotAnswer:
+        await BrokerSlots(actor, "a", 2).post({"m": SlotReport(8, 1, {}, 16, users)})
+        return await BrokerSlots(actor, "b", 2).post(
+            {"m": SlotReport(8, 3, {PriorityClass.USER: 0}, 16, background),
+             "n": SlotReport(8, 0, {}, 16)}
+        )  # fmt: skip
+
+    answer = asyncio.run(scenario())
+    assert answer.me == "b"
+    assert answer.work == {"m": {"a": users, "b": background}}
+    assert set(answer.leases) == {"m", "n"}
