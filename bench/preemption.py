@@ -18,8 +18,8 @@ Targets (issue 37), preemption on: user p99 loaded <= 1.3 x unloaded, no user an
 errors, background tokens/s >= 0.5 x the run with preemption off.
 
 Run with `python -m bench.preemption` (`--requests`, `--above-running`, `--cap`,
-`--ingress-replicas`: several routers, each setting also with `shared_slots` off, where each
-router weighs only what it runs); in `make bench`.
+`--resume-after`: hold-downs to try, `--ingress-replicas`: several routers, each setting also
+with `shared_slots` off, where each router weighs only what it runs); in `make bench`.
 """
 
 from __future__ import annotations
@@ -157,31 +157,43 @@ def sized(cap: int) -> dict[str, Any]:
     return {"models": [{**model, "max_concurrency": cap}]}
 
 
-def variants(above_running: list[int], routers: int) -> dict[str, Mapping[str, Any]]:
-    """Preemption off, then on at each `above_running`. With several routers (ingress
-    replicas), each on setting once more with `shared_slots` off: every router then weighs only
-    what it runs itself (a user at one pauses nothing another runs), the anchor of what sharing
-    the routers' work is worth."""
+def variants(
+    above_running: list[int], routers: int, resume_after: list[float] | None = None
+) -> dict[str, Mapping[str, Any]]:
+    """Preemption off, then on at each `above_running` and each hold-down (`resume_after`,
+    seconds; 0: none). With several routers (ingress replicas), each on setting once more with
+    `shared_slots` off: every router then weighs only what it runs itself (a user at one pauses
+    nothing another runs), the anchor of what sharing the routers' work is worth."""
     gateway = {"ingress_replicas": routers}
     on: dict[str, Mapping[str, Any]] = {}
     for n in above_running:
-        preempt = {"router": {"preempt": {"enabled": True, "above_running": n}}}
-        on[f"preemption on, above_running {n}"] = {**preempt, "gateway": gateway}
-        if routers > 1:
-            on[f"preemption on, above_running {n}, shared_slots off"] = {
-                **preempt,
-                "gateway": {**gateway, "shared_slots": False},
-            }
+        for hold in resume_after or [0.0]:
+            name = f"preemption on, above_running {n}" + (
+                f", resume_after_s {hold:g}" if hold else ""
+            )
+            preempt = {"router": {"preempt": {"enabled": True, "above_running": n,
+                                              "resume_after_s": hold}}}  # fmt: skip
+            on[name] = {**preempt, "gateway": gateway}
+            if routers > 1:
+                on[f"{name}, shared_slots off"] = {
+                    **preempt,
+                    "gateway": {**gateway, "shared_slots": False},
+                }
     off = {"router": {"preempt": {"enabled": False}}, "gateway": gateway}
     return {"preemption off": off, **on}
 
 
 async def measure(
-    target: stack.Stage, cap: int, requests: int, above_running: list[int], routers: int
+    target: stack.Stage,
+    cap: int,
+    requests: int,
+    above_running: list[int],
+    routers: int,
+    resume_after: list[float],
 ) -> list[Phase]:
     phases = []
     streams = cap // 2  # the background share: admitted at once, never queued
-    for name, overrides in variants(above_running, routers).items():
+    for name, overrides in variants(above_running, routers, resume_after).items():
         config = stack.load(CONFIG, {**sized(cap), **overrides})
         stack.deploy_gateway(config, target.anchor)
         await run_phase("warm-up", target.base_url, target.gateway_url, 4, 0)
@@ -265,11 +277,20 @@ def main() -> None:
         help="routers (gateway.ingress_replicas); past 1, each preemption setting runs with "
         "shared_slots off too",
     )
+    parser.add_argument(
+        "--resume-after",
+        default="0",
+        help="router.preempt.resume_after_s values (the hold-down) to run each above_running "
+        "with (comma separated; 0: none)",
+    )
     args = parser.parse_args()
     target = stack.stage(CONFIG, PORT, sized(args.cap), server_cls=ObservedLLMServer)
     try:
         above = [int(n) for n in args.above_running.split(",")]
-        phases = asyncio.run(measure(target, args.cap, args.requests, above, args.ingress_replicas))
+        holds = [float(x) for x in args.resume_after.split(",")]
+        phases = asyncio.run(
+            measure(target, args.cap, args.requests, above, args.ingress_replicas, holds)
+        )
     finally:
         stack.stop()
     sys.exit(0 if report(phases) else 1)

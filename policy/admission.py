@@ -96,6 +96,8 @@ class AdmissionQueue:
     _waiting: list[Waiter] = field(default_factory=list)
     _limits: dict[PriorityClass, int] = field(init=False)
     _running: dict[int, PriorityClass] = field(default_factory=dict)  # by ticket, base class
+    # When a request of each class last ended here (preempt.resume_after_s holds lower ones).
+    _ended: dict[PriorityClass, float] = field(default_factory=dict)
     # Tickets admitted as a higher class than their own, aged past it while waiting: the class
     # they ran as (preemption does not pause them for the classes they aged past).
     _aged: dict[int, PriorityClass] = field(default_factory=dict)
@@ -149,7 +151,7 @@ class AdmissionQueue:
         granted = tuple(self._admit_waiters(now))
         # Whoever still waits has no room, and their class is no lower than any class they
         # outrank: so the arrival goes ahead exactly when its own class has room.
-        if self._has_room(priority):
+        if self._has_room(priority, now):
             self._start(ticket, priority)
             return Arrival(admitted=True, granted=granted)
         waiter = Waiter(ticket, priority, now, None if since is None else min(since, now))
@@ -167,8 +169,24 @@ class AdmissionQueue:
         """A request ended (`ticket`, its arrival's): free its slot and admit whoever may go
         next."""
         if ticket in self._running:
-            self._running_by_class[self._running.pop(ticket)] -= 1
+            ended = self._running.pop(ticket)
+            self._running_by_class[ended] -= 1
+            self._ended[ended] = now
         self._aged.pop(ticket, None)
+        return self._admit_waiters(now)
+
+    def held_until(self) -> float | None:
+        """When the hold-down (`preempt.resume_after_s`) of the waiters' best class ends, where
+        it alone holds them: the time to look at the queue again."""
+        rules = self.preempt
+        if rules is None or not rules.resume_after_s or not self._waiting:
+            return None
+        best = min(w.priority.rank for w in self._waiting)
+        ends = [t for c, t in self._ended.items() if c.rank < best]
+        return max(ends) + rules.resume_after_s if ends else None
+
+    def admit_due(self, now: float) -> list[int]:
+        """Waiters whose hold-down has ended by `now`."""
         return self._admit_waiters(now)
 
     def leave(self, ticket: int) -> bool:
@@ -206,11 +224,15 @@ class AdmissionQueue:
         self.paused = False
         return self._admit_waiters(now)
 
-    def _has_room(self, priority: PriorityClass) -> bool:
+    def _has_room(self, priority: PriorityClass, now: float) -> bool:
         if self.paused or self.in_flight >= self._limits[priority]:
             return False
         rules = self.preempt
-        return rules is None or not holds(priority, self.running_everywhere(), rules, self.kv_usage)
+        if rules is None:
+            return True
+        ended = [t for c, t in self._ended.items() if c.rank < priority.rank]
+        ago = now - max(ended) if ended and rules.resume_after_s else None
+        return not holds(priority, self.running_everywhere(), rules, self.kv_usage, ago)
 
     def _start(self, ticket: int, priority: PriorityClass) -> None:
         self._running[ticket] = priority
@@ -223,7 +245,7 @@ class AdmissionQueue:
         while self._waiting:
             best = min(self._waiting, key=lambda w: (w.effective_rank(now, self.aging_s), w.place))
             effective = best.effective_class(now, self.aging_s)
-            if not self._has_room(effective):
+            if not self._has_room(effective, now):
                 break
             self._waiting.remove(best)
             self._start(best.ticket, best.priority)

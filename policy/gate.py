@@ -39,6 +39,7 @@ class BackendGate:
         self._clock = clock
         self._tickets = itertools.count()
         self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._reminder: asyncio.TimerHandle | None = None
 
     @property
     def queue(self) -> AdmissionQueue:
@@ -63,6 +64,7 @@ class BackendGate:
             return ticket
         admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting[ticket] = admitted
+        self._remind()
         try:
             limit = self._policy.queue_timeout_s if timeout_s is None else timeout_s
             await asyncio.wait_for(admitted, limit)
@@ -84,6 +86,28 @@ class BackendGate:
         """A slot freed: `ticket`'s (acquire's), so its class leaves the count."""
         for granted in self._queue.release(self._clock(), ticket):
             self._grant(granted)
+        self._remind()
+
+    def _remind(self) -> None:
+        """Look at the queue again when the hold-down (`preempt.resume_after_s`) that alone
+        holds its waiters ends: no release or arrival may come to do it."""
+        due = self._queue.held_until()
+        now = self._clock()
+        if due is None or due <= now:  # nothing held by it, or what holds them is another test
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a pure caller): its next event looks again
+            return
+        if self._reminder is not None:
+            self._reminder.cancel()
+        self._reminder = loop.call_later(due - now, self._due)
+
+    def _due(self) -> None:
+        self._reminder = None
+        for ticket in self._queue.admit_due(self._clock()):
+            self._grant(ticket)
+        self._remind()
 
     def seen_elsewhere(self, running: Mapping[PriorityClass, int]) -> None:
         """What the other routers run on the backend (preemption across routers)."""

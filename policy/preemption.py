@@ -15,9 +15,12 @@ each goes on later as the same answer (mid-stream failover's machinery, policy.s
 - **Bounded unfairness.** Never paused: a request paused `max_pauses` times already, one within
   `protect_last_tokens` of its max_tokens, one that cannot be continued (tool calls, n > 1).
 - **When it runs again.** While a higher class runs on the backend and the batch is at
-  `above_running` or more, a lower class waits (`holds`). A paused request waits at the head of
-  its class (it keeps its arrival time), and aging still lifts a waiter a class per `aging_s`,
-  so background work under steady user load never stops entirely.
+  `above_running` or more, a lower class waits (`holds`), and with `resume_after_s` also until
+  no higher class has ended for that long (a hold-down: the gaps between users do not resume
+  paused answers only to have their text prefilled again in the next user's way). A paused
+  request waits at the head of its class (it keeps its arrival time), and aging still lifts a
+  waiter a class per `aging_s`, so background work under steady user load never stops
+  entirely.
 - **Whole answers too.** A whole (non-streamed) chat of a class that may be paused is generated
   as a stream and handed back whole (policy/whole_answer.py), so it pauses the same way.
 - **Across routers.** With several routers sharing a backend's slots (`gateway.shared_slots`),
@@ -58,6 +61,7 @@ class PreemptRules:
     may_pause: Mapping[PriorityClass, int]  # by the arriving class
     max_pauses: int
     protect_last_tokens: int
+    resume_after_s: float = 0.0
 
 
 def rules_of(config: PreemptConfig) -> PreemptRules | None:
@@ -70,6 +74,7 @@ def rules_of(config: PreemptConfig) -> PreemptRules | None:
         may_pause=config.may_pause,
         max_pauses=config.max_pauses,
         protect_last_tokens=config.protect_last_tokens,
+        resume_after_s=config.resume_after_s,
     )
 
 
@@ -199,11 +204,15 @@ def holds(
     running_by_class: Mapping[PriorityClass, int],
     rules: PreemptRules,
     kv_usage: float | None = None,
+    higher_ended_ago: float | None = None,
 ) -> bool:
     """Whether a request of `priority` (a waiter's class as aged) must wait although its class
     has room: a higher class runs on the backend and the batch is at `above_running` already
     (or the KV cache reads above `above_kv`): the same test that paused it, so a paused request
-    is not let back in at once."""
+    is not let back in at once. With `resume_after_s`, also while a higher class ended less
+    than that ago (`higher_ended_ago`; None: none has)."""
+    if higher_ended_ago is not None and higher_ended_ago < rules.resume_after_s:
+        return True
     higher = sum(n for c, n in running_by_class.items() if c.rank < priority.rank)
     if higher == 0:
         return False

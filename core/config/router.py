@@ -46,6 +46,13 @@ class PreemptConfig(Frozen):
     keepalive_s: float = Field(
         10.0, gt=0, description="Between SSE comment lines a paused stream gets while it waits."
     )
+    resume_after_s: float = Field(
+        0.0,
+        ge=0,
+        description="A lower class (a paused answer or a new one) starts only once no higher "
+        "class has ended on the backend for this long: a paused answer that goes on in the gap "
+        "between two users prefills its text again, which the next user waits behind. 0: off.",
+    )
 
 
 # Every request in an engine's batch slows the others (on CPU engines almost linearly): half the

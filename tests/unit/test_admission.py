@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from hypothesis import given
@@ -12,6 +13,7 @@ from core.types import PriorityClass
 from policy.admission import AdmissionQueue
 from policy.gate import BackendGate, GatePolicy, Shed
 from policy.kv_pressure import KvPolicy, KvPressure
+from policy.preemption import PreemptRules
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 
@@ -238,3 +240,22 @@ def test_a_cancelled_waiter_leaves_the_queue_and_keeps_no_slot() -> None:
         return g.queue.in_flight, g.queue.depth
 
     assert asyncio.run(scenario()) == (0, 0)
+
+
+def test_the_gate_admits_a_held_down_waiter_when_its_hold_down_ends_with_no_other_event() -> None:
+    rules = PreemptRules(above_running=1, above_kv=None, may_pause={PriorityClass.USER: 1},
+                         max_pauses=2, protect_last_tokens=0, resume_after_s=0.05)  # fmt: skip
+    queue = AdmissionQueue(cap=4, max_queue=8, aging_s=60.0, preempt=rules)
+    gate = BackendGate(queue, GatePolicy(queue_timeout_s=5.0, retry_after_s=1), time.monotonic)
+
+    async def scenario() -> list[bool]:
+        user = await gate.acquire(PriorityClass.USER)
+        waiting = asyncio.create_task(gate.acquire(PriorityClass.BACKGROUND))
+        await asyncio.sleep(0)  # it waits: a user runs and the batch is at its size
+        gate.release(user)
+        await asyncio.sleep(0)
+        held = not waiting.done()  # the user just ended: held down
+        await asyncio.wait_for(waiting, 5.0)  # no release or arrival comes: the gate's reminder
+        return [held, queue.in_flight == 1]
+
+    assert asyncio.run(scenario()) == [True, True]

@@ -230,3 +230,28 @@ def test_the_others_pause_no_more_than_the_running_higher_classes_may() -> None:
     assert shared_pauses(books, rules) == {"b": (USER, 1)}  # four over, one user may pause one
     books = {"a": work({USER: 2}), "b": work({BACKGROUND: 4})}
     assert shared_pauses(books, rules) == {"b": (USER, 2)}
+
+
+HOLD_DOWN = replace(RULES, resume_after_s=0.5)
+
+
+def test_a_hold_down_keeps_a_lower_class_waiting_a_while_after_a_higher_one_ended() -> None:
+    nobody: dict[PriorityClass, int] = {}
+    assert holds(BACKGROUND, nobody, HOLD_DOWN, higher_ended_ago=0.2)
+    assert not holds(BACKGROUND, nobody, HOLD_DOWN, higher_ended_ago=0.6)
+    assert not holds(BACKGROUND, nobody, HOLD_DOWN)  # no higher class ended yet
+    assert not holds(BACKGROUND, nobody, RULES, higher_ended_ago=0.2)  # off by default
+
+
+def test_the_queue_lets_a_held_down_class_go_once_no_higher_class_ended_for_that_long() -> None:
+    q = AdmissionQueue(cap=4, max_queue=10, aging_s=10.0, shares={}, preempt=HOLD_DOWN)
+    assert q.arrive(1, USER, 0).admitted
+    assert q.arrive(2, BACKGROUND, 0).admitted  # a batch of two: its size
+    assert not q.arrive(3, BACKGROUND, 1).admitted  # a user runs and the batch is full
+    assert q.release(2, ticket=1) == []  # the user ended at 2: held down until 2.5
+    assert q.held_until() == 2.5
+    assert not q.arrive(4, BACKGROUND, 2.2).admitted
+    assert q.admit_due(2.4) == []
+    assert q.admit_due(2.5) == [3, 4]
+    assert q.held_until() is None  # nobody waits
+    assert q.arrive(5, AGENT, 2.6).admitted  # agents are held down by users only
