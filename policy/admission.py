@@ -176,13 +176,20 @@ class AdmissionQueue:
         return self._admit_waiters(now)
 
     def held_until(self) -> float | None:
-        """When the hold-down (`preempt.resume_after_s`) of the waiters' best class ends, where
-        it alone holds them: the time to look at the queue again."""
-        rules = self.preempt
-        if rules is None or not rules.resume_after_s or not self._waiting:
+        """When the hold-down (`preempt.resume_after_s`) of the waiters' best class (as they
+        arrived) ends: the time to look at the queue again. One aged past it since may go
+        sooner, at another event; never later than this."""
+        if not self._waiting:
             return None
-        best = min(w.priority.rank for w in self._waiting)
-        ends = [t for c, t in self._ended.items() if c.rank < best]
+        return self._hold_down_end(min(self._waiting, key=lambda w: w.priority.rank).priority)
+
+    def _hold_down_end(self, priority: PriorityClass) -> float | None:
+        """When a higher class than `priority` last ended here, plus `resume_after_s`; None
+        where no hold-down applies."""
+        rules = self.preempt
+        if rules is None or not rules.resume_after_s:
+            return None
+        ends = [t for c, t in self._ended.items() if c.rank < priority.rank]
         return max(ends) + rules.resume_after_s if ends else None
 
     def admit_due(self, now: float) -> list[int]:
@@ -230,9 +237,9 @@ class AdmissionQueue:
         rules = self.preempt
         if rules is None:
             return True
-        ended = [t for c, t in self._ended.items() if c.rank < priority.rank]
-        ago = now - max(ended) if ended and rules.resume_after_s else None
-        return not holds(priority, self.running_everywhere(), rules, self.kv_usage, ago)
+        until = self._hold_down_end(priority)
+        held_down = until is not None and now < until  # the same sum held_until gives
+        return not holds(priority, self.running_everywhere(), rules, self.kv_usage, held_down)
 
     def _start(self, ticket: int, priority: PriorityClass) -> None:
         self._running[ticket] = priority

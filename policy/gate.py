@@ -113,11 +113,13 @@ class BackendGate:
         """What the other routers run on the backend (preemption across routers)."""
         for ticket in self._queue.seen_elsewhere(running, self._clock()):
             self._grant(ticket)
+        self._remind()
 
     def resize(self, cap: int) -> None:
         if cap != self._queue.cap:
             for ticket in self._queue.resize(cap, self._clock()):
                 self._grant(ticket)
+            self._remind()  # a new cap or settings: the hold-down may hold them now
 
     def retune(
         self,
@@ -131,6 +133,7 @@ class BackendGate:
         self._policy = policy
         for ticket in self._queue.retune(cap, max_queue, aging_s, shares, self._clock()):
             self._grant(ticket)
+        self._remind()  # a new cap or settings: the hold-down may hold them now
 
     def pause(self) -> None:
         self._queue.pause()
@@ -138,6 +141,7 @@ class BackendGate:
     def resume(self) -> None:
         for ticket in self._queue.resume(self._clock()):
             self._grant(ticket)
+        self._remind()
 
     def _grant(self, ticket: int) -> None:
         future = self._waiting.get(ticket)

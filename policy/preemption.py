@@ -204,14 +204,14 @@ def holds(
     running_by_class: Mapping[PriorityClass, int],
     rules: PreemptRules,
     kv_usage: float | None = None,
-    higher_ended_ago: float | None = None,
+    held_down: bool = False,
 ) -> bool:
     """Whether a request of `priority` (a waiter's class as aged) must wait although its class
     has room: a higher class runs on the backend and the batch is at `above_running` already
     (or the KV cache reads above `above_kv`): the same test that paused it, so a paused request
-    is not let back in at once. With `resume_after_s`, also while a higher class ended less
-    than that ago (`higher_ended_ago`; None: none has)."""
-    if higher_ended_ago is not None and higher_ended_ago < rules.resume_after_s:
+    is not let back in at once. `held_down`: a higher class ended less than `resume_after_s`
+    ago (the caller knows when)."""
+    if held_down:
         return True
     higher = sum(n for c, n in running_by_class.items() if c.rank < priority.rank)
     if higher == 0:

@@ -50,8 +50,10 @@ class PreemptConfig(Frozen):
         0.0,
         ge=0,
         description="A lower class (a paused answer or a new one) starts only once no higher "
-        "class has ended on the backend for this long: a paused answer that goes on in the gap "
-        "between two users prefills its text again, which the next user waits behind. 0: off.",
+        "class has ended on the backend, as this router sees it, for this long: a paused answer "
+        "that goes on in the gap between two users prefills its text again, which the next user "
+        "waits behind. 0: off. Waiting background work gets through once aging lifts it to the "
+        "highest class: keep queue_timeout_s above twice aging_s.",
     )
 
 

@@ -237,10 +237,8 @@ HOLD_DOWN = replace(RULES, resume_after_s=0.5)
 
 def test_a_hold_down_keeps_a_lower_class_waiting_a_while_after_a_higher_one_ended() -> None:
     nobody: dict[PriorityClass, int] = {}
-    assert holds(BACKGROUND, nobody, HOLD_DOWN, higher_ended_ago=0.2)
-    assert not holds(BACKGROUND, nobody, HOLD_DOWN, higher_ended_ago=0.6)
-    assert not holds(BACKGROUND, nobody, HOLD_DOWN)  # no higher class ended yet
-    assert not holds(BACKGROUND, nobody, RULES, higher_ended_ago=0.2)  # off by default
+    assert holds(BACKGROUND, nobody, HOLD_DOWN, held_down=True)
+    assert not holds(BACKGROUND, nobody, HOLD_DOWN)
 
 
 def test_the_queue_lets_a_held_down_class_go_once_no_higher_class_ended_for_that_long() -> None:
@@ -255,3 +253,22 @@ def test_the_queue_lets_a_held_down_class_go_once_no_higher_class_ended_for_that
     assert q.admit_due(2.5) == [3, 4]
     assert q.held_until() is None  # nobody waits
     assert q.arrive(5, AGENT, 2.6).admitted  # agents are held down by users only
+    # Off by default: the same story admits at once.
+    q = preempting_queue()
+    q.arrive(1, USER, 0)
+    q.arrive(2, BACKGROUND, 0)
+    assert not q.arrive(3, BACKGROUND, 1).admitted
+    assert q.release(2, ticket=1) == [3]
+    assert q.held_until() is None
+
+
+def test_the_hold_down_ends_exactly_when_held_until_says() -> None:
+    # The same sum both ways: 0.1 + 0.7 - 0.1 is 0.6999999999999998, under 0.7.
+    q = AdmissionQueue(cap=4, max_queue=10, aging_s=10.0, shares={},
+                       preempt=replace(RULES, above_running=1, resume_after_s=0.7))  # fmt: skip
+    q.arrive(1, USER, 0)
+    assert not q.arrive(2, BACKGROUND, 0).admitted
+    q.release(0.1, ticket=1)
+    due = q.held_until()
+    assert due is not None
+    assert q.admit_due(due) == [2]
