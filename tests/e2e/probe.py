@@ -55,13 +55,27 @@ class Probe:
         self._calls += 1
         self._running += 1
         self._max_running = max(self._max_running, self._running)
+        running = True
         try:
             if self._faulty:
                 raise RuntimeError("injected fault")
-            async for item in getattr(self._stream, method).remote(request):
-                yield item
+            items = getattr(self._stream, method).remote(request)
+            if getattr(request, "stream", False):
+                async for item in items:
+                    yield item
+            else:
+                # A whole answer's one item may be the last the router reads: it ends the call
+                # and frees the slot without waiting for this generator's end, so the next call
+                # could arrive before a `finally` here ran (a cap of 2 read as 3, run of
+                # 8f2d521). The engine is done once its items are: counted so, then passed on.
+                whole = [item async for item in items]
+                self._running -= 1
+                running = False
+                for item in whole:
+                    yield item
         finally:
-            self._running -= 1
+            if running:
+                self._running -= 1
 
     async def check_health(self) -> None:
         if self._faulty:
