@@ -3,8 +3,11 @@ each per app, by name."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
+
+logger = logging.getLogger("ray.serve")
 
 
 def gateway_actor(
@@ -28,3 +31,16 @@ def gateway_actor(
         )
         .remote(*args)
     )
+
+
+def stop_older_protocols(name_of: Callable[[int], str], protocol: int, namespace: str) -> None:
+    """Stop the detached actors named `name_of(n)` for every protocol n before `protocol`: one
+    outlives an upgrade of the app and would read the new callers' calls wrong."""
+    import ray
+
+    for older in range(1, protocol):
+        try:
+            ray.kill(ray.get_actor(name_of(older), namespace), no_restart=True)
+            logger.warning("stopped %s, of protocol %d", name_of(older), older)
+        except ValueError:  # none of that protocol
+            pass

@@ -179,8 +179,9 @@ class AdmissionQueue:
         """When the hold-down (`preempt.resume_after_s`) of the waiters' best class (as they
         arrived) ends: the time to look at the queue again. One aged past it since may go
         sooner, at another event; never later than this."""
-        if not self._waiting:
-            return None
+        rules = self.preempt
+        if rules is None or not rules.resume_after_s or not self._waiting:
+            return None  # asked at every release: nothing to work out where no hold-down is set
         return self._hold_down_end(min(self._waiting, key=lambda w: w.priority.rank).priority)
 
     def _hold_down_end(self, priority: PriorityClass) -> float | None:

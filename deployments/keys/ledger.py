@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from deployments.detached import gateway_actor
+from deployments.detached import gateway_actor, stop_older_protocols
 from policy.key_limits import KeyLimits, KeyMeter, Settlement, Verdict
 
 logger = logging.getLogger("ray.serve")
@@ -322,14 +322,7 @@ class MemorySnapshots:
 def ensure_key_ledger(app: str, namespace: str, resources: Mapping[str, float]) -> RayLedger:
     """The app's ledger, started if absent, on the gateway's nodes; one of an older protocol
     is stopped (its meters carry on from the shared snapshot)."""
-    import ray
-
-    for older in range(1, PROTOCOL):
-        try:
-            ray.kill(ray.get_actor(ledger_actor_name(app, older), namespace), no_restart=True)
-            logger.warning("key ledger: stopped the one of protocol %d", older)
-        except ValueError:  # none of that protocol
-            pass
+    stop_older_protocols(lambda n: ledger_actor_name(app, n), PROTOCOL, namespace)
     return RayLedger(gateway_actor(KeyLedger, ledger_actor_name(app), namespace, resources, app))
 
 

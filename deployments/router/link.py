@@ -295,11 +295,17 @@ class Link:
         rules = self.gate.queue.preempt
         if rules is None:
             return
+        kv, elsewhere = self.fresh_kv(), self.elsewhere_batch
+        self._ask_to_pause(lambda views: to_pause(views, arriving, rules, kv, elsewhere))
+
+    def _ask_to_pause(self, choose: Callable[[list[RunningView]], list[int]]) -> int:
+        """Ask the running jobs not yet asked that `choose` picks (from their views) to pause;
+        how many."""
         jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
-        kv = self.fresh_kv()
-        views = [job.view() for job in jobs.values()]
-        for ticket in to_pause(views, arriving, rules, kv, self.elsewhere_batch):
+        chosen = choose([job.view() for job in jobs.values()])
+        for ticket in chosen:
             jobs[ticket].pause()
+        return len(chosen)
 
     def work(self) -> RouterWork:
         """What this router runs on the backend, as the slot broker's books hold it."""
@@ -330,11 +336,7 @@ class Link:
         mine = shared_pauses({**work, me: self.work()}, rules).get(me)
         if mine is None:
             return 0
-        jobs = {t: job for t, job in self.running.items() if not job.pause_asked}
-        chosen = victims([job.view() for job in jobs.values()], mine[0], rules, mine[1])
-        for ticket in chosen:
-            jobs[ticket].pause()
-        return len(chosen)
+        return self._ask_to_pause(lambda views: victims(views, mine[0], rules, mine[1]))
 
     def fresh_kv(self) -> float | None:
         return None if self.kv.stale(self.clock()) else self.kv.usage

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from core.types import PriorityClass
-from deployments.detached import gateway_actor
+from deployments.detached import gateway_actor, stop_older_protocols
 from policy.preemption import RouterWork
 from policy.slot_leases import SlotLedger, SlotReport
 
@@ -144,12 +144,5 @@ def ensure_slot_broker(
 ) -> Any:
     """The app's broker, started by the first router to need it, on the gateway's nodes; one of
     an older protocol is stopped (routers still posting to it fall back to an equal share)."""
-    import ray
-
-    for older in range(1, PROTOCOL):
-        try:
-            ray.kill(ray.get_actor(broker_name(app, older), namespace), no_restart=True)
-            logger.warning("slot broker: stopped the one of protocol %d", older)
-        except ValueError:  # none of that protocol
-            pass
+    stop_older_protocols(lambda n: broker_name(app, n), PROTOCOL, namespace)
     return gateway_actor(SlotBroker, broker_name(app), namespace, resources, app, routers)

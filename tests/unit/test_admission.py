@@ -243,41 +243,49 @@ def test_a_cancelled_waiter_leaves_the_queue_and_keeps_no_slot() -> None:
     assert asyncio.run(scenario()) == (0, 0)
 
 
-def test_the_gate_admits_a_held_down_waiter_when_its_hold_down_ends_with_no_other_event() -> None:
-    rules = PreemptRules(above_running=1, above_kv=None, may_pause={PriorityClass.USER: 1},
-                         max_pauses=2, protect_last_tokens=0, resume_after_s=0.05)  # fmt: skip
+PREEMPT_AT_ONE = PreemptRules(above_running=1, above_kv=None, may_pause={PriorityClass.USER: 1},
+                              max_pauses=2, protect_last_tokens=0)  # fmt: skip
+
+
+def held_down_gate(resume_after_s: float) -> BackendGate:
+    rules = replace(PREEMPT_AT_ONE, resume_after_s=resume_after_s)
     queue = AdmissionQueue(cap=4, max_queue=8, aging_s=60.0, preempt=rules)
-    gate = BackendGate(queue, GatePolicy(queue_timeout_s=5.0, retry_after_s=1), time.monotonic)
+    return BackendGate(queue, GatePolicy(queue_timeout_s=5.0, retry_after_s=1), time.monotonic)
+
+
+async def background_waiting_behind_a_user(gate: BackendGate) -> tuple[int, asyncio.Task[int]]:
+    """A user's slot, and a background acquire waiting: the batch is at its size of one."""
+    user = await gate.acquire(PriorityClass.USER)
+    waiting = asyncio.create_task(gate.acquire(PriorityClass.BACKGROUND))
+    await asyncio.sleep(0)
+    return user, waiting
+
+
+def test_the_gate_admits_a_held_down_waiter_when_its_hold_down_ends_with_no_other_event() -> None:
+    gate = held_down_gate(0.05)
 
     async def scenario() -> list[bool]:
-        user = await gate.acquire(PriorityClass.USER)
-        waiting = asyncio.create_task(gate.acquire(PriorityClass.BACKGROUND))
-        await asyncio.sleep(0)  # it waits: a user runs and the batch is at its size
+        user, waiting = await background_waiting_behind_a_user(gate)
         gate.release(user)
-        held = queue.depth == 1  # the user just ended: held down, still in the queue
+        held = gate.queue.depth == 1  # the user just ended: held down, still in the queue
         await asyncio.wait_for(waiting, 5.0)  # no release or arrival comes: the gate's reminder
-        return [held, queue.depth == 0, queue.in_flight == 1]
+        return [held, gate.queue.depth == 0, gate.queue.in_flight == 1]
 
     assert asyncio.run(scenario()) == [True, True, True]
 
 
 def test_a_waiter_the_hold_down_holds_after_a_wake_is_looked_at_again_when_it_ends() -> None:
     # Every event that admits may leave waiters to the hold-down alone, not only a release.
-    rules = PreemptRules(above_running=1, above_kv=None, may_pause={PriorityClass.USER: 1},
-                         max_pauses=2, protect_last_tokens=0)  # fmt: skip
-    queue = AdmissionQueue(cap=2, max_queue=8, aging_s=60.0, preempt=rules)
-    gate = BackendGate(queue, GatePolicy(queue_timeout_s=5.0, retry_after_s=1), time.monotonic)
+    gate = held_down_gate(0.0)
 
     async def scenario() -> list[bool]:
-        user = await gate.acquire(PriorityClass.USER)
-        waiting = asyncio.create_task(gate.acquire(PriorityClass.BACKGROUND))
-        await asyncio.sleep(0)  # it waits: a user runs and the batch is at its size
+        user, waiting = await background_waiting_behind_a_user(gate)
         gate.pause()  # the backend put to sleep
         gate.release(user)  # no hold-down yet: nothing to look at later
-        queue.preempt = replace(rules, resume_after_s=0.05)  # a reload, as Link.retune sets it
+        gate.queue.preempt = replace(PREEMPT_AT_ONE, resume_after_s=0.05)  # a reload
         gate.resume()  # awake: the hold-down, now on, holds the waiter
-        held = queue.depth == 1
+        held = gate.queue.depth == 1
         await asyncio.wait_for(waiting, 5.0)
-        return [held, queue.in_flight == 1]
+        return [held, gate.queue.in_flight == 1]
 
     assert asyncio.run(scenario()) == [True, True]
