@@ -133,8 +133,11 @@ class KeyLedger:
         return generate_latest(registry)
 
     def snapshot(self) -> None:
-        self._store.save({name: _saved(meter) for name, meter in self._meters.items()})
+        self._store.save(self._record())
         self._dirty = False
+
+    def _record(self) -> dict[str, Any]:
+        return {name: _saved(meter) for name, meter in self._meters.items()}
 
     def _meter(self, key: str) -> KeyMeter:
         return self._meters.setdefault(key, KeyMeter())
@@ -145,11 +148,18 @@ class KeyLedger:
             self._saver = asyncio.get_running_loop().create_task(self._save_soon())
 
     async def _save_soon(self) -> None:
-        await asyncio.sleep(SNAPSHOT_S)
-        if self._dirty:
+        """Every SNAPSHOT_S while something changed. The write runs off the loop: with the GCS
+        away it waits until the GCS is back (a restart, a new head), and admissions waiting
+        behind it would time out and be served unmetered (tests/gcs measured 55 of 365 tokens
+        lost so). A failed write is tried again, so the state of the outage is saved after it."""
+        while self._dirty:
+            await asyncio.sleep(SNAPSHOT_S)
+            self._dirty = False
+            record = self._record()  # taken on the loop: the meters change only there
             try:
-                self.snapshot()
-            except Exception:  # the GCS may be briefly away; the next change retries
+                await asyncio.to_thread(self._store.save, record)
+            except Exception:  # the GCS away: the next round tries again
+                self._dirty = True
                 logger.warning("key ledger: snapshot failed", exc_info=True)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from core.wire import ChatJob, Opening
 from deployments.ingress.app import Ingress
 from deployments.ingress.key_routes import held_key_admin
 from deployments.ingress.overhead_header import OVERHEAD_HEADER
+from deployments.keys import ledger as ledger_module
 from deployments.keys import metering as key_metering
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.keys.metering import FLUSH_S, SPARE_TTL_S, key_limits
@@ -443,6 +445,50 @@ def test_a_decision_nobody_waited_for_gives_back_what_it_admitted(
     busy = usage["keys"]["busy"]
     assert (busy["in_flight"], busy["spare"]) == (0, 0)
     assert busy["last_minute"]["requests"] == 2  # its spares were never requests
+
+
+class WaitingSnapshots(MemorySnapshots):
+    """A snapshot store whose first write waits until `back` is set, as a write to the GCS
+    does while the GCS is away; `order` records when each write and each admission ended."""
+
+    def __init__(self, order: list[str]) -> None:
+        super().__init__()
+        self.back = threading.Event()
+        self.order = order
+
+    def save(self, meters: dict[str, Any]) -> None:
+        self.back.wait(timeout=5)
+        super().save(meters)
+        self.order.append("saved")
+
+
+def test_admissions_go_on_while_a_snapshot_waits_for_the_gcs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ledger_module, "SNAPSHOT_S", 0.01)
+    order: list[str] = []
+    store = WaitingSnapshots(order)
+    ledger = KeyLedger("unit", store=store)
+    limits = key_limits(KEYS["busy-key"])
+
+    async def admit(lease: str) -> None:
+        await ledger.admit("busy", limits, lease, 600)
+        order.append(f"admitted {lease}")
+
+    async def scenario() -> None:
+        await admit("a")
+        await asyncio.sleep(0.2)  # its snapshot's write has begun, and waits for the GCS
+        await admit("b")
+        await admit("c")
+        store.back.set()
+        while store.saved is None or len(store.saved["busy"]["requests"]) < 3:
+            await asyncio.sleep(0.01)
+
+    run(scenario())
+    # Admissions never waited for the write; the state of the outage was saved after it.
+    assert order[:4] == ["admitted a", "admitted b", "admitted c", "saved"]
+    assert store.saved is not None
+    assert len(store.saved["busy"]["requests"]) == 3
 
 
 def test_a_snapshot_is_one_every_ledger_version_reads() -> None:
