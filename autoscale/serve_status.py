@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autoscale.ports import DeploymentHealth
+
+# A new Serve controller (after its own restart, or a head's) re-attaches each live replica:
+# RECOVERING until the replica answers it again. Those replicas never stopped serving (their
+# handles still route to them): counted as running, a router would open every breaker of an
+# app that serves (tests/gcs saw 503s so while a new head's controller recovered).
+SERVING_STATES = ("RUNNING", "RECOVERING")
+
+
+def serving_replicas(replica_states: Mapping[str, int]) -> int:
+    """Replicas that serve, from Serve's count of a deployment's replicas by state."""
+    return sum(int(replica_states.get(state, 0)) for state in SERVING_STATES)
 
 
 @dataclass(frozen=True)
@@ -20,5 +32,5 @@ class ServeDeploymentStatus:
         info = app.deployments.get(deployment) if app else None
         if info is None:
             return DeploymentHealth(running=0, healthy=False)
-        running = int(info.replica_states.get("RUNNING", 0))
+        running = serving_replicas(info.replica_states)
         return DeploymentHealth(running, healthy=str(info.status.value) == "HEALTHY")

@@ -23,6 +23,7 @@ from ray.serve.handle import DeploymentHandle
 from autoscale.cluster_manager import ensure_cluster_manager
 from autoscale.placer import ensure_placer, placement_matters
 from autoscale.serve_scaling import publish_load, read_scaled
+from autoscale.serve_status import serving_replicas
 from core.clock import SystemClock
 from core.config import ClusterConfig
 from core.wire import PlacementView
@@ -118,7 +119,7 @@ class ServeDeploymentStatuses:
         return {
             (app_name, name): DeploymentFacts(
                 status=str(info.status.value),
-                running_replicas=info.replica_states.get("RUNNING", 0),
+                running_replicas=serving_replicas(info.replica_states),
             )
             for app_name, app in overview.applications.items()
             for name, info in app.deployments.items()
