@@ -19,7 +19,7 @@ from ray.serve.deployment import Application
 from cluster import config as config_check
 from cluster import exit_deadline
 from cluster.backends import build_backend, build_fallback
-from cluster.ray_runtime import RayStartError, ensure_ray
+from cluster.ray_runtime import RayStartError, ensure_ray, start_serve
 from core.config import ClusterConfig, ConfigError, load_config
 from core.types import FALLBACK_BACKEND
 from deployments.ingress.app import Ingress
@@ -100,6 +100,7 @@ def build(args: dict[str, Any]) -> Application:
     on_main_thread = threading.current_thread() is threading.main_thread()
     if exit_deadline.is_serve_run_driver(sys.argv) and on_main_thread:
         exit_deadline.arm(own_cluster=started_head)  # Ctrl-C always ends `serve run`
+    start_serve(config)
     if not config.api_keys:
         print("gpu-pool-serve: no API keys configured: authentication is OFF", file=sys.stderr)
     return build_app(config)

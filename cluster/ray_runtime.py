@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import ray
+from ray import serve
 from ray._common.utils import get_ray_address_file
 
 from core.config import ClusterConfig
@@ -86,6 +87,14 @@ def ensure_ray(config: ClusterConfig) -> bool:
             started = True
     check_pools(config, ray.cluster_resources())
     return started
+
+
+def start_serve(config: ClusterConfig, http_options: dict[str, object] | None = None) -> None:
+    """Serve with its proxies where `gateway.proxy_location` says, before the app deploys: a
+    Serve already running (`serve start`, a RayService, an earlier app) keeps its own. Started
+    ahead of the engines, the proxies pass their readiness checks before the engines take
+    the cores (docs/design.md, environment facts)."""
+    serve.start(proxy_location=config.gateway.proxy_location, http_options=http_options)
 
 
 def this_cluster() -> str:

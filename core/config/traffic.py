@@ -206,6 +206,18 @@ class GatewayConfig(Frozen):
         "head node. Never a pool's resource: a node that can die must not take the front door "
         "with it.",
     )
+    # Serve's HTTP proxies are the front door's first hop. HeadOnly: a pool node that dies never
+    # takes client connections with it, but the head does. EveryNode: one more on every node
+    # that runs a replica, gateway nodes (`resource`) included, so a load balancer in front of
+    # those keeps answering while the head is replaced (GCS fault tolerance, docs/operations.md).
+    proxy_location: Literal["HeadOnly", "EveryNode"] = Field(
+        "HeadOnly",
+        description="Where Serve runs its HTTP proxies when `serve run` starts Serve: HeadOnly, "
+        "or EveryNode (every node with a replica; with `resource` and GCS fault tolerance, "
+        "clients behind a load balancer on the gateway nodes outlive the head). Where Serve "
+        "is started elsewhere (`serve start`, a RayService's serveConfigV2), say the same "
+        "there.",
+    )
 
     @property
     def router_shares(self) -> int:
