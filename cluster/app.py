@@ -91,7 +91,7 @@ def _guard(config: ClusterConfig) -> None:
 def build(args: dict[str, Any]) -> Application:
     """Serve's entry point. A broken config exits with its message, never a stack trace."""
     try:
-        config = load_config(args.get("config"))
+        config = load_config(args.get("config"), overrides=args.get("overrides"))
         _guard(config)
         started_head = ensure_ray(config)
     except (ConfigError, RayStartError) as error:

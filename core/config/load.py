@@ -71,10 +71,31 @@ def parse_config(
         raise ConfigError(_describe(error)) from None
 
 
+def _overlaid(base: Any, overrides: Mapping[str, Any]) -> Any:
+    """`base` with `overrides` laid over it: mappings merge key by key, anything else (a list, a
+    value) replaces what was there."""
+    if not isinstance(base, dict):
+        return base  # not a config: parse_config says so
+    result = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), dict):
+            result[key] = _overlaid(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
 def load_config(
-    path: str | Path | None = None, *, environ: Mapping[str, str] | None = None
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Any = None,
 ) -> ClusterConfig:
-    """Load and validate a YAML config; with no path, the embedded local default."""
+    """Load and validate a YAML config (with no path, the embedded local default), `overrides`
+    laid over it first: a Serve config's app args can adapt a shared file to one cluster
+    (deploy/kuberay) instead of copying it."""
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError("config overrides: a mapping of config keys, e.g. {gateway: {...}}")
     file = Path(path).expanduser() if path else EMBEDDED_CONFIG
     try:
         text = file.read_text()
@@ -84,6 +105,8 @@ def load_config(
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"config: {file} is not valid YAML: {error}") from None
+    if overrides:
+        data = _overlaid(data, overrides)
     try:
         return parse_config(data, base_dir=file.resolve().parent, environ=environ)
     except ConfigError as error:

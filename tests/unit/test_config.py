@@ -689,3 +689,31 @@ def test_a_router_in_each_ingress_splits_caps_by_ingress_replicas(tmp_path: Path
     data["models"][1]["max_concurrency"] = 8
     data["gateway"]["router_in_ingress"] = False  # a router deployment of one: no split
     assert load_dict(tmp_path, data).gateway.router_shares == 1
+
+
+def test_overrides_are_laid_over_the_file_mapping_by_mapping() -> None:
+    """A Serve config's app args adapt a shared file to one cluster (deploy/kuberay)."""
+    overrides = {
+        "gateway": {"resource": "gateway", "proxy_location": "EveryNode"},
+        "batches": {"directory": "/var/lib/gps/batches"},
+        "chains": {"coding": ["coding@local", "cpu-fallback"]},
+    }
+    base = load_config(None, environ={})
+    config = load_config(None, environ={}, overrides=overrides)
+    assert (config.gateway.resource, config.gateway.proxy_location) == ("gateway", "EveryNode")
+    assert config.gateway.max_body_bytes == base.gateway.max_body_bytes  # merged, not replaced
+    assert config.batches.directory == Path("/var/lib/gps/batches")
+    assert config.chains["coding"] == ("coding@local", "cpu-fallback")  # a list replaces
+    assert config.models == base.models
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ("gateway.resource=gateway", "a mapping of config keys"),
+        ({"gateway": {"proxy_location": "Everywhere"}}, r"gateway\.proxy_location"),
+    ],
+)
+def test_overrides_that_are_not_a_config_are_refused(overrides: Any, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        load_config(None, environ={}, overrides=overrides)
