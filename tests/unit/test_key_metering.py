@@ -454,12 +454,15 @@ class WaitingSnapshots(MemorySnapshots):
     def __init__(self, order: list[str]) -> None:
         super().__init__()
         self.back = threading.Event()
+        self.saved_three = threading.Event()  # a write with three requests landed
         self.order = order
 
     def save(self, meters: dict[str, Any]) -> None:
         self.back.wait(timeout=5)
         super().save(meters)
         self.order.append("saved")
+        if len(meters["busy"]["requests"]) >= 3:
+            self.saved_three.set()
 
 
 def test_admissions_go_on_while_a_snapshot_waits_for_the_gcs(
@@ -481,8 +484,7 @@ def test_admissions_go_on_while_a_snapshot_waits_for_the_gcs(
         await admit("b")
         await admit("c")
         store.back.set()
-        while store.saved is None or len(store.saved["busy"]["requests"]) < 3:
-            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(store.saved_three.wait, 5)
 
     run(scenario())
     # Admissions never waited for the write; the state of the outage was saved after it.
