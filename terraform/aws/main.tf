@@ -3,6 +3,9 @@
 # so Serve can place the pool's replicas there as soon as it joins.
 locals {
   resources = jsonencode({ "pool_${var.pool}" = 1 })
+  # The install step every node and image shares, carried in the user data: the node has no
+  # checkout, so it installs `project_source` (--source).
+  install_node = filebase64("${path.module}/../../deploy/install-node.sh")
 }
 
 resource "aws_instance" "node" {
@@ -20,7 +23,9 @@ resource "aws_instance" "node" {
   user_data = <<-EOT
     #!/bin/bash
     set -euo pipefail
-    python3 -m pip install '${var.project_source}#egg=gpu-pool-serve[gpu]'
+    echo '${local.install_node}' | base64 -d > /usr/local/sbin/gps-install-node
+    GPS_INSTALL_OLLAMA=${var.install_ollama ? 1 : 0} \
+      bash /usr/local/sbin/gps-install-node gpu --source '${var.project_source}'
     ray start --address='${var.head_address}' --num-gpus=${var.gpus_per_node} \
       --resources='${local.resources}'
   EOT

@@ -37,9 +37,15 @@ variable "ami" {
 }
 
 variable "project_source" {
-  description = "What pip installs on the node: a git URL or a wheel of gpu-pool-serve"
+  description = "What the node installs (deploy/install-node.sh --source): a git+https:// URL, or a wheel's https:// or file:// URL"
   type        = string
   default     = "git+https://github.com/your-org/gpu-pool-serve.git"
+}
+
+variable "install_ollama" {
+  description = "Install Ollama too (deploy/install-node.sh), for a CPU fallback run on these nodes"
+  type        = bool
+  default     = false
 }
 
 variable "key_name" {

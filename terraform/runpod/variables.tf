@@ -26,8 +26,20 @@ variable "gpus_per_node" {
 }
 
 variable "image" {
-  description = "An image with CUDA, Python 3.11 and gpu-pool-serve[gpu] installed"
+  description = "An image built from deploy/docker/Dockerfile.gpu, or a stock one with CUDA, Python 3.11 and Ray (with project_source)"
   type        = string
+}
+
+variable "project_source" {
+  description = "Empty: the image has the project. Else what the pod installs at its start (deploy/install-node.sh --source): a git+https:// URL or a wheel's URL"
+  type        = string
+  default     = ""
+}
+
+variable "install_ollama" {
+  description = "With project_source: install Ollama too at the pod's start"
+  type        = bool
+  default     = false
 }
 
 variable "cloud_type" {
