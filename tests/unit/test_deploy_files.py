@@ -1,5 +1,6 @@
 """The deployment files stay true: cluster.yaml and cluster.local.yaml valid against Ray's own
-schema, and the pools in them and in the KubeRay manifest those of the GPU example config."""
+schema, and the pools in them those of the GPU example config (the KubeRay folder's:
+test_kuberay_manifest.py)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_cluster_yaml_has_a_gpu_node_type_per_pool_and_a_head_without_one() -> N
     starts = " ".join(cluster["head_start_ray_commands"])
     assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in starts
     assert "serve start" in starts
-    assert any("'.[gpu]'" in c for c in cluster["setup_commands"])
+    # Every node installs the `gpu` extra through the one install script (test_install_paths.py).
+    assert any("deploy/install-node.sh gpu" in c for c in cluster["setup_commands"])
 
 
 def test_the_local_cluster_has_the_test_pools_on_rays_fake_multinode_provider() -> None:
@@ -66,30 +68,3 @@ def test_the_local_cluster_has_the_test_pools_on_rays_fake_multinode_provider() 
         "pool_local",
         "pool_cloud",
     }
-
-
-def kuberay() -> dict[str, Any]:
-    return load("deploy/kuberay/rayservice.yaml")
-
-
-def test_kuberay_has_one_worker_group_per_pool_carrying_its_resource() -> None:
-    groups = kuberay()["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-    carried = {}
-    for group in groups:
-        # KubeRay passes the value to `ray start --resources=` as is: a quoted JSON string.
-        resources = json.loads(json.loads(group["rayStartParams"]["resources"]))
-        carried[group["groupName"]] = set(resources)
-        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
-        assert int(limits["nvidia.com/gpu"]) >= 1
-    assert carried == {p.name: {p.resource} for p in gpu_example().pools}
-
-
-def test_kuberay_serves_the_app_with_the_example_config() -> None:
-    serve_config = yaml.safe_load(kuberay()["spec"]["serveConfigV2"])
-    [app] = serve_config["applications"]
-    assert app["import_path"] == "cluster.app:build"
-    assert (ROOT / app["args"]["config"]).exists()
-    assert serve_config["proxy_location"] == "HeadOnly"
-    module, attribute = app["import_path"].split(":")
-    imported = __import__(module, fromlist=[attribute])
-    assert callable(getattr(imported, attribute))
