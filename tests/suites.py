@@ -33,7 +33,7 @@ one after another, beside a session that computes, in three phases:
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
 `ray stop`'s and `ray down`'s machine-wide checks skip the processes of the session beside them;
-and GPS_TEST_RUN=<this run's id>, which names the run's image (tests/image/conftest.py).
+and MAKE_TEST_RUN=<this run's id>, which names the run's image (tests/image/conftest.py).
 The table is printed however the run ends; the exit status is the first failing suite's. A
 failure ends its own lane; the second phase runs whatever the first did, so one run names every
 failure. Under the table, each failed test with its error's first line: a CI log cut to its tail
@@ -87,7 +87,7 @@ SUITES: dict[str, list[str]] = {
     "image-build": ["tests/image/test_build.py", "-s", "--durations=10"],
     "image": ["tests/image/test_cpu_image.py", "-s", "--durations=10"],
 }
-RUN_VARIABLE = "GPS_TEST_RUN"  # tests/image/conftest.py
+RUN_VARIABLE = "MAKE_TEST_RUN"  # tests/image/conftest.py
 
 
 RUNNING: set[subprocess.Popen[bytes]] = set()  # the sessions under way, for pass_on

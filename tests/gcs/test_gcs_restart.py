@@ -102,12 +102,14 @@ def three_nodes() -> Cluster:
 
 
 def gcs_config(folder: Path) -> ClusterConfig:
-    config = load_config(CONFIG, environ={})
-    return config.model_copy(
-        update={
-            "batches": config.batches.model_copy(update={"directory": folder / "batches"}),
-            "gateway": config.gateway.model_copy(update={"keys_db": folder / "keys.sqlite3"}),
-        }
+    """gcs.yaml with the batch store and the keys' file in the test's own folder."""
+    return load_config(
+        CONFIG,
+        environ={},
+        overrides={
+            "batches": {"directory": str(folder / "batches")},
+            "gateway": {"keys_db": str(folder / "keys.sqlite3")},
+        },
     )
 
 

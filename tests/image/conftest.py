@@ -12,7 +12,7 @@ image is removed at the end; GPS_IMAGE_TEST_KEEP=1 leaves it for debugging.
 `make test` builds it in its first phase (the `image-build` suite, test_build.py, beside
 sessions that run no container: a `ray stop` there would end the container's Ray too, its
 processes being visible from here) and runs it in its last (`image`): one image per run, named
-for the run (GPS_TEST_RUN, set by tests/suites.py), which the build suite keeps for the run's.
+for the run (MAKE_TEST_RUN, set by tests/suites.py), which the build suite keeps for the run's.
 A suite that finds no such image builds it.
 """
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile.cpu"
 BASE_TAG = "localhost/gps-image-test-base:bookworm"
 IMAGE_NAME = "localhost/gps-image-test"
-RUN_VARIABLE = "GPS_TEST_RUN"  # one id per `make test` run (tests/suites.py)
+RUN_VARIABLE = "MAKE_TEST_RUN"  # one id per `make test` run (tests/suites.py)
 BUILD_SUITE = "image-build"  # keeps the image for the run's `image` suite
 DEBIAN_MIRROR = "http://deb.debian.org/debian"  # plain HTTP: apt checks its own signatures
 KEEP_VARIABLE = "GPS_IMAGE_TEST_KEEP"
