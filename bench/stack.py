@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import yaml
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm import LLMServer, build_openai_app
@@ -21,7 +20,7 @@ from ray.serve.llm import LLMServer, build_openai_app
 from cluster.app import build_gateway
 from cluster.backends import llm_config_for
 from cluster.ray_runtime import SERVE_NAMESPACE, local_pool_resources
-from core.config import ClusterConfig, parse_config
+from core.config import ClusterConfig, load_config
 
 # Logical CPUs for the local head: the engines' placement bundles and the front replicas must
 # all schedule on this 2-core machine (they share the real cores either way).
@@ -48,18 +47,7 @@ class Stage:
 
 def load(config_path: Path, overrides: Mapping[str, Any] | None = None) -> ClusterConfig:
     """The bench's config, with `overrides` (nested keys) laid over the file's."""
-    data = merged(yaml.safe_load(config_path.read_text()), overrides or {})
-    return parse_config(data, base_dir=config_path.resolve().parent, environ={})
-
-
-def merged(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
+    return load_config(config_path, environ={}, overrides=overrides)
 
 
 def start(

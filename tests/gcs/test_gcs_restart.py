@@ -23,8 +23,6 @@ key's spend grown by exactly what the clients were answered, the batch ended wit
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import os
 import signal
 import subprocess
@@ -47,6 +45,7 @@ from bench.multinode import Stream, wait_for
 from cluster.app import build_app
 from cluster.ray_runtime import start_serve
 from core.config import ClusterConfig, load_config
+from tests.batches import assert_every_line_once, completed, submit
 from tests.local_ray import start_retrying, stop_serve_and_ray, use_loaded_machine_settings
 
 CONFIG = Path(__file__).with_name("gcs.yaml")
@@ -195,42 +194,6 @@ def client() -> openai.OpenAI:
     )  # fmt: skip
 
 
-def start_batch() -> str:
-    lines = [
-        {"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "coding", "max_tokens": 6,
-                  "messages": [{"role": "user", "content": f"Say {n} twice."}]}}
-        for n in range(LINES)
-    ]  # fmt: skip
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    file = client().files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    batch = client().batches.create(
-        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    return batch.id
-
-
-def completed(batch_id: str) -> int:
-    counts = client().batches.retrieve(batch_id).request_counts
-    return counts.completed if counts else 0
-
-
-def assert_every_line_once(batch_id: str) -> None:
-    wait_for(
-        lambda: client().batches.retrieve(batch_id).status in ("completed", "failed"),
-        600,
-        "the batch to end",
-    )
-    ended = client().batches.retrieve(batch_id)
-    assert ended.status == "completed", ended
-    assert ended.output_file_id is not None
-    output = [
-        json.loads(t) for t in client().files.content(ended.output_file_id).text.split("\n") if t
-    ]
-    assert [entry["custom_id"] for entry in output] == [f"line-{n}" for n in range(LINES)]
-    assert all(entry["response"]["status_code"] == 200 for entry in output)
-
-
 def ping() -> int:
     return os.getpid()
 
@@ -279,8 +242,8 @@ def survive(nodes: Cluster, take_down: Callable[[], None], bring_back: Callable[
     """`take_down()` while two clients are served and a batch runs, OUTAGE_S away,
     `bring_back()`: every request answered, full control back, the control plane's state
     kept."""
-    batch = start_batch()
-    wait_for(lambda: completed(batch) >= 5, 120, "the batch under way")
+    batch = submit(client(), LINES)
+    wait_for(lambda: completed(client(), batch) >= 5, 120, "the batch under way")
     before = control_state(nodes)
     with (
         Stream(GATEWAY_PORT, "coding", headers=LOAD) as first,
@@ -290,7 +253,7 @@ def survive(nodes: Cluster, take_down: Callable[[], None], bring_back: Callable[
         down = time.monotonic()
         take_down()
         time.sleep(OUTAGE_S)
-        assert completed(batch) < LINES, f"the batch ended during the {what}: make it longer"
+        assert completed(client(), batch) < LINES, f"the batch ended during the {what}: lengthen it"
         bring_back()
         control_s = regain_control(nodes)
         up = time.monotonic()
@@ -304,7 +267,7 @@ def survive(nodes: Cluster, take_down: Callable[[], None], bring_back: Callable[
     answered = sum(load.tokens for load in loads)
     wait_until_booked(before["spent"], answered)
     assert_state_kept(before, control_state(nodes), answered)
-    assert_every_line_once(batch)
+    assert_every_line_once(client(), batch, LINES)
 
 
 def test_the_gateway_serves_through_a_gcs_restart_and_keeps_its_state(nodes: Cluster) -> None:
