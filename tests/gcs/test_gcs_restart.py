@@ -43,7 +43,7 @@ from ray.serve.schema import ApplicationStatus
 
 from bench.multinode import Stream, wait_for
 from cluster.app import build_app
-from cluster.ray_runtime import start_serve
+from cluster.ray_runtime import gcs_answers, start_serve
 from core.config import ClusterConfig, load_config
 from tests.batches import assert_every_line_once, completed, submit
 from tests.local_ray import start_retrying, stop_serve_and_ray, use_loaded_machine_settings
@@ -56,6 +56,10 @@ REDIS_PORT = 18763
 # machine each node's proxy needs a port of its own, and the clients use the gateway node's.
 WORKER_PROXY_PORT = "RAY_SERVE_WORKER_PROXY_HTTP_PORT"
 HEAD_ARGS: dict[str, Any] = {"num_cpus": 1, "include_dashboard": False}
+# A worker raylet exits when the GCS is away longer than this (Ray's default 60 s; KubeRay gives
+# worker pods 600 with GCS fault tolerance): a new head's start, retried on a loaded machine
+# (tests/local_ray.py), may take longer than 60 s.
+RECONNECT_VARIABLE, RECONNECT_S = "RAY_gcs_rpc_server_reconnect_timeout_s", 600
 ADMIN = {"Authorization": "Bearer gcs-test-admin-key"}  # gcs.yaml's `ops`
 LOAD = {"Authorization": "Bearer gcs-test-load-key"}  # gcs.yaml's `load`
 # Long enough that the data plane visibly serves without a GCS, well inside the raylets' 60 s
@@ -96,8 +100,17 @@ def three_nodes() -> Cluster:
     nodes = Cluster(initialize_head=True, head_node_args=HEAD_ARGS)
     pools = {"pool_local": 1, "pool_cloud": 1}  # gcs.yaml says why both
     for resources, cpus, port in (({"gateway": 1}, 2, GATEWAY_PORT), (pools, 1, POOL_PORT)):
-        nodes.add_node(num_cpus=cpus, resources=resources, env_vars={WORKER_PROXY_PORT: str(port)})
+        env = {WORKER_PROXY_PORT: str(port), RECONNECT_VARIABLE: str(RECONNECT_S)}
+        nodes.add_node(num_cpus=cpus, resources=resources, env_vars=env)
     return nodes
+
+
+def shut_down(nodes: Cluster) -> None:
+    """Serve and every node's processes, whatever state a failed test left the GCS in."""
+    if nodes.head_node is not None and gcs_answers(nodes.address):
+        with connected(nodes):
+            stop_serve_and_ray()
+    nodes.shutdown()
 
 
 def gcs_config(folder: Path) -> ClusterConfig:
@@ -127,8 +140,8 @@ def connected(nodes: Cluster) -> Iterator[None]:
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("gcs")
     use_loaded_machine_settings()
-    with redis_server(folder) as redis:
-        os.environ["RAY_REDIS_ADDRESS"] = redis  # read by every head this process starts
+    with redis_server(folder) as redis, pytest.MonkeyPatch.context() as environment:
+        environment.setenv("RAY_REDIS_ADDRESS", redis)  # read by every head this process starts
         started = start_retrying(three_nodes)
         try:
             config = gcs_config(folder)
@@ -138,10 +151,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             wait_for(lambda: answers(GATEWAY_PORT), 120, "the gateway node's proxy")
             yield started
         finally:
-            with connected(started):
-                stop_serve_and_ray()
-            started.shutdown()
-            del os.environ["RAY_REDIS_ADDRESS"]
+            shut_down(started)
 
 
 def answers(port: int) -> bool:
@@ -152,9 +162,9 @@ def answers(port: int) -> bool:
 
 
 def incarnations() -> dict[str, tuple[str, int, str]]:
-    """Each gateway actor and model replica: (actor id, restarts, node)."""
+    """Each gateway actor and model replica by actor id: (class, restarts, node)."""
     return {
-        info["ActorClassName"]: (actor_id, info["NumRestarts"], info["Address"]["NodeID"])
+        actor_id: (info["ActorClassName"], info["NumRestarts"], info["Address"]["NodeID"])
         for actor_id, info in gcs_state.actors(actor_state_name="ALIVE").items()
         if any(part in info["ActorClassName"] for part in (*GATEWAY_ACTORS, "coding"))
     }
@@ -252,16 +262,20 @@ def survive(nodes: Cluster, take_down: Callable[[], None], bring_back: Callable[
         loads = [first, second]
         down = time.monotonic()
         take_down()
-        time.sleep(OUTAGE_S)
-        assert completed(client(), batch) < LINES, f"the batch ended during the {what}: lengthen it"
-        bring_back()
+        try:
+            time.sleep(OUTAGE_S)
+            done_while_away = completed(client(), batch)
+        finally:
+            bring_back()  # whatever failed: the next test and the teardown need a cluster
+        assert done_while_away < LINES, f"the batch ended during the {what}: lengthen it"
         control_s = regain_control(nodes)
         up = time.monotonic()
         wait_for(lambda: min(load.results[-1][0] for load in loads) > up + 2, 60, "answers")
     report(what, loads, down, up, control_s)
+    kinds = sorted(kind for kind, _, _ in before["actors"].values())
     print(
-        f"kept: {sorted(before['actors'])}, placements {before['placements']}, pools "
-        f"{before['pools']}, {len(before['events'])} events, {before['spent']} tokens spent"
+        f"kept: {kinds}, placements {before['placements']}, pools {before['pools']}, "
+        f"{len(before['events'])} events, {before['spent']} tokens spent"
     )
     assert [load.failed() for load in loads] == [[], []]
     answered = sum(load.tokens for load in loads)
