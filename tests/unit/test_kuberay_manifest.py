@@ -99,6 +99,8 @@ def test_the_pools_are_gpu_groups_and_the_gateway_a_group_of_its_own() -> None:
     for group in pool_groups.values():
         assert int(containers(group)[0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
     assert ray_resources(groups()["gateway"]) == {config.gateway.resource}
+    # One pod per ingress replica (rayservice.yaml says why).
+    assert groups()["gateway"]["maxReplicas"] == config.gateway.ingress_replicas
     assert "nvidia.com/gpu" not in containers(groups()["gateway"])[0]["resources"]["limits"]
     assert "resources" not in cluster()["headGroupSpec"]["rayStartParams"]
     assert cluster()["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
@@ -121,8 +123,13 @@ def test_the_gcs_keeps_its_tables_in_the_folders_redis() -> None:
     redis = one("Service", host)
     assert int(port) in [p["port"] for p in redis["spec"]["ports"]]
     secret = options["redisPassword"]["valueFrom"]["secretKeyRef"]
-    assert secret["key"] in one("Secret", secret["name"])["stringData"]
-    assert "externalStorageNamespace" not in options  # per cluster: an upgrade's new one apart
+    # No password in the folder: kustomize makes the Secret from a file git ignores.
+    [generated] = kustomization()["secretGenerator"]
+    assert generated["name"] == secret["name"]
+    assert secret["key"] == "password"  # the file's one line: password=...
+    assert generated["envs"] == ["redis-password.env"]
+    assert "redis-password.env" in (FOLDER / ".gitignore").read_text().split()
+    assert "externalStorageNamespace" not in options  # per cluster, KubeRay's default
 
 
 def test_the_gateways_state_is_on_a_volume_every_gateway_pod_mounts() -> None:
