@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 from autoscale.ports import DeploymentHealth
 
-# A new Serve controller (after its own restart, or a head's) re-attaches each live replica:
-# RECOVERING until the replica answers it again. Those replicas never stopped serving (their
-# handles still route to them): counted as running, a router would open every breaker of an
-# app that serves (tests/gcs saw 503s so while a new head's controller recovered).
-SERVING_STATES = ("RUNNING", "RECOVERING")
+# Replicas that answer requests. A new Serve controller (after its own restart, or a head's)
+# re-attaches each live replica, RECOVERING until the replica answers it again; a replica on a
+# node being drained is PENDING_MIGRATION until its replacement runs. Both serve all along
+# (handles still route to them): counted as none, a router would open every breaker of an app
+# that serves (tests/gcs saw 503s so while a new head's controller recovered).
+SERVING_STATES = ("RUNNING", "RECOVERING", "PENDING_MIGRATION")
 
 
 def serving_replicas(replica_states: Mapping[str, int]) -> int:

@@ -87,7 +87,8 @@ class Stream:
         """Status, backend and the usage's total tokens of one request."""
         if not stream:
             reply = client.post("/v1/chat/completions", json=body)
-            tokens = reply.json()["usage"]["total_tokens"] if reply.status_code == 200 else 0
+            usage = reply.json().get("usage") if reply.status_code == 200 else None
+            tokens = int(usage["total_tokens"]) if usage else 0
             return reply.status_code, reply.headers.get("x-backend", ""), tokens
         with client.stream("POST", "/v1/chat/completions", json=streamed) as reply:
             lines = [line for line in reply.iter_lines() if line.startswith("data: ")]

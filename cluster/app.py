@@ -100,7 +100,11 @@ def build(args: dict[str, Any]) -> Application:
     on_main_thread = threading.current_thread() is threading.main_thread()
     if exit_deadline.is_serve_run_driver(sys.argv) and on_main_thread:
         exit_deadline.arm(own_cluster=started_head)  # Ctrl-C always ends `serve run`
-    start_serve(config)
+    try:
+        start_serve(config)
+    except TimeoutError as error:  # Serve's proxies never became ready
+        print(f"gpu-pool-serve: Serve did not start: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not config.api_keys:
         print("gpu-pool-serve: no API keys configured: authentication is OFF", file=sys.stderr)
     return build_app(config)

@@ -110,7 +110,8 @@ def load_config(
     try:
         return parse_config(data, base_dir=file.resolve().parent, environ=environ)
     except ConfigError as error:
-        raise ConfigError(f"invalid config {file}:\n{error}") from None
+        laid_over = " with its overrides" if overrides else ""
+        raise ConfigError(f"invalid config {file}{laid_over}:\n{error}") from None
 
 
 def _describe(error: ValidationError) -> str:

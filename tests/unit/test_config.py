@@ -711,7 +711,7 @@ def test_overrides_are_laid_over_the_file_mapping_by_mapping() -> None:
     ("overrides", "problem"),
     [
         ("gateway.resource=gateway", "a mapping of config keys"),
-        ({"gateway": {"proxy_location": "Everywhere"}}, r"gateway\.proxy_location"),
+        ({"gateway": {"proxy_location": "Everywhere"}}, r"(?s)overrides:.*gateway\.proxy_location"),
     ],
 )
 def test_overrides_that_are_not_a_config_are_refused(overrides: Any, problem: str) -> None:

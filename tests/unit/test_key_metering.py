@@ -453,11 +453,13 @@ class WaitingSnapshots(MemorySnapshots):
 
     def __init__(self, order: list[str]) -> None:
         super().__init__()
+        self.began = threading.Event()  # a write is under way, waiting for `back`
         self.back = threading.Event()
         self.saved_three = threading.Event()  # a write with three requests landed
         self.order = order
 
     def save(self, meters: dict[str, Any]) -> None:
+        self.began.set()
         self.back.wait(timeout=5)
         super().save(meters)
         self.order.append("saved")
@@ -480,7 +482,9 @@ def test_admissions_go_on_while_a_snapshot_waits_for_the_gcs(
 
     async def scenario() -> None:
         await admit("a")
-        await asyncio.sleep(0.2)  # its snapshot's write has begun, and waits for the GCS
+        # Its snapshot's write begins and waits for the GCS (with the old code, on the loop:
+        # this wait would then end only when the write did).
+        assert await asyncio.to_thread(store.began.wait, 5)
         await admit("b")
         await admit("c")
         store.back.set()

@@ -42,6 +42,7 @@ def reported(replica_states: dict[str, int]) -> ServeStatus:
     [
         ({"RECOVERING": 1}, 1),  # a new controller re-attaching a live replica
         ({"RUNNING": 1, "RECOVERING": 1}, 2),
+        ({"PENDING_MIGRATION": 1, "STARTING": 1}, 1),  # on a draining node, until replaced
         ({"STARTING": 2, "STOPPING": 1}, 0),  # none of these answers requests
     ],
 )
