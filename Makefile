@@ -229,6 +229,7 @@ bench: $(INSTALLED) $(DEMO_MODEL)
 	$(PY) -m bench.overhead || status=1; \
 	$(PY) -m bench.pace || status=1; \
 	$(PY) -m bench.metrics || status=1; \
+	$(PY) -m bench.metrics_export || status=1; \
 	$(PY) -m bench.overload || status=1; \
 	$(PY) -m bench.preemption || status=1; \
 	$(PY) -m bench.failover || status=1; \
