@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import httpx
 import ray
@@ -87,13 +86,14 @@ def one_interval(
     interval_ms: int, busy: int, seconds: float, backends: int
 ) -> tuple[int, float, int]:
     """Requests recorded, requests the agent holds once settled, and cycles dropped."""
-    with mock.patch.dict(os.environ, {"RAY_disable_open_telemetry_sdk_log": "0"}):
-        ray.init(
-            address="local",
-            num_cpus=1,
-            include_dashboard=False,
-            _system_config={"metrics_report_interval_ms": interval_ms},
-        )
+    # The cluster's processes inherit it from here, so their .err logs name a dropped cycle.
+    os.environ["RAY_disable_open_telemetry_sdk_log"] = "0"  # noqa: SIM112 (Ray reads this case)
+    ray.init(
+        address="local",
+        num_cpus=1,
+        include_dashboard=False,
+        _system_config={"metrics_report_interval_ms": interval_ms},
+    )
     spinners: list[subprocess.Popen[bytes]] = []
     try:
         actor: Any = ray.remote(num_cpus=0)(Ingress)

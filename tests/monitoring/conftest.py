@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import ray
@@ -28,20 +27,21 @@ def keys_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def app(keys_db: Path) -> Iterator[ClusterConfig]:
     # Ray turns OpenTelemetry's own log off; on, a worker's .err log says when an export
     # cycle missed its timeout and was dropped, which the count test reads. Every process of
-    # the cluster inherits it from here.
-    with mock.patch.dict(os.environ, {"RAY_disable_open_telemetry_sdk_log": "0"}):
-        start_retrying(
-            lambda: ray.init(
-                address="local",
-                num_cpus=2,
-                resources={"pool_local": 1},
-                namespace="serve",
-                # Each worker's metrics reach its agent every second (Ray's default is 10 s),
-                # as often as Prometheus scrapes here: the rule's minute is 60 distinct
-                # samples. Its cost: each export's timeout is 0.5 s (docs/operations.md).
-                _system_config={"metrics_report_interval_ms": EXPORT_INTERVAL_S * 1000},
-            )
+    # the cluster inherits it from this one, which is this suite's own. (Not patch.dict: on
+    # its way out it would also take what ray.init set there, its auth token among them.)
+    os.environ["RAY_disable_open_telemetry_sdk_log"] = "0"  # noqa: SIM112 (Ray reads this case)
+    start_retrying(
+        lambda: ray.init(
+            address="local",
+            num_cpus=2,
+            resources={"pool_local": 1},
+            namespace="serve",
+            # Each worker's metrics reach its agent every second (Ray's default is 10 s), as
+            # often as Prometheus scrapes here: the rule's minute is 60 distinct samples. Its
+            # cost: each export's timeout is 0.5 s (docs/operations.md, Monitoring).
+            _system_config={"metrics_report_interval_ms": EXPORT_INTERVAL_S * 1000},
         )
+    )
     config = app_config(keys_db)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(config), name=APP, route_prefix="/")
