@@ -73,6 +73,15 @@ DROPPED_CYCLE = "Collect took longer configured time"
 SPIN = "while True: pass"
 
 
+def dropped_cycles(logs: Path) -> dict[str, int]:
+    """Export cycles each worker of a cluster dropped so far, by WorkerId, from the .err logs
+    in `logs` (its session's logs folder), with OpenTelemetry's log on."""
+    return {
+        path.name.split("-")[1]: path.read_text(errors="replace").count(DROPPED_CYCLE)
+        for path in logs.glob("worker-*.err")
+    }
+
+
 def agent_count(port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     return sum(
@@ -114,10 +123,7 @@ def one_interval(
             if readings[-1] == recorded:
                 break
         logs = Path(ray._private.worker._global_node.get_logs_dir_path())
-        dropped = sum(
-            path.read_text(errors="replace").count(DROPPED_CYCLE)
-            for path in logs.glob("worker-*.err")
-        )
+        dropped = sum(dropped_cycles(logs).values())
         return recorded, readings[-1], dropped
     finally:
         for spinner in spinners:
