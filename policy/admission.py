@@ -1,14 +1,21 @@
 """Admission for one backend: a concurrency cap and a bounded priority queue (pure logic).
 
-A class may fill only its share of the cap (`shares`, from `router.class_shares`: background
-half, agent three quarters, user all by default): the rest is headroom, so a user who arrives
-while background work fills the backend starts at once instead of waiting for a background
-request to end. A request is admitted at once while its class has room; otherwise it waits.
-Who gets the next free slot: the best effective class (user > agent > background), where a
-waiter gains one class for every `aging_s` it has waited (so background work is not starved
-forever; an aged waiter also gets its new class's share), oldest first within a class. When the
-queue is full, the lowest *base* class is shed first (newest first within it): aging orders the
-queue, it never lets background push a user out.
+A class may hold only its share of the cap (`shares`, from `router.class_shares`: background
+half, agent three quarters, user all by default), counting the classes below it: background
+holds at most its share, agents and background together at most agents' share, users may fill
+the cap. What the shares leave is headroom that only the classes above ever take, so a user
+who arrives while background work holds its share starts at once instead of waiting for a
+background answer to end. Background work gets its share whenever it waits: a user running
+does not keep it out, only its own share does.
+Who gets the next free slot: the best effective class (user > agent > background) whose own
+share has room, where a waiter gains one class for every `aging_s` it has waited, oldest first
+within a class. Aging orders the queue (an aged background request goes ahead of newer users
+for a slot inside background's share) and lifts a waiter past preemption's timing rules (a
+hold-down, a higher class in a full batch); it never lifts a request past its own class's share,
+however long it waited. When the queue is full, the lowest *base* class is shed first (newest
+first within it): aging never lets background push a user out.
+With several routers sharing a backend's slots (`total`, `elsewhere`), the shares are of the
+backend's slots and count what every router runs; each router admits under its own lease.
 A paused backend (KV-cache pressure) admits nobody new until it resumes; its waiters keep waiting.
 With preemption rules (`policy.preemption`), a lower class also waits while a higher one runs in
 a batch already at its size; a waiter may keep an earlier arrival time (a paused request goes
@@ -56,7 +63,7 @@ class Arrival:
     admitted: bool
     # Tickets refused with 429: the arrival itself, or a lower-class waiter it displaced.
     shed: tuple[int, ...] = ()
-    # Earlier waiters admitted now: aging lifted them into a class with room.
+    # Earlier waiters admitted now: time took them past a hold-down since the last event.
     granted: tuple[int, ...] = ()
 
 
@@ -90,23 +97,35 @@ class AdmissionQueue:
     paused: bool = False
     preempt: PreemptRules | None = None
     kv_usage: float | None = None  # the backend's last fresh KV cache reading (preemption)
-    # What other routers run on the backend, by class (shared slots): preemption weighs the
-    # backend's batch, not this router's part of it.
+    # What other routers run on the backend, by class (shared slots): the shares count it, and
+    # preemption weighs the backend's batch, not this router's part of it.
     elsewhere: Mapping[PriorityClass, int] = field(default_factory=dict)
+    # The backend's slots over every router, whose shares the classes hold (shared slots);
+    # None: this router's own cap (one router, or a fixed split of the cap).
+    total: int | None = None
     _waiting: list[Waiter] = field(default_factory=list)
     _limits: dict[PriorityClass, int] = field(init=False)
     _running: dict[int, PriorityClass] = field(default_factory=dict)  # by ticket, base class
     # When a request of each class last ended here (preempt.resume_after_s holds lower ones).
     _ended: dict[PriorityClass, float] = field(default_factory=dict)
-    # Tickets admitted as a higher class than their own, aged past it while waiting: the class
-    # they ran as (preemption does not pause them for the classes they aged past).
-    _aged: dict[int, PriorityClass] = field(default_factory=dict)
     _running_by_class: dict[PriorityClass, int] = field(
+        default_factory=lambda: dict.fromkeys(PriorityClass, 0)
+    )
+    # Seats given, by base class; and the most each class held at once (with the classes below
+    # it, as its share counts) since the limits last changed: who took which slot.
+    _seats: dict[PriorityClass, int] = field(
+        default_factory=lambda: dict.fromkeys(PriorityClass, 0)
+    )
+    _most_held: dict[PriorityClass, int] = field(
         default_factory=lambda: dict.fromkeys(PriorityClass, 0)
     )
 
     def __post_init__(self) -> None:
-        self._limits = class_limits(self.cap, self.shares)
+        self._limits = class_limits(self._shared_cap, self.shares)
+
+    @property
+    def _shared_cap(self) -> int:
+        return self.cap if self.total is None else self.total
 
     @property
     def in_flight(self) -> int:
@@ -115,16 +134,26 @@ class AdmissionQueue:
     def running_by_class(self) -> dict[PriorityClass, int]:
         return dict(self._running_by_class)
 
-    def admitted_as(self, ticket: int) -> PriorityClass | None:
-        """The class a running ticket was admitted as, where aging lifted it past its own."""
-        return self._aged.get(ticket)
-
     def running_everywhere(self) -> dict[PriorityClass, int]:
         """What runs on the backend by class: here, and at the other routers (`elsewhere`)."""
         return {c: n + self.elsewhere.get(c, 0) for c, n in self._running_by_class.items()}
 
+    def held(self, priority: PriorityClass) -> int:
+        """What counts against `priority`'s share: the backend's running requests of its class
+        and the classes below it."""
+        everywhere = self.running_everywhere()
+        return sum(n for c, n in everywhere.items() if c.rank >= priority.rank)
+
+    def seats(self) -> dict[PriorityClass, int]:
+        """Seats given so far, by base class."""
+        return dict(self._seats)
+
+    def most_held(self) -> dict[PriorityClass, int]:
+        """The most each class held at once (`held`) since the limits last changed."""
+        return dict(self._most_held)
+
     def seen_elsewhere(self, running: Mapping[PriorityClass, int], now: float) -> list[int]:
-        """What the other routers run now: waiters a higher class held there may go."""
+        """What the other routers run now: waiters their work held back may go."""
         self.elsewhere = dict(running)
         return self._admit_waiters(now)
 
@@ -147,11 +176,12 @@ class AdmissionQueue:
         """`since`: when the request first arrived, where earlier than now: a paused request
         waiting again keeps its place in its class (its age counts from now: running is not
         waiting, or a long answer would come back aged past every class)."""
-        # Time may have aged a waiter into a class with room since the last event: them first.
+        # Time may have aged a waiter past a hold-down since the last event: them first.
         granted = tuple(self._admit_waiters(now))
-        # Whoever still waits has no room, and their class is no lower than any class they
-        # outrank: so the arrival goes ahead exactly when its own class has room.
-        if self._has_room(priority, now):
+        # Whoever still waits has no room; one of the arrival's class could not go either (the
+        # same share, and no more time in its favour), so the arrival goes ahead exactly when
+        # its own class has room: a user past an aged background waiter kept to its share.
+        if self._has_room(priority, priority, now):
             self._start(ticket, priority)
             return Arrival(admitted=True, granted=granted)
         waiter = Waiter(ticket, priority, now, None if since is None else min(since, now))
@@ -172,7 +202,6 @@ class AdmissionQueue:
             ended = self._running.pop(ticket)
             self._running_by_class[ended] -= 1
             self._ended[ended] = now
-        self._aged.pop(ticket, None)
         return self._admit_waiters(now)
 
     def held_until(self) -> float | None:
@@ -205,11 +234,13 @@ class AdmissionQueue:
                 return True
         return False
 
-    def resize(self, cap: int, now: float) -> list[int]:
-        """A new cap (the backend's replica count changed): class limits follow it, and waiters
-        that now fit are admitted. A smaller cap lets running work finish; it only admits less."""
-        self.cap = cap
-        self._limits = class_limits(cap, self.shares)
+    def resize(self, cap: int, now: float, total: int | None = None) -> list[int]:
+        """A new cap (the backend's replica count changed, or this router's lease; `total`:
+        the backend's slots over every router, None where this router's cap is its own): class
+        limits follow it, and waiters that now fit are admitted. A smaller cap lets running
+        work finish; it only admits less."""
+        self.cap, self.total = cap, total
+        self._relimit()
         return self._admit_waiters(now)
 
     def retune(
@@ -223,7 +254,7 @@ class AdmissionQueue:
         """New settings (a reload): waiters that now fit are admitted; a shorter queue sheds
         no one already waiting, it only takes fewer new arrivals."""
         self.max_queue, self.aging_s, self.shares = max_queue, aging_s, shares
-        return self.resize(cap, now)
+        return self.resize(cap, now, self.total)
 
     def pause(self) -> None:
         self.paused = True
@@ -232,34 +263,49 @@ class AdmissionQueue:
         self.paused = False
         return self._admit_waiters(now)
 
-    def _has_room(self, priority: PriorityClass, now: float) -> bool:
-        if self.paused or self.in_flight >= self._limits[priority]:
+    def _relimit(self) -> None:
+        limits = class_limits(self._shared_cap, self.shares)
+        if limits != self._limits:
+            self._limits = limits
+            self._most_held = dict.fromkeys(PriorityClass, 0)
+
+    def _has_room(self, priority: PriorityClass, effective: PriorityClass, now: float) -> bool:
+        """Whether a request of class `priority`, `effective` as aged, may start now: a free
+        slot and room in its own class's share (and those above it); with preemption, no rule
+        holding its effective class back."""
+        if self.paused or self.in_flight >= self.cap:
+            return False
+        # It counts in its own class's share and in every share above it (background in
+        # agents'); users' share is the cap, which this router's own (its lease) already holds.
+        if any(self.held(c) >= self._limits[c] for c in CLASSES[1 : priority.rank + 1]):
             return False
         rules = self.preempt
         if rules is None:
             return True
-        until = self._hold_down_end(priority)
+        until = self._hold_down_end(effective)
         held_down = until is not None and now < until  # the same sum held_until gives
-        return not holds(priority, self.running_everywhere(), rules, self.kv_usage, held_down)
+        return not holds(effective, self.running_everywhere(), rules, self.kv_usage, held_down)
 
     def _start(self, ticket: int, priority: PriorityClass) -> None:
         self._running[ticket] = priority
         self._running_by_class[priority] += 1
+        self._seats[priority] += 1
+        for cls in CLASSES:
+            self._most_held[cls] = max(self._most_held[cls], self.held(cls))
 
     def _admit_waiters(self, now: float) -> list[int]:
-        """Admit the best waiters while the best one's class has room (a lower class, with no
-        more room than a higher one, would not fit either)."""
+        """Admit waiters best first (effective class, then place) while slots are free, each
+        that its own share has room for: one kept out by its share does not hold back a
+        better class behind it. A start only takes room, so one pass in order is enough."""
         admitted = []
-        while self._waiting:
-            best = min(self._waiting, key=lambda w: (w.effective_rank(now, self.aging_s), w.place))
-            effective = best.effective_class(now, self.aging_s)
-            if not self._has_room(effective, now):
+        order = sorted(self._waiting, key=lambda w: (w.effective_rank(now, self.aging_s), w.place))
+        for waiter in order:
+            if self.paused or self.in_flight >= self.cap:
                 break
-            self._waiting.remove(best)
-            self._start(best.ticket, best.priority)
-            if effective is not best.priority:
-                self._aged[best.ticket] = effective
-            admitted.append(best.ticket)
+            if self._has_room(waiter.priority, waiter.effective_class(now, self.aging_s), now):
+                self._waiting.remove(waiter)
+                self._start(waiter.ticket, waiter.priority)
+                admitted.append(waiter.ticket)
         return admitted
 
     def _shed_candidate(self) -> Waiter | None:

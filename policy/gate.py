@@ -115,9 +115,11 @@ class BackendGate:
             self._grant(ticket)
         self._remind()
 
-    def resize(self, cap: int) -> None:
-        if cap != self._queue.cap:
-            for ticket in self._queue.resize(cap, self._clock()):
+    def resize(self, cap: int, total: int | None = None) -> None:
+        """This router's slots (`cap`) and, with shared slots, the backend's over every router
+        (`total`, whose shares the classes hold)."""
+        if (cap, total) != (self._queue.cap, self._queue.total):
+            for ticket in self._queue.resize(cap, self._clock(), total):
                 self._grant(ticket)
             self._remind()  # a new cap or settings: the hold-down may hold them now
 

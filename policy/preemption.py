@@ -19,8 +19,9 @@ each goes on later as the same answer (mid-stream failover's machinery, policy.s
   no higher class has ended for that long (a hold-down: the gaps between users do not resume
   paused answers only to have their text prefilled again in the next user's way). A paused
   request waits at the head of its class (it keeps its arrival time), and aging still lifts a
-  waiter a class per `aging_s`, so background work under steady user load never stops
-  entirely.
+  waiter a class per `aging_s` past these rules (never past its class's share of the cap:
+  policy.admission), so background work under steady user load never stops entirely. An
+  answer aging seated is paused like any other of its class.
 - **Whole answers too.** A whole (non-streamed) chat of a class that may be paused is generated
   as a stream and handed back whole (policy/whole_answer.py), so it pauses the same way.
 - **Across routers.** With several routers sharing a backend's slots (`gateway.shared_slots`),
@@ -93,13 +94,6 @@ class RunningView:
     pauses: int  # times it was paused already
     tokens_left: int | None  # of its max_tokens, after what it has produced; None: unknown
     pausable: bool  # it can be continued as text
-    # Admitted as a higher class than its own (aging lifted it while it waited): only a class
-    # above that one pauses it, or aging would not lift work that other routers' users pause.
-    admitted_as: PriorityClass | None = None
-
-    @property
-    def pausable_as(self) -> PriorityClass:
-        return self.admitted_as or self.priority
 
 
 def to_pause(
@@ -126,7 +120,7 @@ def victims(
         return []
     chosen = sorted(
         (r for r in running if _may_pause(r, arriving, rules)),
-        key=lambda r: (-r.pausable_as.rank, -r.started),
+        key=lambda r: (-r.priority.rank, -r.started),
     )
     return [r.ticket for r in chosen[:wanted]]
 
@@ -151,7 +145,7 @@ def pausable_by_class(
     counts = dict.fromkeys(PriorityClass, 0)
     for request in running:
         if _pausable(request, rules):
-            counts[request.pausable_as] += 1
+            counts[request.priority] += 1
     return counts
 
 
@@ -234,7 +228,7 @@ def still_pausing(
 
 
 def _may_pause(request: RunningView, arriving: PriorityClass, rules: PreemptRules) -> bool:
-    return request.pausable_as.rank > arriving.rank and _pausable(request, rules)
+    return request.priority.rank > arriving.rank and _pausable(request, rules)
 
 
 def _pausable(request: RunningView, rules: PreemptRules) -> bool:

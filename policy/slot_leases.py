@@ -20,9 +20,10 @@ into slots no other router holds, and a shrunk lease frees its slots once its ro
 running under it. A router that falls silent keeps its holding (at least its fallback share,
 which it runs under once it cannot reach the broker) until it is known gone.
 
-With preemption on, each post also carries the router's work on the backend by class
+Each post also carries the router's work on the backend by class
 (`policy.preemption.RouterWork`), and the books hand every router all the routers' last (fresh)
-work, from which each reckons the backend's batch and its part of the pausing.
+work: each router's class shares count the backend's running requests, and with preemption on
+each reckons the backend's batch and its part of the pausing from it.
 """
 
 from __future__ import annotations

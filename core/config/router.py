@@ -52,13 +52,13 @@ class PreemptConfig(Frozen):
         description="A lower class (a paused answer or a new one) starts only once no higher "
         "class has ended on the backend, as this router sees it, for this long: a paused answer "
         "that goes on in the gap between two users prefills its text again, which the next user "
-        "waits behind. 0: off. Waiting background work gets through once aging lifts it to the "
-        "highest class: keep queue_timeout_s above twice aging_s.",
+        "waits behind. 0: off. Waiting background work gets past it once aging lifts it to the "
+        "highest class (into its own share only): keep queue_timeout_s above twice aging_s.",
     )
 
 
 # Every request in an engine's batch slows the others (on CPU engines almost linearly): half the
-# cap for batch work bounds what users feel of it (bench/overload.py); aged waiters get more.
+# cap for batch work bounds what users feel of it (bench/overload.py), however long it waited.
 DEFAULT_CLASS_SHARES = {
     PriorityClass.USER: 1.0,
     PriorityClass.AGENT: 0.75,
@@ -89,12 +89,17 @@ class RouterConfig(Frozen):
         AfterValidator(_all_class_shares),
     ] = Field(
         default_factory=lambda: _all_class_shares({}),
-        description="The share of each backend's cap a class may fill (user 1.0, agent 0.75, "
-        "background 0.5; at least one slot each); user must be 1.0 and shares may not grow "
-        "down the classes.",
+        description="The share of each backend's cap a class may hold, counting the classes "
+        "below it (user 1.0, agent 0.75, background 0.5; at least one slot each), however long "
+        "its requests waited; user must be 1.0 and shares may not grow down the classes.",
     )
     queue_timeout_s: float = Field(30.0, gt=0, description="The longest wait for a slot (429).")
-    aging_s: float = Field(10.0, gt=0, description="A waiter gains one class per aging_s.")
+    aging_s: float = Field(
+        10.0,
+        gt=0,
+        description="A waiter ranks one class higher per aging_s waited: it goes before newer "
+        "work of that class and past preemption's holds, never past its own class's share.",
+    )
     retry_after_s: int = Field(2, ge=1, description="Retry-After on a 429 for load.")
     breaker_failures: int = Field(3, ge=1, description="Consecutive faults that open a breaker.")
     breaker_cooldown_s: float = Field(

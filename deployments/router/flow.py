@@ -235,7 +235,7 @@ class Flow:
             router = self._config.router
             timeout_s = router.queue_timeout_s + (len(PriorityClass) - 1) * router.aging_s
         try:
-            return await link.gate.acquire(job.priority, timeout_s, since)
+            ticket = await link.gate.acquire(job.priority, timeout_s, since)
         except Shed as shed:
             metrics.SHED.labels(job.priority.value, shed.reason).inc()
             name = link.target.name
@@ -249,6 +249,8 @@ class Flow:
             metrics.QUEUE_WAIT_SECONDS.labels(job.priority.value).observe(
                 self._clock.monotonic() - waited_from
             )
+        metrics.SEATS.labels(link.target.name, job.priority.value).inc()
+        return ticket
 
     async def _fit(self, job: ChatJob, target: Target, continues: bool) -> Fit:
         """Fit the job to the window of the link that will serve it (windows differ); a

@@ -134,7 +134,7 @@ class Link:
         """Serve's running replica count: an autoscaled backend's slots follow it. Asleep, it
         has none: requests wait in its queue until it wakes."""
         self.running_replicas = running
-        self.gate.resize(self.local_cap())
+        self.gate.resize(self.local_cap(), self.shared_total())
 
     @property
     def total_cap(self) -> int:
@@ -156,10 +156,16 @@ class Link:
             return self.lease.slots
         return self.lease.slots * total // max(1, self.lease.of_total)
 
+    def shared_total(self) -> int | None:
+        """The backend's slots whose class shares this router admits under: every router's,
+        while it follows the slot broker (which tells it what the others run); None with an
+        equal share of its own."""
+        return None if self.lease is None else self.total_cap
+
     def leased(self, lease: Lease | None) -> None:
         """A lease from the slot broker (None: back to an equal share)."""
         self.lease = lease
-        self.gate.resize(self.local_cap())
+        self.gate.resize(self.local_cap(), self.shared_total())
 
     def retune(self, target: Target, settings: RouterSettings) -> None:
         """A reload's settings: its cap (where the model's count is fixed), queue, breaker and
@@ -169,6 +175,7 @@ class Link:
         cap = self.local_cap()
         self.gate.queue.preempt = settings.preempt
         self.gate.retune(settings.gate, cap, queue.max_queue, queue.aging_s, queue.class_shares)
+        self.gate.resize(cap, self.shared_total())  # the model's new cap, where it changed
         self.breaker.policy = settings.breaker
         self.kv.policy = settings.kv
 
@@ -184,7 +191,8 @@ class Link:
         if self.breaker.state is not BreakerState.CLOSED:  # a health check saw it go first
             self.breaker.reset("asleep by autoscaling")
             self.count_transitions()
-        self.gate.resize(self.local_cap())  # none: its requests wait for it to wake
+        # None: its requests wait for it to wake.
+        self.gate.resize(self.local_cap(), self.shared_total())
         logger.info("backend %s is asleep (idle)", self.target.name)
 
     def wake(self, running: int) -> None:

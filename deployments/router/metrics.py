@@ -25,6 +25,12 @@ QUEUE_WAIT_SECONDS = Histogram(
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
     registry=REGISTRY,
 )
+SEATS = Counter(
+    "gps_seats",
+    "Slots given, by backend and the request's own priority class (aging never changes it).",
+    ["backend", "priority"],
+    registry=REGISTRY,
+)
 SHED = Counter(
     "gps_shed",
     "Requests refused with 429 by admission, by priority class and reason.",

@@ -8,6 +8,7 @@ from typing import Any
 
 from core.config import ClusterConfig
 from core.topology import Target
+from core.types import PriorityClass
 from deployments.router.link import Link
 from deployments.router.ports import DeploymentFacts, DeploymentKey
 from policy.breaker import BreakerState
@@ -90,6 +91,11 @@ def _link_report(link: Link, state: str, running: int, now: float) -> dict[str, 
         "cap_total": link.total_cap,  # the backend's slots over every router
         "queue_depth": queue.depth,
         "queue_by_priority": {p.value: n for p, n in queue.depth_by_class().items()},
+        # Who holds the slots: seats given by class, what each class may hold (its share of the
+        # backend's slots, with the classes below it) and the most it held at once since.
+        "seats_by_priority": {p.value: n for p, n in queue.seats().items()},
+        "share_slots": {p.value: queue.limit(p) for p in PriorityClass},
+        "most_held": {p.value: n for p, n in queue.most_held().items()},
         "kv_cache_usage": link.kv.usage,
         "kv_cache_pressure": link.kv.pressured(now),
         **_engine_counts(link),

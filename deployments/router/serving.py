@@ -85,7 +85,6 @@ class Attempt:
     priority: PriorityClass = PriorityClass.USER
     started: float = 0.0
     pausable: bool = False  # a streamed chat whose answer can go on as text
-    admitted_as: PriorityClass | None = None  # aged past its class while it waited
     pause_asked: bool = False  # by a higher class's arrival: pause at the next item
     tape: StreamTape = field(init=False)
     rewriter: Rewriter | None = field(init=False)
@@ -106,7 +105,6 @@ class Attempt:
         left = self.fit.max_tokens - len(self.tape.lines) if self.streaming else None
         return RunningView(
             self.seat.ticket, self.priority, self.started, self.seat.pauses, left, self.pausable,
-            self.admitted_as,
         )  # fmt: skip
 
     def pause(self) -> None:
@@ -153,7 +151,6 @@ class Serving:
         streaming = bool(getattr(job.request, "stream", False))  # embeddings never stream
         attempt = Attempt(link, fit, streaming, continuing, seat, job.priority, time.monotonic())
         attempt.pausable = streaming and continuable(job.request)
-        attempt.admitted_as = link.gate.queue.admitted_as(seat.ticket)
         _enter(link, attempt)
         try:
             link.pause_for(job.priority)

@@ -31,7 +31,7 @@ ROUTER_DEPLOYMENTS = ("ingress", "router")  # whichever runs the routers
 
 # On the wire: {backend: [lease, in_flight, {class: waiting}, total, work]} ->
 # {"leases": {backend: [slots, of]}, "hurry": bool, "work": {backend: {router: work}}, "me": id},
-# where work is [{class: running}, {class: pausable}, pausing], or None with preemption off.
+# where work is [{class: running}, {class: pausable}, pausing] (None from an older router).
 Posted = Mapping[str, list[Any]]
 WireWork = list[Any]
 # A router's work counts for the others while its posts are this fresh (it posts every 0.1 s).

@@ -77,7 +77,7 @@ class SlotSync:
                 link.gate.queue.in_flight,
                 link.gate.queue.depth_by_class(),
                 link.total_cap,
-                link.work() if link.gate.queue.preempt is not None else None,
+                link.work(),
             )
             for name, link in list(self._links.items())
         }
@@ -92,7 +92,6 @@ class SlotSync:
                 shrank |= link.gate.queue.cap < before
         asked = 0
         for name, link in list(self._links.items()):
-            # None for a backend posted without work (preemption off): nothing held here.
             asked += link.others_at_work(answer.work.get(name, {}), answer.me)
         self._last_ok = self._clock.monotonic()
         if self._failing:

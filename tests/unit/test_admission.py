@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.config.router import DEFAULT_CLASS_SHARES
 from core.types import PriorityClass
 from policy.admission import AdmissionQueue
 from policy.gate import BackendGate, GatePolicy, Shed
@@ -114,8 +115,18 @@ def test_background_fills_only_its_share_and_a_user_starts_at_once() -> None:
     assert q.arrive(4, USER, 1).admitted  # the headroom: no wait behind background work
     assert not q.arrive(5, USER, 1).admitted  # the cap itself still holds
     assert q.release(2, ticket=0) == [5]  # the user outranks the background waiter
-    assert q.release(3, ticket=1) == []  # background would be a fourth: over its share of three
-    assert q.release(4, ticket=4) == [3]
+    assert q.release(3, ticket=1) == [3]  # background holds one of its three: users do not count
+    assert q.running_by_class() == {USER: 2, AGENT: 0, BACKGROUND: 2}
+    assert q.release(4, ticket=4) == []  # a free slot, and background's share still has room
+    assert q.depth == 0
+
+
+def test_agents_and_background_together_hold_at_most_agents_share() -> None:
+    q = queue(cap=10, shares=SHARES)  # user 10, agent 9, background 7
+    assert all(q.arrive(t, BACKGROUND, 0).admitted for t in range(7))
+    assert [q.arrive(t, AGENT, 0).admitted for t in range(7, 10)] == [True, True, False]
+    assert q.arrive(10, USER, 0).admitted  # the one slot only users take
+    assert (q.held(AGENT), q.held(BACKGROUND), q.in_flight) == (9, 7, 10)
 
 
 def test_agent_gets_its_share_between_background_and_user() -> None:
@@ -124,15 +135,39 @@ def test_agent_gets_its_share_between_background_and_user() -> None:
     assert queue(cap=1, shares=SHARES).limit(BACKGROUND) == 1  # never below one slot
 
 
-def test_an_aged_background_waiter_gets_the_higher_share_at_the_next_event() -> None:
-    q = queue(cap=4, aging_s=10, shares=SHARES)
-    for t in range(3):
-        q.arrive(t, BACKGROUND, 0)
-    assert not q.arrive(3, BACKGROUND, 0).admitted
-    arrival = q.arrive(4, BACKGROUND, 25)  # ticket 3 has waited two classes' worth: user-level
-    assert arrival.granted == (3,)
-    assert not arrival.admitted
-    assert q.in_flight == 4
+def test_an_aged_background_waiter_keeps_backgrounds_share_and_a_user_is_seated_first() -> None:
+    q = queue(cap=2, aging_s=10, shares=DEFAULT_CLASS_SHARES)  # background: one of the two
+    assert q.arrive(0, BACKGROUND, 0).admitted  # background holds its share
+    assert not q.arrive(1, BACKGROUND, 0).admitted
+    arrival = q.arrive(2, USER, 25)  # ticket 1 has aged past two steps: it ranks as a user
+    assert arrival.admitted
+    assert arrival.granted == ()
+    assert q.running_by_class() == {USER: 1, AGENT: 0, BACKGROUND: 1}
+    assert not q.arrive(3, USER, 26).admitted  # the cap is full: it waits behind the aged one
+    assert q.release(27, ticket=2) == [3]  # a user's slot freed: background is still at its share
+    assert q.release(30, ticket=0) == [1]  # background's own slot freed: the aged one goes
+    assert q.most_held()[BACKGROUND] == 1
+    assert q.seats() == {USER: 2, AGENT: 0, BACKGROUND: 2}
+
+
+def test_aging_orders_waiters_inside_a_share() -> None:
+    q = queue(cap=2, aging_s=10, shares=DEFAULT_CLASS_SHARES)
+    q.arrive(0, USER, 0)
+    q.arrive(1, USER, 0)
+    q.arrive(2, BACKGROUND, 0)
+    q.arrive(3, USER, 25)  # newer than the background waiter, which ranks as a user by now
+    assert q.release(26, ticket=0) == [2]  # background has room in its share: the older goes
+    assert q.release(27, ticket=1) == [3]
+
+
+def test_shared_slots_hold_the_share_of_the_backends_slots_over_every_router() -> None:
+    q = queue(cap=1, shares=DEFAULT_CLASS_SHARES)
+    q.resize(1, 0, total=2)  # a lease of one of the backend's two slots
+    q.seen_elsewhere({USER: 0, AGENT: 0, BACKGROUND: 1}, 0)  # another router runs background
+    assert not q.arrive(0, BACKGROUND, 0).admitted  # background's one slot is taken there
+    assert q.arrive(1, USER, 0).admitted
+    q.release(1, ticket=1)
+    assert q.seen_elsewhere({USER: 0, AGENT: 0, BACKGROUND: 0}, 2) == [0]  # it ended there
 
 
 @given(
@@ -161,8 +196,15 @@ def test_in_flight_never_exceeds_the_cap_and_the_queue_its_bound(
         assert q.in_flight == len(running) <= cap
         assert sum(q.running_by_class().values()) == len(running)
         assert q.depth <= max_queue
-        # Work-conserving: nobody waits while even the lowest class would have room.
-        assert q.depth == 0 or q.in_flight >= q.limit(BACKGROUND)
+        # No class ever holds past its share, however long its waiters waited.
+        assert all(q.held(c) <= q.limit(c) for c in PriorityClass)
+        # Work-conserving: nobody waits while a slot is free and every share it counts in
+        # (its class's, and those above it but the users' cap) has room.
+        full = {c for c in (AGENT, BACKGROUND) if q.held(c) >= q.limit(c)}
+        waiting = [c for c, n in q.depth_by_class().items() if n]
+        assert q.in_flight >= cap or all(
+            full & {s for s in (AGENT, BACKGROUND) if s.rank <= c.rank} for c in waiting
+        )
 
 
 def test_kv_pressure_hysteresis_and_staleness() -> None:

@@ -15,7 +15,6 @@ from policy.preemption import (
     shared_pauses,
     still_pausing,
     to_pause,
-    victims,
 )
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
@@ -36,9 +35,8 @@ def running(
     pauses: int = 0,
     tokens_left: int | None = 100,
     pausable: bool = True,
-    admitted_as: PriorityClass | None = None,
 ) -> RunningView:
-    return RunningView(ticket, priority, started, pauses, tokens_left, pausable, admitted_as)
+    return RunningView(ticket, priority, started, pauses, tokens_left, pausable)
 
 
 def test_a_user_pauses_the_youngest_of_the_lowest_class_down_to_the_batch_size() -> None:
@@ -204,24 +202,32 @@ def test_pausable_by_class_counts_what_some_higher_class_may_pause() -> None:
     assert pausable_by_class(views, RULES) == {USER: 1, AGENT: 0, BACKGROUND: 1}
 
 
-def test_an_answer_aged_past_its_class_is_paused_only_by_a_class_above_the_one_it_ran_as() -> None:
-    aged = running(1, BACKGROUND, 1.0, admitted_as=AGENT)  # waited one aging period
-    fresh = running(2, BACKGROUND, 2.0)
-    assert pausable_by_class([aged, fresh], RULES) == {USER: 0, AGENT: 1, BACKGROUND: 1}
-    assert victims([aged, fresh], AGENT, RULES, 2) == [2]  # agents pause only the fresh one
-    assert victims([aged, fresh], USER, RULES, 2) == [2, 1]  # the lowest class it ran as first
-    assert victims([running(3, BACKGROUND, 1.0, admitted_as=USER)], USER, RULES, 1) == []
+def test_aging_lifts_a_waiter_past_a_full_batch_but_not_past_its_share() -> None:
+    q = AdmissionQueue(cap=4, max_queue=10, aging_s=10.0, shares={BACKGROUND: 0.5}, preempt=RULES)
+    q.arrive(1, USER, 0)
+    assert q.arrive(2, BACKGROUND, 0).admitted  # a batch of two: its size
+    assert not q.arrive(3, BACKGROUND, 0).admitted  # held by the user in a full batch
+    assert not q.arrive(4, BACKGROUND, 0).admitted
+    assert q.release(5, ticket=2) == [3]  # room in background's two; the batch is at its size
+    assert q.release(25, ticket=3) == [4]  # aged past the user's class: the full batch holds
+    # it no longer; background's share of two still does (ticket 5 waits for a background end).
+    assert not q.arrive(5, BACKGROUND, 25).admitted
+    assert q.arrive(6, USER, 26).admitted  # the slot background's share left to users
+    assert q.running_by_class() == {USER: 2, AGENT: 0, BACKGROUND: 1}
 
 
-def test_the_queue_says_which_running_tickets_aging_lifted_past_their_class() -> None:
-    q = preempting_queue()
+def test_a_held_down_background_waiter_gets_through_by_aging_past_the_hold_down() -> None:
+    q = AdmissionQueue(cap=4, max_queue=10, aging_s=10.0, shares={}, preempt=HOLD_DOWN)
     q.arrive(1, USER, 0)
     q.arrive(2, USER, 0)
-    assert not q.arrive(3, BACKGROUND, 0).admitted  # a user runs and the batch is full
-    assert q.release(25, ticket=1) == [3]  # aged two periods (aging_s 10): as a user
-    assert (q.admitted_as(3), q.admitted_as(2)) == (USER, None)
-    q.release(26, ticket=3)
-    assert q.admitted_as(3) is None
+    assert not q.arrive(3, BACKGROUND, 0).admitted  # users run in a full batch
+    users = [1, 2]
+    for t in range(1, 20):  # a user ends and another starts every second: always held down
+        assert q.release(t, ticket=users.pop(0)) == []
+        assert q.arrive(100 + t, USER, t).admitted
+        users.append(100 + t)
+    assert q.release(20, ticket=users.pop(0)) == [3]  # aged two steps: a user's, no hold-down
+    assert q.running_by_class()[BACKGROUND] == 1
 
 
 def test_the_others_pause_no_more_than_the_running_higher_classes_may() -> None:
