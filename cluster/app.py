@@ -38,7 +38,7 @@ def build_app(config: ClusterConfig) -> Application:
     (autoscale/serve_scaling.py)."""
     build = uuid.uuid4().hex
     backends = {b.name: build_backend(config, b, build=build) for b in config.backends}
-    backends[FALLBACK_BACKEND] = build_fallback(config)
+    backends[FALLBACK_BACKEND] = build_fallback(config, build)
     return build_gateway(config, backends, build)
 
 

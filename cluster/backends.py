@@ -195,16 +195,16 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
         parallel=fallback.parallel,
         prompt_cache_mib=fallback.prompt_cache_mib,
         chat_template=config.fallback_target.chat_template,
-        aging_s=config.router.aging_s,
+        router=config.router,  # the turns' rules as built; a reload retunes them
     )
 
 
 FALLBACK_HEALTH_CHECK_PERIOD_S = 10
 
 
-def build_fallback(config: ClusterConfig) -> Application:
+def build_fallback(config: ClusterConfig, build: str = "") -> Application:
     """The CPU replica every chain ends on: no GPU, on its pool or (with none) beside the
-    gateway."""
+    gateway. It follows `make reload`s of `build` (the app build's token) for its turns."""
     fallback = config.fallback
     actor_options: dict[str, Any] = {"num_cpus": fallback.num_cpus, "num_gpus": 0}
     if fallback.pool is not None:
@@ -222,4 +222,4 @@ def build_fallback(config: ClusterConfig) -> Application:
         health_check_period_s=FALLBACK_HEALTH_CHECK_PERIOD_S,
         logging_config=serve_logging(config),
     )
-    return deployment.bind(fallback_settings(config))
+    return deployment.bind(fallback_settings(config), build=build)

@@ -10,10 +10,12 @@
    (cluster/model_apps.py), and awaited running and healthy (--start-timeout). One that fails
    refuses the reload: the engines it started are deleted, and nothing else changed.
 4. The config is published (deployments/live_config.py) for the running build of the app,
-   with where each new engine runs. Every ingress and router replica reads it once a second and
-   applies it, without a restart and with nothing in flight lost; the command waits until each
-   replica alive has acked it, and names the keys added and removed (GPU_POOL_SERVE_API_KEYS is
-   read here, from this command's environment, as `serve run` reads it from its own).
+   with where each new engine runs. Every ingress, router and CPU fallback replica (the
+   fallback's line takes the router's aging, shares and engine numbers) reads it once a second
+   and applies it, without a restart and with nothing in flight lost; the command waits until
+   each replica alive has acked it, and names the keys added and removed
+   (GPU_POOL_SERVE_API_KEYS is read here, from this command's environment, as `serve run` reads
+   it from its own).
 5. Once every replica runs it, no router sends work to the engines of models removed or
    changed: they are stopped (Serve lets their replicas finish what they run first).
 
@@ -36,13 +38,17 @@ from cluster import config as config_check
 from core.config import ClusterConfig, ConfigError, load_config
 from core.config.reload import reload_changes
 from core.topology import Backend
+from core.types import DEPLOYMENT_PREFIX, FALLBACK_BACKEND
 from deployments.live_config import Homes, Publication
 
 DEFAULT_APP = "default"  # `serve run`'s name for the app
 WAIT_S = 30.0
 START_TIMEOUT_S = 900.0  # a new engine: a model's download, load and warm-up
 POLL_S = 0.2
-SYNCED_DEPLOYMENTS = ("ingress", "router")  # the replicas that apply a reload
+# The replicas that apply a reload: the fallback's name is fixed (core/topology.py,
+# fallback_target), and a replica bound without the app's build never acks (build_fallback).
+FALLBACK_DEPLOYMENT = f"{DEPLOYMENT_PREFIX}{FALLBACK_BACKEND}"
+SYNCED_DEPLOYMENTS = ("ingress", "router", FALLBACK_DEPLOYMENT)
 
 
 class RunningApp(Protocol):
@@ -53,7 +59,7 @@ class RunningApp(Protocol):
     def running(self) -> Running: ...  # as an ingress replica answers
     def published_revision(self) -> int: ...
     def publish(self, publication: Publication) -> None: ...
-    def replicas(self) -> set[str]: ...  # the ingress and router replicas alive now (ids)
+    def replicas(self) -> set[str]: ...  # the SYNCED_DEPLOYMENTS' replicas alive now (ids)
     def acked(self, revision: int) -> set[str]: ...  # replicas that run `revision` (ids)
     def homes(self) -> dict[str, tuple[str, str]]: ...  # backends earlier reloads started
     def start(self, config: ClusterConfig, backends: list[Backend], revision: int) -> Homes: ...

@@ -1,4 +1,5 @@
-"""A reloaded config on its way to every ingress and router replica of a running app.
+"""A reloaded config on its way to every ingress, router and CPU fallback replica of a running
+app (the fallback takes the router's aging and class shares for its own line).
 
 `make reload` (cluster/reload.py) publishes the new config in Ray's internal key-value store
 (the GCS, as placement's replica counts are): a revision number, the build it is for, and the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,14 +108,16 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
     backends[SWITCHED_BACKEND] = build_backend(
         config, switched, oom_switch_module.OomSwitchLLMServer
     )
-    backends[FALLBACK_BACKEND] = build_fallback(config)
+    # One build token for the gateway and the fallback: a reload (tests/e2e) awaits both.
+    build = uuid.uuid4().hex
+    backends[FALLBACK_BACKEND] = build_fallback(config, build)
     # Coding and thinker are reached through probes that count and can fail on demand.
     for backend in (PROBED_BACKEND, THINKER_BACKEND):
         probe = serve.deployment(probe_module.Probe).options(
             name=f"probe:{backend}", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
         )
         backends[backend] = probe.bind(backends[backend])
-    serve.run(build_gateway(config, backends), name="gateway", route_prefix="/")
+    serve.run(build_gateway(config, backends, build), name="gateway", route_prefix="/")
     yield f"http://127.0.0.1:{PORT}"
     stop_serve_and_ray()
 

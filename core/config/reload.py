@@ -2,14 +2,15 @@
 
 A reload (`make reload`, cluster/reload.py) hands the running gateway a new config. What the
 ingress and router decide per request takes it at once: keys and their limits, chains, caps,
-roles and aliases, the gateway's request limits, the router's queue, breaker and timeout
-settings, `model: auto`'s depth rules. The set of models changes too: a model added is started
-beside the app before the routers send it work, one removed is drained and stopped, and one
-whose engine settings changed is replaced make-before-break, as long as each runs on one pool
-without autoscaling (a model placement moves, or load sizes, is the app's own). What else was
-built into a deployment (pools, the fallback, a deployment option, where state is kept) is not
-changed by a reload: the reload refuses the whole config, naming each such change, and the app
-runs on as it was.
+roles and aliases, the gateway's request limits, the router's queue (shares, aging), breaker and
+timeout settings, `model: auto`'s depth rules; the CPU fallback's own line follows the
+router's aging, shares and engine numbers (deployments/fallback/turns.py). The set of models
+changes too: a model added is started beside the app before the routers send it work, one
+removed is drained and stopped, and one whose engine settings changed is replaced
+make-before-break, as long as each runs on one pool without autoscaling (a model placement
+moves, or load sizes, is the app's own). What else was built into a deployment (pools, the
+fallback's section, a deployment option, where state is kept) is not changed by a reload: the
+reload refuses the whole config, naming each such change, and the app runs on as it was.
 
 Pure: two validated configs in, names of changed fields out.
 """
@@ -28,7 +29,7 @@ __all__ = ["ReloadChanges", "reload_changes"]
 LIVE_SECTIONS = frozenset({"api_keys", "chains", "depth"})
 # Fields of `gateway` and `router` a reload applies in place; the others are built into a
 # deployment (replica counts, resources, log encoding, health-check periods, engine flags, the
-# loops' intervals, the fallback's turn aging) or say where state lives (keys_db).
+# loops' intervals) or say where state lives (keys_db).
 LIVE_FIELDS = {
     # (max_json_depth also bounds the batch service's uploads, built with it.)
     "gateway": frozenset({"max_body_bytes", "max_messages", "default_priority"}),
@@ -36,6 +37,7 @@ LIVE_FIELDS = {
         {
             "max_queue",
             "class_shares",
+            "aging_s",
             "queue_timeout_s",
             "retry_after_s",
             "breaker_failures",

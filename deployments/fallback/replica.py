@@ -6,6 +6,9 @@ that is a 503 the router fails over on; a failure after it ends the stream with 
 The engine is chosen on the node the replica runs on: `auto` takes Ollama where its binary is
 on PATH, llama.cpp otherwise; either runs as a supervised child process (`supervisor`), so a
 crash of native code costs a restart, never the replica.
+Requests beyond the engine's width wait their turn here (`turns`), by the router's classes and
+shares; a `make reload` retunes that line in place (deployments/live_config.py: the replica
+follows its build's published config as the ingress and router replicas do, and acks it).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import shutil
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorResponse,
 )
 
+from core.config import ClusterConfig, RouterConfig
 from core.errors import ErrorCode
 from deployments.engine.quiet_polls import quiet_polls
 from deployments.fallback.engine import (
@@ -43,7 +47,8 @@ from deployments.fallback.openai_format import (
     completion_params,
     error_response,
 )
-from deployments.fallback.turns import PriorityTurns
+from deployments.fallback.turns import PriorityTurns, TurnRules
+from deployments.live_config import Homes, LiveConfigSync, serve_live_config
 from policy.context.prompt_fit import COMPLETION_DEFAULT_MAX_TOKENS
 from policy.request.tools import calls_tools
 
@@ -70,7 +75,9 @@ class FallbackSettings:
     parallel: int = 4  # sequences decoded at once (llama-server's slots, OLLAMA_NUM_PARALLEL)
     prompt_cache_mib: int = 0  # llama-server's --cache-ram
     chat_template: str | None = None  # llama.cpp: the template file for the GGUF's own (tools)
-    aging_s: float = 10.0  # router.aging_s: a waiter's priority number falls by one per this
+    # The line's rules as built (router.aging_s, class_shares, engine_priorities): TurnRules
+    # at the engine's width, which only the engine knows; a reload retunes them.
+    router: RouterConfig = field(default_factory=RouterConfig)
 
 
 def choose_engine(
@@ -195,13 +202,25 @@ class CpuFallback:
         self,
         settings: FallbackSettings,
         engine_factory: Callable[[FallbackSettings], FallbackEngine] = make_engine,
+        build: str = "",
     ) -> None:
         quiet_polls()
         self._settings = settings
         self._engine = engine_factory(settings)
-        self._turns = PriorityTurns(self._engine.parallel, settings.aging_s)
+        width = self._engine.parallel
+        self._turns = PriorityTurns(width, TurnRules.of(width, settings.router))
+        # Before the engine starts (minutes, for a model's load): a reload published meanwhile
+        # is applied and acked while it loads, not held up by it.
+        self._live: LiveConfigSync | None = (
+            serve_live_config(build, self.apply_config) if build else None
+        )
         await self._engine.start()
         logger.info("CPU fallback serving %s with %s", settings.source, self._engine.name)
+
+    def apply_config(self, config: ClusterConfig, homes: Homes | None = None) -> None:
+        """A reload (deployments/live_config.py): the router's aging, shares and engine numbers
+        order the line from now."""
+        self._turns.retune(TurnRules.of(self._turns.width, config.router))
 
     async def engine(self) -> str:
         """Which engine serves (ollama or llama_cpp)."""

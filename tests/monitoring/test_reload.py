@@ -112,7 +112,7 @@ def test_a_reload_applies_in_place_on_both_replicas_and_a_refused_one_changes_no
         f"{back.stdout.strip()}; the loop: {len(load.answers)} answers {statuses}"
     )
     assert (applied.returncode, back.returncode) == (0, 0), applied.stderr + back.stderr
-    assert "2 of 2 replicas run it (" in applied.stdout
+    assert "3 of 3 replicas run it (" in applied.stdout  # both ingress replicas, the fallback
     assert "api_keys" in applied.stdout
     assert "models[coding].max_concurrency" in applied.stdout
     assert (seen["key_before"], seen["key_after"]) == ({401}, {200})

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from cluster.backends import build_fallback
 from cluster.model_apps import EngineStartFailed, engine_app
-from cluster.reload import ReloadRefused, Running, reload
+from cluster.reload import SYNCED_DEPLOYMENTS, ReloadRefused, Running, reload
 from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config, parse_config
 from core.config.reload import ReloadChanges, reload_changes
 from core.errors import ApiError
@@ -76,6 +77,20 @@ def test_caps_chains_and_router_settings_change_in_place() -> None:
     )
     assert changes.fixed == ()
     assert changes.applies
+
+
+def test_the_classes_shares_aging_and_engine_numbers_change_in_place() -> None:
+    old = make_config()
+    shares = {"user": 1.0, "agent": 0.5, "background": 0.25}
+    numbers = {"user": 0, "agent": 2, "background": 4}
+    new = with_router(old, aging_s=3.0, class_shares=shares, engine_priorities=numbers)
+    changes = reload_changes(old, new)
+    assert changes.live == (
+        "router.aging_s",  # the routers' queues and the fallback's line (its turns) both
+        "router.class_shares",
+        "router.engine_priorities",
+    )
+    assert changes.fixed == ()
 
 
 def test_what_a_deployment_was_built_with_refuses_the_reload_and_names_each_field() -> None:
@@ -170,6 +185,13 @@ def test_a_raised_cap_admits_the_jobs_waiting_for_a_slot() -> None:
 
     asyncio.run(scenario())
     assert coding.max_running == 4
+
+
+def test_a_new_aging_period_orders_the_routers_queues_from_now() -> None:
+    config = make_config()
+    router = make_router(config, two(FakeBackend(ok), FakeBackend(ok)))
+    router.apply_config(with_router(config, aging_s=3.0))
+    assert {link.gate.queue.aging_s for link in router._links.values()} == {3.0}
 
 
 class Engines:
@@ -517,6 +539,14 @@ def test_the_command_publishes_the_next_revision_and_waits_for_every_replica() -
     [publication] = app.published
     assert (publication.revision, publication.build) == (6, BUILD)
     assert publication.config["router"]["max_queue"] == 2
+
+
+def test_the_command_waits_for_the_fallbacks_replica_which_follows_the_apps_build() -> None:
+    config = make_config()
+    assert config.fallback_target.deployment_name in SYNCED_DEPLOYMENTS
+    fallback = build_fallback(config, BUILD)._bound_deployment  # Serve's: no public accessor
+    assert fallback.name == config.fallback_target.deployment_name
+    assert fallback._replica_config.init_kwargs == {"build": BUILD}
 
 
 def test_the_command_says_which_replicas_did_not_ack_in_time() -> None:
