@@ -14,8 +14,10 @@ for a slot inside background's share) and lifts a waiter past preemption's timin
 hold-down, a higher class in a full batch); it never lifts a request past its own class's share,
 however long it waited. When the queue is full, the lowest *base* class is shed first (newest
 first within it): aging never lets background push a user out.
-With several routers sharing a backend's slots (`total`, `elsewhere`), the shares are of the
-backend's slots and count what every router runs; each router admits under its own lease.
+With several routers sharing a backend's slots (`total`, `elsewhere`), a class holds its share
+both of the backend's slots, counting what every router runs (their last posts), and of this
+router's own lease: the first keeps the backend's headroom, the second keeps headroom at each
+router (users who arrive there start at once) and bounds what routers admit between two posts.
 A paused backend (KV-cache pressure) admits nobody new until it resumes; its waiters keep waiting.
 With preemption rules (`policy.preemption`), a lower class also waits while a higher one runs in
 a batch already at its size; a waiter may keep an earlier arrival time (a paused request goes
@@ -104,7 +106,8 @@ class AdmissionQueue:
     # None: this router's own cap (one router, or a fixed split of the cap).
     total: int | None = None
     _waiting: list[Waiter] = field(default_factory=list)
-    _limits: dict[PriorityClass, int] = field(init=False)
+    _limits: dict[PriorityClass, int] = field(init=False)  # of the backend's slots (`total`)
+    _own_limits: dict[PriorityClass, int] = field(init=False)  # of this router's (`cap`)
     _running: dict[int, PriorityClass] = field(default_factory=dict)  # by ticket, base class
     # When a request of each class last ended here (preempt.resume_after_s holds lower ones).
     _ended: dict[PriorityClass, float] = field(default_factory=dict)
@@ -122,6 +125,7 @@ class AdmissionQueue:
 
     def __post_init__(self) -> None:
         self._limits = class_limits(self._shared_cap, self.shares)
+        self._own_limits = class_limits(self.cap, self.shares)
 
     @property
     def _shared_cap(self) -> int:
@@ -143,6 +147,10 @@ class AdmissionQueue:
         and the classes below it."""
         everywhere = self.running_everywhere()
         return sum(n for c, n in everywhere.items() if c.rank >= priority.rank)
+
+    def _held_here(self, priority: PriorityClass) -> int:
+        """`held`, of this router's running requests only."""
+        return sum(n for c, n in self._running_by_class.items() if c.rank >= priority.rank)
 
     def seats(self) -> dict[PriorityClass, int]:
         """Seats given so far, by base class."""
@@ -250,11 +258,12 @@ class AdmissionQueue:
         aging_s: float,
         shares: Mapping[PriorityClass, float],
         now: float,
+        total: int | None = None,
     ) -> list[int]:
         """New settings (a reload): waiters that now fit are admitted; a shorter queue sheds
         no one already waiting, it only takes fewer new arrivals."""
         self.max_queue, self.aging_s, self.shares = max_queue, aging_s, shares
-        return self.resize(cap, now, self.total)
+        return self.resize(cap, now, total)
 
     def pause(self) -> None:
         self.paused = True
@@ -264,6 +273,7 @@ class AdmissionQueue:
         return self._admit_waiters(now)
 
     def _relimit(self) -> None:
+        self._own_limits = class_limits(self.cap, self.shares)
         limits = class_limits(self._shared_cap, self.shares)
         if limits != self._limits:
             self._limits = limits
@@ -276,9 +286,13 @@ class AdmissionQueue:
         if self.paused or self.in_flight >= self.cap:
             return False
         # It counts in its own class's share and in every share above it (background in
-        # agents'); users' share is the cap, which this router's own (its lease) already holds.
-        if any(self.held(c) >= self._limits[c] for c in CLASSES[1 : priority.rank + 1]):
-            return False
+        # agents'), of the backend's slots and of this router's; users' share is the cap,
+        # which this router's own (its lease) already holds.
+        for cls in CLASSES[1 : priority.rank + 1]:
+            if self.held(cls) >= self._limits[cls]:
+                return False
+            if self._held_here(cls) >= self._own_limits[cls]:
+                return False
         rules = self.preempt
         if rules is None:
             return True

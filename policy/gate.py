@@ -130,10 +130,13 @@ class BackendGate:
         max_queue: int,
         aging_s: float,
         shares: Mapping[PriorityClass, float],
+        total: int | None = None,
     ) -> None:
-        """New settings (a reload); a waiter's timeout already running keeps its length."""
+        """New settings (a reload; `total` as in `resize`); a waiter's timeout already running
+        keeps its length."""
         self._policy = policy
-        for ticket in self._queue.retune(cap, max_queue, aging_s, shares, self._clock()):
+        now = self._clock()
+        for ticket in self._queue.retune(cap, max_queue, aging_s, shares, now, total):
             self._grant(ticket)
         self._remind()  # a new cap or settings: the hold-down may hold them now
 

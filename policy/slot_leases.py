@@ -45,7 +45,7 @@ class SlotReport:
     in_flight: int  # admitted and not yet ended
     waiting: Mapping[PriorityClass, int]  # queued, by base class
     total: int  # the backend's slots over every router, as this router counts them
-    work: RouterWork | None = None  # what it runs, by class (with preemption on)
+    work: RouterWork | None = None  # what it runs, by class (None from an older router)
 
 
 @dataclass(frozen=True)

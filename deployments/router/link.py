@@ -174,8 +174,14 @@ class Link:
         queue = settings.queue
         cap = self.local_cap()
         self.gate.queue.preempt = settings.preempt
-        self.gate.retune(settings.gate, cap, queue.max_queue, queue.aging_s, queue.class_shares)
-        self.gate.resize(cap, self.shared_total())  # the model's new cap, where it changed
+        self.gate.retune(
+            settings.gate,
+            cap,
+            queue.max_queue,
+            queue.aging_s,
+            queue.class_shares,
+            self.shared_total(),
+        )
         self.breaker.policy = settings.breaker
         self.kv.policy = settings.kv
 

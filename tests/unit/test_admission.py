@@ -170,6 +170,17 @@ def test_shared_slots_hold_the_share_of_the_backends_slots_over_every_router() -
     assert q.seen_elsewhere({USER: 0, AGENT: 0, BACKGROUND: 0}, 2) == [0]  # it ended there
 
 
+def test_between_two_posts_each_router_keeps_backgrounds_share_of_its_own_lease() -> None:
+    routers = [queue(cap=4, shares=DEFAULT_CLASS_SHARES) for _ in range(2)]
+    for q in routers:
+        q.resize(4, 0, total=8)  # leases of four of the backend's eight slots
+    # Background arrives at both before either hears of the other's: each holds two of its
+    # four, together background's four of eight, and users start at once at either.
+    for q in routers:
+        assert [q.arrive(t, BACKGROUND, 0).admitted for t in range(4)] == [True] * 2 + [False] * 2
+        assert q.arrive(9, USER, 0).admitted
+
+
 @given(
     st.lists(
         st.tuples(st.sampled_from(["arrive", "release", "leave"]), st.sampled_from(PriorityClass)),

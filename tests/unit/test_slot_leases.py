@@ -338,7 +338,7 @@ def test_the_broker_hands_every_router_all_routers_fresh_work_on_each_backend() 
         "a": RouterWork({PriorityClass.USER: 1}, {}),
         "b": RouterWork({PriorityClass.BACKGROUND: 2}, {PriorityClass.BACKGROUND: 2}),
     }
-    assert "n" not in answer["work"]  # posted without work: preemption is off there
+    assert "n" not in answer["work"]  # posted without work (an older router)
     assert set(later["work"]["m"]) == {"b"}  # a silent router's work holds nobody back
 
 
