@@ -48,7 +48,8 @@ POLL_S = 0.2
 # The replicas that apply a reload: the fallback's name is fixed (core/topology.py,
 # fallback_target), and a replica bound without the app's build never acks (build_fallback).
 FALLBACK_DEPLOYMENT = f"{DEPLOYMENT_PREFIX}{FALLBACK_BACKEND}"
-SYNCED_DEPLOYMENTS = ("ingress", "router", FALLBACK_DEPLOYMENT)
+ROUTING_DEPLOYMENTS = ("ingress", "router")  # those that send work to the engines
+SYNCED_DEPLOYMENTS = (*ROUTING_DEPLOYMENTS, FALLBACK_DEPLOYMENT)
 
 
 class RunningApp(Protocol):
@@ -59,7 +60,8 @@ class RunningApp(Protocol):
     def running(self) -> Running: ...  # as an ingress replica answers
     def published_revision(self) -> int: ...
     def publish(self, publication: Publication) -> None: ...
-    def replicas(self) -> set[str]: ...  # the SYNCED_DEPLOYMENTS' replicas alive now (ids)
+    # The replicas of `deployments` alive now (ids).
+    def replicas(self, deployments: tuple[str, ...] = SYNCED_DEPLOYMENTS) -> set[str]: ...
     def acked(self, revision: int) -> set[str]: ...  # replicas that run `revision` (ids)
     def homes(self) -> dict[str, tuple[str, str]]: ...  # backends earlier reloads started
     def start(self, config: ClusterConfig, backends: list[Backend], revision: int) -> Homes: ...
@@ -134,13 +136,16 @@ def reload(
             break
         sleep(POLL_S)
     seconds = clock() - published
-    if done == alive and gone:  # no router sends them work now
+    # No router sends them work now: the fallback's ack (it sends none) is not waited for, so
+    # a fallback that cannot ack (its pool's node down) never keeps old engines running.
+    routed = app.replicas(ROUTING_DEPLOYMENTS) <= done
+    if routed and gone:
         leaving = {n: earlier.get(n, (app.name, b.deployment_name)) for n, b in gone.items()}
         app.retire(running.build, leaving)
     before = {k.name for k in running.config.api_keys}
     after = {k.name for k in new.api_keys}
     added, removed = tuple(sorted(after - before)), tuple(sorted(before - after))
-    stopped = tuple(sorted(gone)) if done == alive else ()
+    stopped = tuple(sorted(gone)) if routed else ()
     return Outcome(
         revision, changes.live, len(alive), len(done), added, removed, seconds,
         tuple(sorted(started)), stopped,
@@ -179,10 +184,10 @@ class ServeApp:
 
         publish(self.name, publication)
 
-    def replicas(self) -> set[str]:
+    def replicas(self, deployments: tuple[str, ...] = SYNCED_DEPLOYMENTS) -> set[str]:
         from deployments.live_config import replica_ids
 
-        return replica_ids(self.name, SYNCED_DEPLOYMENTS)
+        return replica_ids(self.name, deployments)
 
     def acked(self, revision: int) -> set[str]:
         from deployments.live_config import acked

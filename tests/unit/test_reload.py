@@ -16,7 +16,13 @@ import pytest
 
 from cluster.backends import build_fallback
 from cluster.model_apps import EngineStartFailed, engine_app
-from cluster.reload import SYNCED_DEPLOYMENTS, ReloadRefused, Running, reload
+from cluster.reload import (
+    ROUTING_DEPLOYMENTS,
+    SYNCED_DEPLOYMENTS,
+    ReloadRefused,
+    Running,
+    reload,
+)
 from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config, parse_config
 from core.config.reload import ReloadChanges, reload_changes
 from core.errors import ApiError
@@ -484,6 +490,7 @@ class FakeApp:
         self.polls = 0
         self.ack_after = 2
         self.acks: set[str] = set()
+        self.silent: set[str] = set()  # replicas that never ack
 
     def running(self) -> Running:
         return self.current
@@ -513,13 +520,15 @@ class FakeApp:
         self.steps.append(f"retire {sorted(leaving)}")
         self.retired |= leaving
 
-    def replicas(self) -> set[str]:
-        return set(self.alive)
+    def replicas(self, deployments: tuple[str, ...] = SYNCED_DEPLOYMENTS) -> set[str]:
+        # "f…": the CPU fallback's replicas, which route nothing.
+        routing = deployments == ROUTING_DEPLOYMENTS
+        return {r for r in self.alive if not (routing and r.startswith("f"))}
 
     def acked(self, revision: int) -> set[str]:
         self.polls += 1
         if self.polls > self.ack_after:
-            self.acks |= self.alive
+            self.acks |= self.alive - self.silent
         return set(self.acks)
 
 
@@ -665,3 +674,19 @@ def test_engines_are_not_stopped_while_some_replica_may_still_send_them_work() -
     assert outcome is not None
     assert not outcome.complete
     assert (outcome.stopped, app.retired) == ((), {})
+
+
+def test_a_fallback_that_cannot_ack_keeps_no_removed_engine_running() -> None:
+    """The CPU fallback follows the reload too (its line's aging and shares), but sends no work
+    to engines: one that cannot ack (its pool's node down) does not keep them running."""
+    old = make_config()
+    app = FakeApp(old)
+    app.alive.add("fallback-1")
+    app.silent = {"fallback-1"}
+    fewer = changed(old, models=[old.models[1].model_dump(mode="json")], chains={})
+    clock, sleep = no_wait()
+    outcome = reload(fewer, app, wait_s=1, clock=clock, sleep=sleep)
+    assert outcome is not None
+    assert (outcome.replicas, outcome.acked, outcome.complete) == (3, 2, False)
+    assert outcome.stopped == ("orchestrator@local",)
+    assert set(app.retired) == {"orchestrator@local"}
