@@ -136,8 +136,14 @@ async def post(client: httpx.AsyncClient, url: str, priority: str) -> httpx.Resp
         return None
 
 
-async def user_stream(client: httpx.AsyncClient, url: str, requests: int, phase: Phase) -> None:
-    """Open loop: request i leaves at i * USER_INTERVAL_S whatever the others are doing."""
+async def user_stream(
+    client: httpx.AsyncClient,
+    url: str,
+    requests: int,
+    phase: Phase,
+    interval_s: float = USER_INTERVAL_S,
+) -> None:
+    """Open loop: request i leaves at i * `interval_s` whatever the others are doing."""
 
     async def one(delay_s: float) -> None:
         await asyncio.sleep(delay_s)
@@ -148,7 +154,7 @@ async def user_stream(client: httpx.AsyncClient, url: str, requests: int, phase:
         if status == 200:
             phase.user_latencies_s.append(time.perf_counter() - started)
 
-    await asyncio.gather(*(one(i * USER_INTERVAL_S) for i in range(requests)))
+    await asyncio.gather(*(one(i * interval_s) for i in range(requests)))
 
 
 async def background_client(
