@@ -26,8 +26,9 @@ background streams (more than background's share holds: they wait and age past e
 a user every 0.5 s, the router's default queue. Each variant runs users alone, background
 alone and both; the first variant lets background fill the whole cap (class_shares 1.0: what
 aged background work took before aging kept to its own share), then the shares as shipped with
-preemption off and on. Targets: user p99 loaded <= 1.5 x unloaded, background tokens/s >= 0.3 x
-background alone in the same variant.
+preemption off (the defaults) and on, with and without hold-downs. Targets, for the defaults:
+user p99 loaded <= 1.5 x unloaded, background tokens/s >= 0.3 x background alone in the same
+variant, no user or background errors; the other variants are the frontier around them.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ EMBEDDED_P99_TARGET = 1.5
 EMBEDDED_BACKGROUND_TARGET = 0.3  # of background alone
 # The router's own queue (overload.yaml's short one would shed the waiting streams).
 DEFAULT_QUEUE = {"max_queue": 64, "queue_timeout_s": 30.0}
+DEFAULTS = "shares, preemption off (the defaults)"  # the variant judged; the rest: the frontier
 
 
 # A long answer, streamed (the users' request is the overload bench's).
@@ -295,7 +297,7 @@ def embedded_variants() -> dict[str, Mapping[str, Any]]:
     on = {"enabled": True, "above_running": 1}
     variants: dict[str, Mapping[str, Any]] = {
         "background may fill the cap": {"router": {**DEFAULT_QUEUE, **whole_cap}},
-        "shares, preemption off": {"router": DEFAULT_QUEUE},
+        DEFAULTS: {"router": DEFAULT_QUEUE},
         "shares, preemption on, above_running 1": {"router": {**DEFAULT_QUEUE, "preempt": on}},
     }
     for hold in (0.5, 1.0):
@@ -329,15 +331,15 @@ def report_embedded(phases: list[Phase]) -> bool:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     met = True
-    triples = zip(phases[::3], phases[1::3], phases[2::3], strict=True)
-    for i, (users, alone, both) in enumerate(triples):
+    for users, alone, both in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
         p99 = both.percentile_ms(0.99) / users.percentile_ms(0.99)
         alone_rate = alone.background_tokens / alone.seconds
         rate = both.background_tokens / both.seconds
         share = rate / alone_rate if alone_rate else float("nan")
         errors = both.user_errors + both.background_errors
         this = p99 <= EMBEDDED_P99_TARGET and share >= EMBEDDED_BACKGROUND_TARGET and not errors
-        met &= this or i == 0  # the first, background over the whole cap, is the anchor
+        if both.path == DEFAULTS:
+            met = this
         p50s = [1000 * statistics.median(p.user_latencies_s) for p in (users, both)]
         print(
             f"| {both.path} | {p50s[0]:.0f} / {p50s[1]:.0f} "
@@ -347,8 +349,8 @@ def report_embedded(phases: list[Phase]) -> bool:
         )
     print(
         f"\ntargets: user p99 loaded / unloaded <= {EMBEDDED_P99_TARGET}, background tokens/s "
-        f">= {EMBEDDED_BACKGROUND_TARGET} x alone, no errors: {'met' if met else 'NOT met'} "
-        "(by every variant but the first, the anchor)"
+        f">= {EMBEDDED_BACKGROUND_TARGET} x alone, no errors (429s at admission apart): "
+        f"{'met' if met else 'NOT met'} by the defaults; the other rows are the frontier"
     )
     return met
 

@@ -21,7 +21,11 @@ class PreemptConfig(Frozen):
         False,
         description="A request admitted to a backend whose batch is past above_running (or its "
         "KV cache past above_kv) pauses running requests of lower classes; they go on as the "
-        "same answer when the higher class's work has room again.",
+        "same answer when the higher class's work has room again. Off by default: on the "
+        "embedded default's cap of 2 the shares alone kept users' p99 within 1.5 x (1.46) at "
+        "0.93 x background's throughput, while pausing at above_running 1 made it 6.0 x "
+        "(each resume prefills the answer again in the next user's way) and hold-downs took "
+        "background to 0.26-0.27 x (bench.preemption --shape embedded, docs/benchmarks.md).",
     )
     above_running: int = Field(
         2,
@@ -91,14 +95,19 @@ class RouterConfig(Frozen):
         default_factory=lambda: _all_class_shares({}),
         description="The share of each backend's cap a class may hold, counting the classes "
         "below it (user 1.0, agent 0.75, background 0.5; at least one slot each), however long "
-        "its requests waited; user must be 1.0 and shares may not grow down the classes.",
+        "its requests waited; user must be 1.0 and shares may not grow down the classes. Half "
+        "for background: on the embedded default (cap 2) that keeps one slot users only ever "
+        "share with one background answer (user p99 1.46 x unloaded); background over the "
+        "whole cap made it 24 x, with users timing out (bench.preemption --shape embedded).",
     )
     queue_timeout_s: float = Field(30.0, gt=0, description="The longest wait for a slot (429).")
     aging_s: float = Field(
         10.0,
         gt=0,
         description="A waiter ranks one class higher per aging_s waited: it goes before newer "
-        "work of that class and past preemption's holds, never past its own class's share.",
+        "work of that class and past preemption's holds, never past its own class's share. 10 s: "
+        "a third of queue_timeout_s, so a waiter ranks as a user well before it would time out "
+        "(and past a hold-down); it no longer takes users' slots, so it need not be longer.",
     )
     retry_after_s: int = Field(2, ge=1, description="Retry-After on a 429 for load.")
     breaker_failures: int = Field(3, ge=1, description="Consecutive faults that open a breaker.")
