@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.reload import ServeApp, reload
+from tests.waiting import wait_for
 
 API_KEY = "test-user-key"  # tester: agent by default, may claim user
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -31,9 +32,18 @@ USERS = 10
 USER_INTERVAL_S = 0.4
 
 
+def serving(gateway: str) -> bool:
+    """coding@local's engine runs and takes work: an earlier test may have killed every
+    engine, and until Serve replaced it coding's requests go to the CPU fallback."""
+    backend = backend_status(gateway)
+    return bool(backend["state"] == "up" and backend["breaker"] == "closed")
+
+
 @pytest.fixture
 def quick_aging(gateway: str) -> Iterator[None]:
-    """`router.aging_s` shortened by a reload (applied in place), as before again after."""
+    """`router.aging_s` shortened by a reload (applied in place), as before again after;
+    coding@local serving first."""
+    wait_for(lambda: serving(gateway), 900, f"{BACKEND} up with its breaker closed")
     app = ServeApp("gateway")
     before = app.running().config
     router = before.router.model_copy(update={"aging_s": AGING_S})
