@@ -69,6 +69,11 @@ class Arrival:
     granted: tuple[int, ...] = ()
 
 
+def _at_or_below(running: Mapping[PriorityClass, int], priority: PriorityClass) -> int:
+    """Running requests of `priority` and the classes below it (what its share counts)."""
+    return sum(n for c, n in running.items() if c.rank >= priority.rank)
+
+
 def class_limits(cap: int, shares: Mapping[PriorityClass, float]) -> dict[PriorityClass, int]:
     """Slots each class may fill: its share of the cap, at least one (none at a cap of zero: a
     backend asleep, whose requests wait for it to wake)."""
@@ -145,12 +150,7 @@ class AdmissionQueue:
     def held(self, priority: PriorityClass) -> int:
         """What counts against `priority`'s share: the backend's running requests of its class
         and the classes below it."""
-        everywhere = self.running_everywhere()
-        return sum(n for c, n in everywhere.items() if c.rank >= priority.rank)
-
-    def _held_here(self, priority: PriorityClass) -> int:
-        """`held`, of this router's running requests only."""
-        return sum(n for c, n in self._running_by_class.items() if c.rank >= priority.rank)
+        return _at_or_below(self.running_everywhere(), priority)
 
     def seats(self) -> dict[PriorityClass, int]:
         """Seats given so far, by base class."""
@@ -291,7 +291,7 @@ class AdmissionQueue:
         for cls in CLASSES[1 : priority.rank + 1]:
             if self.held(cls) >= self._limits[cls]:
                 return False
-            if self._held_here(cls) >= self._own_limits[cls]:
+            if _at_or_below(self._running_by_class, cls) >= self._own_limits[cls]:
                 return False
         rules = self.preempt
         if rules is None:
