@@ -37,7 +37,7 @@ and MAKE_TEST_RUN=<this run's id>, which names the run's image (tests/image/conf
 The table is printed however the run ends; the exit status is the first failing suite's. A
 failure ends its own lane; the second phase runs whatever the first did, so one run names every
 failure. Under the table, each failed test with its error's first line: a CI log cut to its tail
-still names them all.
+still names them all, with up to 12 more lines of each error.
 
     python tests/suites.py            # all: the three phases
     python tests/suites.py NAME ...   # the named ones, one after another
@@ -145,10 +145,17 @@ def failed_tests(report: Path) -> tuple[str, ...]:
             test = f"{case.get('classname', '')}::{case.get('name', '')}"
             message = (problem.get("message") or "").strip().splitlines()
             failed.append(f"{test} - {message[0][:300] if message else problem.tag}")
+            # What follows the first line (a fuzz test's failures, a status's body): the line
+            # a CI log cut to its tail keeps is rarely enough to mend the test by.
+            more = [line.strip()[:300] for line in message[1:] if line.strip()]
+            failed.extend(f"    {line}" for line in more[:MESSAGE_LINES])
+            if len(more) > MESSAGE_LINES:
+                failed.append(f"    ... {len(more) - MESSAGE_LINES} more lines")
             failed.extend(f"    {line}" for line in group_members(problem.text or ""))
     return tuple(failed)
 
 
+MESSAGE_LINES = 12  # of each failure's message, under its first line
 GROUP_MEMBER = re.compile(r"^\s*\+[-+]* (?:\d+|\.\.\.) -+\s*$", re.MULTILINE)
 MEMBER_ERROR = re.compile(
     r"^[\s|]*([\w.]+(?:Error|Warning|Exception|Exit)(?:: .*)?)$", re.MULTILINE

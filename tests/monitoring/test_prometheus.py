@@ -154,6 +154,8 @@ class Clients:
 
     def __init__(self) -> None:
         self.statuses: list[int] = []
+        self.failures: list[str] = []  # what each answer that was not a 200 said, and when
+        self._started = time.monotonic()
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(seed,), daemon=True) for seed in range(CLIENTS)
@@ -165,11 +167,15 @@ class Clients:
         with httpx.Client(base_url=url, headers=LOAD_HEADERS, timeout=600) as client:
             while not self._stop.is_set():
                 body = {**BODY, "max_tokens": rng.randint(*ANSWER_TOKENS)}
+                at = time.monotonic() - self._started
                 try:
-                    status = client.post("/v1/chat/completions", json=body).status_code
-                except httpx.HTTPError:
-                    status = 0
+                    reply = client.post("/v1/chat/completions", json=body)
+                    status, said = reply.status_code, reply.text[:300]
+                except httpx.HTTPError as error:
+                    status, said = 0, repr(error)
                 self.statuses.append(status)
+                if status != 200:
+                    self.failures.append(f"{status} at {at:.0f} s: {said}")
 
     def __enter__(self) -> Clients:
         for thread in self._threads:
@@ -240,7 +246,7 @@ def test_the_kv_pressure_alert_fires_on_a_backend_held_full_and_clears_after(
     assert abs(engine_usage - router_usage) < 0.1
     assert float(engine_peak[0]["value"][1]) > 0.88
     assert clients.statuses
-    assert set(clients.statuses) == {200}
+    assert set(clients.statuses) == {200}, "\n".join(clients.failures[:10])
     assert state_of(prometheus, "GpsBreakerOpen") == "inactive"
 
 
@@ -370,7 +376,7 @@ def test_every_request_is_counted_once_over_two_ingress_replicas_and_a_replica_c
     first = send(40)
     wait_until_counted(prometheus, before + 40, first, baseline)
     before_kill = counted_by_worker(prometheus)
-    assert len(before_kill) == 2, before_kill
+    assert len(before_kill) == 2, (before_kill, ingress_replicas(), sorted(first))
     exporting = exporting_workers(prometheus)
 
     victims = ingress_replicas()

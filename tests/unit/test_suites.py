@@ -17,6 +17,9 @@ def test_passes():
 def test_fails():
     assert 1 == 2, "one is not two\\nand more"
 
+def test_fails_at_length():
+    assert not "x", "\\n".join(f"line {n}" for n in range(20))
+
 @pytest.fixture
 def broken():
     raise RuntimeError("setup broke")
@@ -26,7 +29,7 @@ def test_errs(broken):
 """
 
 
-def test_each_failed_or_erred_test_is_named_with_its_errors_first_line(tmp_path: Path) -> None:
+def test_each_failed_or_erred_test_is_named_with_its_errors_first_lines(tmp_path: Path) -> None:
     (tmp_path / "test_sample.py").write_text(SESSION)
     report = tmp_path / "report.xml"
     subprocess.run(
@@ -36,6 +39,11 @@ def test_each_failed_or_erred_test_is_named_with_its_errors_first_line(tmp_path:
     )  # fmt: skip
     assert failed_tests(report) == (
         "test_sample::test_fails - AssertionError: one is not two",
+        "    and more",
+        "    assert 1 == 2",
+        "test_sample::test_fails_at_length - AssertionError: line 0",
+        *(f"    line {n}" for n in range(1, 13)),
+        "    ... 8 more lines",
         'test_sample::test_errs - failed on setup with "RuntimeError: setup broke"',
     )
 
