@@ -2,6 +2,8 @@
 
 Everything a client can get wrong is answered here with OpenAI error JSON and the right status,
 before any work reaches the router or an engine. The router decides where a job runs.
+Anthropic's Messages API is translated at this edge into the same chat job and back
+(deployments/ingress/anthropic), its errors in Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from core.wire import ChatJob, Refusal, Reply, is_embedding
 from deployments.batch.actor import replica_batch_actor
 from deployments.batch.http import BatchApi
 from deployments.ingress import answers, metrics
+from deployments.ingress.anthropic.errors import anthropic_status
+from deployments.ingress.anthropic.http import anthropic_answer, authorization
+from deployments.ingress.anthropic.request import to_chat, to_counted
 from deployments.ingress.auth import PRIORITY_HEADER, Caller, KeyRing
 from deployments.ingress.body import read_body
 from deployments.ingress.catalog import model_cards
@@ -183,6 +188,34 @@ class Ingress:
         metrics.observe_request("embeddings", response.status_code, time.perf_counter() - started)
         return response
 
+    @app.post("/v1/messages")
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API: the same job as a chat, its answer and errors in
+        Anthropic's shapes (deployments/ingress/anthropic)."""
+        started = time.perf_counter()
+        try:
+            response = await self._anthropic(request, started)
+        except ApiError as error:
+            status = anthropic_status(error.status, error.code)
+            metrics.observe_request("messages", status, time.perf_counter() - started)
+            raise
+        metrics.observe_request("messages", response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(self, request: Request) -> Response:
+        """What the client sent, counted with the model's own tokenizer and chat template, as
+        Anthropic counts: before any fitting."""
+        caller = self._keys.authenticate(authorization(request.headers))
+        payload = await self._payload(request)
+        messages, tools = to_counted(payload)
+        model = self._jobs.counted_model(payload, caller)
+        count = await self._router.count_tokens.remote(model, messages, tools)
+        if count is None:
+            message = f"No backend of the model {payload['model']!r} is deployed here."
+            raise ApiError(503, ErrorCode.BACKEND_UNAVAILABLE, message)
+        return JSONResponse({"input_tokens": count})
+
     async def batch_answer(self, endpoint: str, body: dict[str, Any], owner: str) -> dict[str, Any]:
         """One batch line, answered as an HTTP request to `endpoint` would be, as `owner`'s
         key at background priority (the batch service calls this through Serve's handle)."""
@@ -276,11 +309,25 @@ class Ingress:
     async def _embed(self, request: Request, started: float) -> Response:
         return await self._serve(request, started, self._jobs.embedding)
 
-    async def _serve(self, request: Request, started: float, build: JobBuilder) -> Response:
-        caller = self._keys.authenticate(request.headers.get("authorization"))
+    async def _anthropic(self, request: Request, started: float) -> Response:
+        caller = self._keys.authenticate(authorization(request.headers))
+        payload = await self._payload(request)
+        chat = to_chat(payload)
+        headers = request.headers
+        job, depth = self._jobs.chat(
+            chat, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER)
+        )
+        job = with_session(job, headers.get(SESSION_HEADER))
+        return anthropic_answer(await self._metered(job, depth, started), payload["model"])
+
+    async def _payload(self, request: Request) -> dict[str, Any]:
         limits = self._config.gateway
         body = await read_body(request, limits.max_body_bytes)
-        payload = parse_object(body, limits.max_json_depth)
+        return parse_object(body, limits.max_json_depth)
+
+    async def _serve(self, request: Request, started: float, build: JobBuilder) -> Response:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        payload = await self._payload(request)
         headers = request.headers
         job, depth = build(payload, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER))
         job = with_session(job, headers.get(SESSION_HEADER))

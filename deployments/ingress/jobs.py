@@ -19,7 +19,7 @@ from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion
 
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode, invalid_fields
-from core.types import Role
+from core.types import Depth, Role
 from core.wire import ChatJob
 from deployments.ingress.auth import Caller, claimed_priority
 from policy.context.tokens import message_text
@@ -115,6 +115,15 @@ class Jobs:
         claimed = claimed_priority(priority, caller)
         assert model is not None  # `auto` chooses among text models: refused for vectors
         return ChatJob(_validate_embedding(payload), model, claimed, caller.name), None
+
+    def counted_model(self, payload: dict[str, Any], caller: Caller) -> str:
+        """The model whose tokenizer counts a request's prompt (`auto`: the balanced depth's
+        model, the one a request with no other sign goes to)."""
+        model = self._model_for(payload, caller)
+        if model is None:
+            model = self._config.depth_route(Depth.BALANCED)[0]
+            _check_allowed(caller, model, model)
+        return self._config.base_model(model).name
 
     def _model_for(
         self, payload: dict[str, Any], caller: Caller, vectors: bool = False

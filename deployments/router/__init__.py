@@ -132,6 +132,12 @@ class Router:
         assert isinstance(reply, Opening | Refusal)
         return reply
 
+    async def count_tokens(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> int | None:
+        """The prompt's tokens with `model`'s own tokenizer and template (Flow.count)."""
+        return await self._flow.count(model, messages, tools)
+
     async def status(self) -> dict[str, Any]:
         """Per-backend state from Serve's own status, with breaker, queue and KV pressure."""
         self._start_loops()

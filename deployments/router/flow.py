@@ -22,7 +22,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletio
 
 from core.clock import Clock
 from core.config import ClusterConfig
-from core.errors import ErrorCode
+from core.errors import ApiError, ErrorCode
 from core.topology import Target
 from core.types import PriorityClass
 from core.wire import ChatJob, Refusal, is_completion, is_embedding
@@ -165,6 +165,23 @@ class Flow:
             if seating.result is None:  # the client left: a slot granted meanwhile goes back
                 task.add_done_callback(functools.partial(_give_back, link))
                 task.cancel()
+
+    async def count(
+        self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> int | None:
+        """The tokens of the prompt `messages` and `tools` make as `model`'s own tokenizer and
+        chat template render them (its first link's), before any fitting: what Anthropic's
+        count_tokens answers. None where no link of it is deployed here."""
+        names = [name for name in self._placement.chain(model) if name in self._links]
+        if not names:
+            return None
+        counter = self._counters[self._links[names[0]].target.counter_key]
+        work = functools.partial(counter.count_prompt, messages, tools or None)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
+        except Exception as error:  # noqa: BLE001 - a template's refusal of the client's messages
+            message = f"The model's chat template cannot render these messages: {error}"
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, message) from None
 
     def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
         """The model's chain, less the links that cannot take this job."""

@@ -59,6 +59,7 @@ class InProcessRouter:
         self.chat = _Streamed(router.chat)
         self.chat_once = _Unary(router.chat_once)
         self.status = _Unary(router.status)
+        self.count_tokens = _Unary(router.count_tokens)
         self.metrics_text = _Unary(router.metrics_text)
 
     def options(self, **_: Any) -> InProcessRouter:
