@@ -181,7 +181,7 @@ def test_the_key_comes_from_x_api_key_or_a_bearer_header() -> None:
 
 
 def test_a_whole_answer_is_a_message_with_thinking_text_and_tool_use() -> None:
-    completion = {
+    completion: dict[str, Any] = {
         "id": "chatcmpl-abc",
         "choices": [
             {
