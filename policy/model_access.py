@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 
-__all__ = ["matches_any", "may_use", "usable_names"]
+__all__ = ["by_pattern", "matches_any", "may_use", "usable_names"]
 
 
 def matches_any(patterns: Iterable[str], name: str) -> bool:
@@ -30,3 +30,9 @@ def may_use(patterns: tuple[str, ...] | None, requested: str, model: str | None)
 def usable_names(patterns: tuple[str, ...] | None, served: Mapping[str, str | None]) -> list[str]:
     """The served names (name -> the model it reaches) a key may use, in catalog order."""
     return [name for name, model in served.items() if may_use(patterns, name, model)]
+
+
+def by_pattern(name: str, patterns: Mapping[str, str]) -> str | None:
+    """The name the first pattern (in order) matching `name` reaches (`gateway.model_patterns`),
+    or None."""
+    return next((to for pattern, to in patterns.items() if fnmatchcase(name, pattern)), None)

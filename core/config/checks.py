@@ -26,6 +26,7 @@ def cross_section_problems(config: ClusterConfig) -> list[str]:
         *_model_pools(config),
         *_caps(config),
         *_aliases(config),
+        *_model_patterns(config),
         *_chains(config),
         *_keys(config),
         *_gateway_resource(config),
@@ -233,6 +234,16 @@ def _aliases(config: ClusterConfig) -> list[str]:
             else:
                 seen[alias] = i
     return problems
+
+
+def _model_patterns(config: ClusterConfig) -> list[str]:
+    served = config.served_names
+    return [
+        f"gateway.model_patterns: {pattern!r} reaches {name!r}, which no model, alias, role "
+        f"or adapter here is named (served: {', '.join(served)})"
+        for pattern, name in config.gateway.model_patterns.items()
+        if name not in served
+    ]
 
 
 def _chains(config: ClusterConfig) -> list[str]:

@@ -32,7 +32,7 @@ LIVE_SECTIONS = frozenset({"api_keys", "chains", "depth"})
 # loops' intervals) or say where state lives (keys_db).
 LIVE_FIELDS = {
     # (max_json_depth also bounds the batch service's uploads, built with it.)
-    "gateway": frozenset({"max_body_bytes", "max_messages", "default_priority"}),
+    "gateway": frozenset({"max_body_bytes", "max_messages", "default_priority", "model_patterns"}),
     "router": frozenset(
         {
             "max_queue",

@@ -165,6 +165,15 @@ class GatewayConfig(Frozen):
     default_priority: PriorityClass = Field(
         PriorityClass.USER, description="The class of a request with no key and no X-Priority."
     )
+    # Claude Code sends claude-* names unless told otherwise, Codex gpt-*: a pattern lets an
+    # agent that cannot be told work unchanged.
+    model_patterns: Annotated[dict[str, str], AfterValidator(frozen_dict)] = Field(
+        default_factory=FrozenDict,
+        description="Model names no model, alias or role has, by glob (fnmatch, the first "
+        "that matches in order) to the name they reach, e.g. {'claude-*haiku*': "
+        "orchestrator, 'claude-*': coding}: an agent that sends its vendor's names works "
+        "unchanged. A key's `models` are checked against both names.",
+    )
     ingress_replicas: int = Field(1, ge=1, description="Ingress replicas (each runs a router).")
     router_replicas: int = Field(
         1,

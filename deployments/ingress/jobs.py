@@ -24,7 +24,7 @@ from core.wire import ChatJob
 from deployments.ingress.auth import Caller, claimed_priority
 from policy.context.tokens import message_text
 from policy.depth import DepthDecision, UnknownDepth, classify
-from policy.model_access import may_use, usable_names
+from policy.model_access import by_pattern, may_use, usable_names
 from policy.request import (
     check_chat_request,
     check_completion_request,
@@ -136,7 +136,10 @@ class Jobs:
             raise ApiError(
                 400, ErrorCode.MISSING_MODEL, "The field 'model' is required.", param="model"
             )
-        _check_allowed(caller, name, self._served.get(name))
+        asked = name
+        if name not in self._served:  # a vendor's name an agent sends (gateway.model_patterns)
+            name = by_pattern(name, self._config.gateway.model_patterns) or name
+        _check_allowed(caller, asked, self._served.get(name))
         if name not in self._served:
             available = ", ".join(usable_names(caller.models, self._served))
             raise ApiError(

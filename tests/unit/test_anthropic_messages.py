@@ -4,20 +4,26 @@ the gateway's errors in Anthropic's shape."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from starlette.requests import Request
 
-from core.config import GatewayConfig
+from core.config import GatewayConfig, hash_key, parse_config
 from core.errors import ApiError, ErrorCode
 from deployments.ingress.anthropic.answer import to_message
 from deployments.ingress.anthropic.errors import anthropic_body, anthropic_status
 from deployments.ingress.anthropic.events import MessageEvents
 from deployments.ingress.anthropic.http import authorization
 from deployments.ingress.anthropic.request import BILLING_HEADER, to_chat, to_counted
+from deployments.ingress.app import Ingress
 from deployments.ingress.jobs import validate_chat
+from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
+from tests.fakes import serve_handle
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "agent_requests"
 
@@ -309,3 +315,88 @@ def test_a_stream_that_said_nothing_still_opens_and_closes_the_message() -> None
     found = events_of(events.feed(chunk({}, "length")) + events.end())
     assert [e["type"] for e in found] == ["message_start", "message_delta", "message_stop"]
     assert found[1]["delta"]["stop_reason"] == "max_tokens"
+
+
+# --- through the ingress, with a router that answers like an engine ------------------------------
+
+E2E = Path(__file__).parents[1] / "e2e"
+KEY = "unit-key"
+
+
+def ingress_of(router: serve_handle.EngineLikeRouter) -> Ingress:
+    raw = yaml.safe_load((E2E / "gateway.yaml").read_text())
+    raw["api_keys"] = [{"name": "unit", "sha256": hash_key(KEY)}]
+    raw.setdefault("gateway", {})["model_patterns"] = {"claude-*": "orchestrator"}
+    ledger = LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
+    return Ingress(parse_config(raw, base_dir=E2E, environ={}), router, lambda: ledger)
+
+
+def post(body: dict[str, Any], headers: dict[str, str]) -> Request:
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/messages",
+        "query_string": b"beta=true",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+    }
+    chunks = [{"type": "http.request", "body": json.dumps(body).encode()}]
+
+    async def receive() -> dict[str, Any]:
+        return chunks.pop() if chunks else {"type": "http.disconnect"}
+
+    return Request(scope, receive)
+
+
+async def read(response: Any) -> str:
+    if hasattr(response, "body_iterator"):
+        return "".join([part async for part in response.body_iterator])
+    return bytes(response.body).decode()
+
+
+def test_the_ingress_answers_a_message_as_the_chat_job_it_routed() -> None:
+    router = serve_handle.EngineLikeRouter()
+    ingress = ingress_of(router)
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 9,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    response = asyncio.run(ingress.messages(post(body, {"x-api-key": KEY})))
+    message = json.loads(asyncio.run(read(response)))
+    assert (response.status_code, message["type"], message["model"]) == (
+        200,
+        "message",
+        "claude-sonnet-4-5",
+    )
+    assert message["content"] == [{"type": "text", "text": "Hi."}]
+    assert message["usage"]["input_tokens"] > 0
+    assert response.headers["x-backend"] == "orchestrator@local"
+    [job] = router.jobs
+    assert (job.model, job.caller, job.request.max_tokens) == ("orchestrator", "unit", 9)
+
+
+def test_the_ingress_streams_a_message_as_anthropics_events() -> None:
+    router = serve_handle.EngineLikeRouter()
+    ingress = ingress_of(router)
+    body = {
+        "model": "claude-x",
+        "max_tokens": 9,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    response = asyncio.run(ingress.messages(post(body, {"authorization": f"Bearer {KEY}"})))
+    found = events_of(asyncio.run(read(response)))
+    assert [e["type"] for e in found] == [
+        "message_start", "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert found[2]["delta"] == {"type": "text_delta", "text": "Hi."}
+    assert found[4]["usage"]["output_tokens"] > 0
+
+
+def test_the_ingress_refuses_a_bad_key_in_anthropics_shape() -> None:
+    ingress = ingress_of(serve_handle.EngineLikeRouter())
+    body = {"model": "claude-x", "max_tokens": 9, "messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(ingress.messages(post(body, {"x-api-key": "wrong"})))
+    assert anthropic_body(refused.value)["error"]["type"] == "authentication_error"

@@ -362,3 +362,38 @@ def test_an_adapter_that_cannot_be_served_is_refused(
     source: str, change: dict[str, Any], expected: str
 ) -> None:
     assert expected in refusal(with_adapter(source, **change))
+
+
+# --- a vendor's names, by pattern ----------------------------------------------------------------
+
+PATTERNS = {"claude-*haiku*": "orchestrator", "claude-*": "coding", "gpt-*": "auto"}
+
+
+def patterned(**patterns: str) -> dict[str, Any]:
+    raw = raw_config()
+    raw.setdefault("gateway", {})["model_patterns"] = patterns or PATTERNS
+    return raw
+
+
+def test_a_vendors_model_name_reaches_the_first_pattern_that_matches_it(
+    router: serve_handle.EngineLikeRouter,
+) -> None:
+    ledger = LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
+    ingress = Ingress(catalog(patterned()), router, lambda: ledger)
+    for name in ("claude-haiku-4-5-20251001", "claude-sonnet-4-5", "gpt-5.1-codex", "big"):
+        assert chat(ingress, "all-key", name) == 200
+    assert [job.model for job in router.jobs] == [
+        "orchestrator",
+        "coder-big",
+        "orchestrator",  # auto: the depth router's choice for a short question
+        "coder-big",
+    ]
+    # A name no pattern matches is still unknown; a key is held to its own globs either way.
+    assert chat(ingress, "all-key", "mistral-large") == "404 model_not_found"
+    assert chat(ingress, "coders-key", "claude-sonnet-4-5") == 200  # reaches coder-big
+    assert chat(ingress, "small-key", "claude-sonnet-4-5") == "403 model_not_allowed"
+
+
+def test_a_pattern_that_reaches_no_served_name_is_refused() -> None:
+    problem = refusal(patterned(**{"claude-*": "no-such-model"}))
+    assert "gateway.model_patterns: 'claude-*' reaches 'no-such-model'" in problem
