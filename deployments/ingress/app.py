@@ -2,8 +2,9 @@
 
 Everything a client can get wrong is answered here with OpenAI error JSON and the right status,
 before any work reaches the router or an engine. The router decides where a job runs.
-Anthropic's Messages API is translated at this edge into the same chat job and back
-(deployments/ingress/anthropic), its errors in Anthropic's shape.
+Anthropic's Messages API and OpenAI's Responses API are translated at this edge into the same
+chat job and back (deployments/ingress/anthropic, deployments/ingress/responses), Anthropic's
+errors in its own shape.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from deployments.ingress.files_routes import files_routes, use_batch_api
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
 from deployments.ingress.key_routes import held_key_admin, key_routes, serve_run_time_keys
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
+from deployments.ingress.responses.http import responses_answer
+from deployments.ingress.responses.request import to_chat as to_response_chat
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
@@ -216,6 +219,34 @@ class Ingress:
             raise ApiError(503, ErrorCode.BACKEND_UNAVAILABLE, message)
         return JSONResponse({"input_tokens": count})
 
+    @app.post("/v1/responses")
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API: the same job as a chat, its answer a response object or its
+        stream's events (deployments/ingress/responses)."""
+        started = time.perf_counter()
+        try:
+            response = await self._respond(request, started)
+        except ApiError as error:
+            metrics.observe_request("responses", error.status, time.perf_counter() - started)
+            raise
+        metrics.observe_request("responses", response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(self, response_id: str, request: Request) -> Response:
+        self._keys.authenticate(request.headers.get("authorization"))
+        raise _not_stored(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(self, response_id: str, request: Request) -> Response:
+        self._keys.authenticate(request.headers.get("authorization"))
+        raise _not_stored(response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def response_input(self, response_id: str, request: Request) -> Response:
+        self._keys.authenticate(request.headers.get("authorization"))
+        raise _not_stored(response_id)
+
     async def batch_answer(self, endpoint: str, body: dict[str, Any], owner: str) -> dict[str, Any]:
         """One batch line, answered as an HTTP request to `endpoint` would be, as `owner`'s
         key at background priority (the batch service calls this through Serve's handle)."""
@@ -319,6 +350,31 @@ class Ingress:
         )
         job = with_session(job, headers.get(SESSION_HEADER))
         return anthropic_answer(await self._metered(job, depth, started), payload["model"])
+
+    async def _respond(self, request: Request, started: float) -> Response:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        payload = await self._payload(request)
+        previous = payload.get("previous_response_id")
+        if previous is not None:
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_REQUEST,
+                f"Previous response with id {str(previous)[:100]!r} not found: this gateway "
+                "stores no responses yet; send the whole conversation as input (store: false).",
+                param="previous_response_id",
+            )
+        translated = to_response_chat(payload)
+        headers = request.headers
+        # A flex tier's work may wait: the background class, where X-Priority does not say.
+        flex = payload.get("service_tier") == "flex"
+        priority = headers.get(PRIORITY_HEADER) or (
+            PriorityClass.BACKGROUND.value if flex else None
+        )
+        job, depth = self._jobs.chat(translated.chat, caller, priority, headers.get(DEPTH_HEADER))
+        job = with_session(job, headers.get(SESSION_HEADER))
+        answer = await self._metered(job, depth, started)
+        echoed = {**payload, "store": False}  # kept nowhere yet: said so
+        return responses_answer(answer, echoed, translated.names)
 
     async def _payload(self, request: Request) -> dict[str, Any]:
         limits = self._config.gateway
@@ -424,6 +480,11 @@ class Ingress:
             media_type="text/event-stream",
             headers=headers,
         )
+
+
+def _not_stored(response_id: str) -> ApiError:
+    message = f"No response with id {response_id[:100]!r}: this gateway stores no responses yet."
+    return ApiError(404, ErrorCode.NOT_FOUND, message)
 
 
 @dataclass
