@@ -114,6 +114,8 @@ class Routed:
     # Times a higher class paused the answer: known here for a whole answer only (a stream's
     # say it in its comments, as it happens).
     pauses: int = 0
+    # How far the tools' descriptions were shortened to fit (policy.context.tool_fit; 0: not).
+    tools_shortened: int = 0
 
 
 @dataclass(frozen=True)

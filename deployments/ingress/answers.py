@@ -44,6 +44,8 @@ def routing_headers(
     }
     if routed.pauses:
         headers["X-Pauses"] = str(routed.pauses)
+    if routed.tools_shortened:  # 1: first sentences, 2: no descriptions (tool_fit)
+        headers["X-Context-Tools-Shortened"] = str(routed.tools_shortened)
     if depth is not None:
         headers["X-Depth"] = depth.depth.value
         headers["X-Depth-Reason"] = depth.reason

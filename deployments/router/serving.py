@@ -331,6 +331,8 @@ def engine_request(link: Link, job: ChatJob, fit: AnyFit, priority: int) -> Any:
             suffix=None,
             max_tokens=fit.max_tokens,
         )
+    # Tools the fit shortened (their descriptions: policy.context.tool_fit) replace the sent.
+    tools = {} if fit.tools is None else {"tools": _as_sent(request.tools, fit.tools)}
     return with_prompt_count(
         request,
         count,
@@ -340,7 +342,14 @@ def engine_request(link: Link, job: ChatJob, fit: AnyFit, priority: int) -> Any:
         messages=fit.messages,
         max_tokens=fit.max_tokens,
         max_completion_tokens=fit.max_tokens,
+        **tools,
     )
+
+
+def _as_sent(sent: list[Any], shortened: list[dict[str, Any]]) -> list[Any]:
+    """Shortened tools as the request's own tool type (vLLM's), as the sent ones were."""
+    kind = type(sent[0])
+    return [kind.model_validate(tool) for tool in shortened]
 
 
 def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
@@ -379,6 +388,7 @@ def _routed(link: Link, fit: AnyFit, failovers: int, engine_wait_s: float) -> Ro
         output_clamped=fit.output_clamped,
         failovers=failovers,
         engine_wait_s=engine_wait_s,
+        tools_shortened=fit.tools_shortened if isinstance(fit, Fit) else 0,
     )
 
 

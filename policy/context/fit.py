@@ -11,6 +11,10 @@ Layers, applied only as far as needed:
    room left rather than lost whole, so little budget goes unused.
 4. The result is counted exactly with the model's chat template; if the additive estimate was
    short, the search runs again with a smaller target.
+5. Tool definitions the template lists take their room first; where they take more than
+   `tools_share` of the prompt's budget, or the rest cannot fit beside them, their descriptions
+   are shortened, then left out (policy.context.tool_fit), before a turn is dropped. No tool
+   is dropped.
 
 A request whose cheap upper bound (`TokenCounter.upper_bound`) already fits is passed through
 without tokenizing: that is most requests, and it keeps fitting off the hot path.
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 from policy.context.compress import compress
 from policy.context.tokens import Message, TokenCounter, message_text
+from policy.context.tool_fit import SHORTENINGS, shortened_tools
 
 __all__ = [
     "MARKER",
@@ -63,6 +68,9 @@ class FitPolicy:
     system_share: float = 0.5
     pin_first_user_turn: bool = True
     marker_role: str = "system"
+    # Tools may take this share of the prompt's budget before their descriptions are shortened
+    # (policy.context.tool_fit); past it they are shortened before any turn is dropped.
+    tools_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -78,21 +86,39 @@ class Fit:
     compressed_messages: int
     output_clamped: bool
     counted: bool = True
+    # The tools as the engine must get them where they were shortened (None: as sent), and how
+    # far (policy.context.tool_fit's steps).
+    tools: list[Message] | None = None
+    tools_shortened: int = 0
 
     @property
     def fitted(self) -> bool:
-        return self.system_compressed or self.dropped_messages > 0 or self.compressed_messages > 0
+        return (
+            self.system_compressed
+            or self.dropped_messages > 0
+            or self.compressed_messages > 0
+            or self.tools_shortened > 0
+        )
 
 
 class ContextOverflow(ValueError):
-    """The latest user message alone does not fit the window."""
+    """The latest user message alone does not fit the window (beside the tools, at their
+    shortest, where the request lists some: `tools_tokens`)."""
 
-    def __init__(self, over_by: int, window: int) -> None:
-        super().__init__(over_by, window)
+    def __init__(self, over_by: int, window: int, tools_tokens: int = 0) -> None:
+        super().__init__(over_by, window, tools_tokens)
         self.over_by = over_by
         self.window = window
+        self.tools_tokens = tools_tokens
 
     def __str__(self) -> str:
+        if self.tools_tokens:
+            return (
+                f"The latest message and the request's tools ({self.tools_tokens} tokens with "
+                f"their descriptions left out) do not fit the model's context window of "
+                f"{self.window} tokens, even with the rest of the conversation omitted: "
+                f"{self.over_by} tokens too many; send fewer tools or a shorter message."
+            )
         return (
             f"The latest message does not fit the model's context window of {self.window} "
             f"tokens, even with the rest of the conversation omitted: shorten it by at least "
@@ -196,28 +222,57 @@ def fit_messages(
     if quick is not None:
         return quick
     budget = budget_for(window, requested_max_tokens, counter, policy)
-    max_tokens, margin = budget.max_tokens, budget.margin
+    overflow: ContextOverflow | None = None
+    # The tools as sent, then shorter (tool_fit): shortened before any turn is dropped where
+    # they take more than their share, and wherever the prompt does not fit beside them.
+    for step in range(SHORTENINGS + 1 if tools else 1):
+        listed = shortened_tools(tools, step) if tools else None
+        last = step == SHORTENINGS or not tools
+        if listed and not last and counter.count_tools(listed) > policy.tools_share * budget.prompt:
+            continue
+        try:
+            draft, prompt_tokens = _plan(messages, counter, policy, listed, budget, window)
+        except ContextOverflow as error:
+            overflow = error
+            continue
+        final_max_tokens = min(budget.max_tokens, window - prompt_tokens - budget.margin)
+        return Fit(
+            messages=draft.messages,
+            sources=draft.sources,
+            max_tokens=final_max_tokens,
+            prompt_tokens=prompt_tokens,
+            system_compressed=draft.system_compressed,
+            dropped_messages=draft.dropped,
+            compressed_messages=draft.compressed,
+            output_clamped=_clamped(requested_max_tokens, final_max_tokens),
+            tools=listed if step else None,
+            tools_shortened=step,
+        )
+    assert overflow is not None  # the last step raised it, or returned
+    if tools:
+        listed = shortened_tools(tools, SHORTENINGS)
+        overflow = ContextOverflow(overflow.over_by, window, counter.count_tools(listed))
+    raise overflow
+
+
+def _plan(
+    messages: Sequence[Message],
+    counter: TokenCounter,
+    policy: FitPolicy,
+    tools: Sequence[Message] | None,
+    budget: Budget,
+    window: int,
+) -> tuple[_Draft, int]:
     planner = Planner(list(messages), counter, policy, tools)
     try:
-        draft, prompt_tokens = planner.plan(budget.prompt)
+        return planner.plan(budget.prompt)
     except NoRoom:
         # The tail alone needs more than the input budget: give it the output's share too.
-        squeezed_budget = window - margin - min(policy.min_output_tokens, max_tokens)
+        squeezed_budget = window - budget.margin - min(policy.min_output_tokens, budget.max_tokens)
         try:
-            draft, prompt_tokens = planner.plan(squeezed_budget)
+            return planner.plan(squeezed_budget)
         except NoRoom as no_room:
             raise ContextOverflow(max(1, no_room.needed - squeezed_budget), window) from None
-    final_max_tokens = min(max_tokens, window - prompt_tokens - margin)
-    return Fit(
-        messages=draft.messages,
-        sources=draft.sources,
-        max_tokens=final_max_tokens,
-        prompt_tokens=prompt_tokens,
-        system_compressed=draft.system_compressed,
-        dropped_messages=draft.dropped,
-        compressed_messages=draft.compressed,
-        output_clamped=_clamped(requested_max_tokens, final_max_tokens),
-    )
 
 
 def _clamped(requested_max_tokens: int | None, max_tokens: int) -> bool:
