@@ -324,31 +324,43 @@ class Flow:
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
     def _nowhere(self, model: str, tried: list[str], refused: Mapping[str, Refusal]) -> Refusal:
-        """No link left: the client's 400 when every link tried lacked FIM tokens, the last
-        shed's 429 when links shed the job as it failed over, else 503."""
-        if tried and all(
-            name in refused and refused[name].code == ErrorCode.FIM_NOT_SUPPORTED for name in tried
-        ):
-            return refused[tried[-1]]
+        """No link left: the client's 400 when every link tried could not take the request
+        (lacked FIM tokens, or its window could not hold it: the first such link's, the
+        chain's own model, says which window), the last shed's 429 when links shed the job as
+        it failed over, else 503 (saying which links' windows were too small)."""
+        for code in _LINKS_OWN_LIMITS:
+            if tried and all(name in refused and refused[name].code == code for name in tried):
+                return refused[tried[0] if code == ErrorCode.CONTEXT_LENGTH_EXCEEDED else tried[-1]]
         sheds = [r for r in refused.values() if r.code == ErrorCode.OVERLOADED]
-        return sheds[-1] if sheds else self._unavailable(model, tried)
+        if sheds:
+            return sheds[-1]
+        small = [n for n, r in refused.items() if r.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED]
+        return self._unavailable(model, tried, small)
 
-    def _unavailable(self, model: str, tried: list[str]) -> Refusal:
+    def _unavailable(self, model: str, tried: list[str], small: list[str] | None = None) -> Refusal:
         if tried:
             message = f"Every backend for {model!r} failed ({', '.join(tried)})."
         else:
             message = f"No backend for {model!r} is available now."
+        if small:  # the rest of the chain could not hold the request: not the client's fault
+            message += f" The request does not fit the window of {', '.join(small)}."
         retry = max(1, round(self._config.router.breaker_cooldown_s))
         return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
 
 
+# Refusals of a link's own limits: another link of the chain may not have them.
+_LINKS_OWN_LIMITS = (ErrorCode.FIM_NOT_SUPPORTED, ErrorCode.CONTEXT_LENGTH_EXCEEDED)
+
+
 def _goes_on(refusal: Refusal, tried: list[str], *, continues: bool) -> bool:
     """Whether a job a link refused goes on to the next link: where that link's model lacks FIM
-    tokens (another's may have them), where half an answer is out (another may take the rest),
-    and where the link shed a job that was failing over: the load it met is the failed links'
-    work moved there, the next link may be free, and the CPU fallback ends text chains for
-    this. No refusal is the link's fault: no breaker hears of it."""
-    if continues or refusal.code == ErrorCode.FIM_NOT_SUPPORTED:
+    tokens or its window cannot hold the request (another's may: a coding agent's tools
+    overflow the CPU fallback's small window, not the model's), where half an answer is out
+    (another may take the rest), and where the link shed a job that was failing over: the load
+    it met is the failed links' work moved there, the next link may be free, and the CPU
+    fallback ends text chains for this. No refusal is the link's fault: no breaker hears of
+    it."""
+    if continues or refusal.code in _LINKS_OWN_LIMITS:
         return True
     return bool(tried) and refusal.code == ErrorCode.OVERLOADED
 

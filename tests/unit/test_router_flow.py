@@ -1305,3 +1305,77 @@ def test_an_adapter_is_asked_for_by_name_on_its_base_and_fails_over_along_its_ch
     )
     assert [r.model for r in big.requests] == ["coder-big-sql"]
     assert [r.model for r in small.requests] == ["coder-small"]
+
+
+# Tools whose listing is most of a 4096 window (the character estimate's count), as a coding
+# agent's are: each with a long description.
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{n}",
+            "description": "Does one thing well. " + "Long usage notes follow here. " * 60,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for n in range(6)
+]
+
+
+def agent_job(tools: int = 6) -> ChatJob:
+    listed = [
+        {**AGENT_TOOLS[0], "function": {**AGENT_TOOLS[0]["function"], "name": f"tool_{n}"}}
+        for n in range(tools)
+    ]
+    request = ChatCompletionRequest(
+        model="coding",
+        messages=[{"role": "user", "content": "Fix the test."}],
+        tools=listed,
+        max_tokens=64,
+        stream=True,
+    )
+    return ChatJob(request, Role.CODING, PriorityClass.USER, "t")
+
+
+def test_an_agents_long_tools_reach_the_engine_shortened_and_the_answer_says_so() -> None:
+    coding = FakeBackend(ok)
+    config = make_config(tools_on=("coding", "orchestrator", "cpu-fallback"))
+    router = make_router(config, {"coding@local": coding, "orchestrator@local": FakeBackend(ok),
+                                  "cpu-fallback": FakeBackend(ok)})  # fmt: skip
+    routed, *_ = asyncio.run(collect(router, agent_job()))
+    assert routed.backend == "coding@local"
+    assert routed.tools_shortened >= 1
+    assert routed.context_fitted
+    [sent] = coding.requests
+    assert [t.function.name for t in sent.tools] == [f"tool_{n}" for n in range(6)]
+    assert all(len(t.function.description or "") <= 160 for t in sent.tools)
+    assert sent.tools[0].function.parameters == AGENT_TOOLS[0]["function"]["parameters"]
+
+
+def test_a_link_whose_window_cannot_hold_the_request_is_passed_over_not_blamed() -> None:
+    # The chain's own models are down; the CPU fallback's window (256) cannot hold 40 tools
+    # even without their descriptions: a 503 that names it, never the client's 400.
+    config = make_config(fallback_window=256, tools_on=("coding", "orchestrator", "cpu-fallback"))
+    fallback = FakeBackend(ok)
+    handles = {"coding@local": FakeBackend(dead), "orchestrator@local": FakeBackend(dead),
+               "cpu-fallback": fallback}  # fmt: skip
+    [refusal] = asyncio.run(collect(make_router(config, handles), agent_job(tools=40)))
+    assert isinstance(refusal, Refusal)
+    assert (refusal.status, refusal.code) == (503, "backend_unavailable")
+    assert "does not fit the window of cpu-fallback" in refusal.message
+    assert fallback.calls == 0
+
+
+def test_a_message_no_link_can_hold_is_the_first_links_400_naming_its_window() -> None:
+    fallback = FakeBackend(ok)
+    handles = {"coding@local": FakeBackend(ok), "orchestrator@local": FakeBackend(ok),
+               "cpu-fallback": fallback}  # fmt: skip
+    request = ChatCompletionRequest(
+        model="coding", messages=[{"role": "user", "content": "word " * 9000}], stream=True
+    )
+    job = ChatJob(request, Role.CODING, PriorityClass.USER, "t")
+    [refusal] = asyncio.run(collect(make_router(make_config(), handles), job))
+    assert isinstance(refusal, Refusal)
+    assert (refusal.status, refusal.code) == (400, "context_length_exceeded")
+    assert "4096 tokens" in refusal.message
+    assert fallback.calls == 0
