@@ -1309,7 +1309,7 @@ def test_an_adapter_is_asked_for_by_name_on_its_base_and_fails_over_along_its_ch
 
 # Tools whose listing is most of a 4096 window (the character estimate's count), as a coding
 # agent's are: each with a long description.
-AGENT_TOOLS = [
+AGENT_TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
