@@ -10,8 +10,8 @@ one after another, beside a session that computes, in three phases:
 1. `rayup` and `stop` beside `no-ray` and `capacity` (which start no Ray either): `ray down` and
    `ray stop --force` end every Ray process on the machine, so nothing else of Ray may run. In a
    lane of its own, `image-build` builds the CPU image (tests/image: podman, no Ray in it).
-2. `placement`, `autoscale` and `monitoring`, each on a Ray cluster of its own (dynamic GCS
-   port, its own HTTP port), beside `main`.
+2. `placement` and `autoscale`, each on a Ray cluster of its own (dynamic GCS port, its own
+   HTTP port), beside `main`.
 3. `reload` beside `recovery` and then `batch`. A reload starts a second engine beside its app's,
    and while the shared app's engines run the machine has no memory for it (Ray's memory monitor
    killed workers of both apps when it ran beside them). Recovery starts four Ray nodes (a head,
@@ -28,7 +28,9 @@ one after another, beside a session that computes, in three phases:
    nodes of a test engine and llama.cpp, the GCS killed and the head replaced: light, but its
    node starts want a machine not as loaded as beside the shared app), and `image` runs the
    image phase 1 built (one vLLM engine in a container, a few minutes). A container's processes
-   are visible from here, and a `ray stop` would end its Ray: so not in phase 1.
+   are visible from here, and a `ray stop` would end its Ray: so not in phase 1. `monitoring`
+   (a real Prometheus over its own app held under KV pressure) runs in a lane of its own: beside
+   the shared app an AVX2-only machine ran out of memory (see MONITORING below).
 
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
@@ -68,18 +70,21 @@ SUITE_VARIABLE = "MAKE_TEST_SUITE"  # tests/own_processes.py reads it
 NO_RAY = ("no-ray", "capacity")
 STOPPING_RAY = ("rayup", "stop")
 BUILDING = ("image-build",)
-# Phase 2, beside main. Monitoring last: started beside the shared app's start (the machine's
-# load average 35 on 2 cores, on an AVX2-only one), its Ray metrics agent fell behind (scrapes of
-# it failed; one counter delta, which Ray's workers send once and never again, was lost) and the
-# shared app took 13 minutes to start. With the engines' KV caches sized in bytes, memory allows
-# it beside the app at work (7 GB left of 24 GiB then, 1.8 GB at the lowest beside its start).
-BESIDE_MAIN = ("placement", "autoscale", "monitoring")
+# Phase 2, beside main.
+BESIDE_MAIN = ("placement", "autoscale")
 # Phase 3: reload and gcs beside the suite whose node starts the shared app's load broke, and
-# batch; the image phase 1 built, run.
+# batch; the image phase 1 built, run; and monitoring. Monitoring ran beside main until an
+# AVX2-only machine (float32 engines: twice the weights) ran out of memory there: Ray's memory
+# monitor killed 11 and 12 workers of both apps at 95% of 24 GiB, the shared app's embedding
+# and orchestrator replicas among them (the fuzz test's 14 503s, the kill tests' missing
+# replica: clean-clone run of 7d5352f), and in CI's run of b8df5d9 an ingress replica of
+# monitoring's app in the middle of its KV test (a 500, then a replica uncounted). With no
+# shared app in phase 3 memory is plenty; it runs in a lane of its own.
 LAST = ("reload", "gcs")
 BESIDE_LAST = ("recovery", "batch")
 RUNNING_IMAGE = ("image",)
-OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST)  # tests/<name>
+MONITORING = ("monitoring",)
+OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST, *MONITORING)
 SUITES: dict[str, list[str]] = {
     "no-ray": ["tests/unit", "tests/integration", "tests/gpu", "--durations=20"],
     "main": ["tests/e2e", "tests/chaos", "--durations=40"],
@@ -200,7 +205,7 @@ def run_in_order(
 def run_all(outcomes: list[Outcome], reports: Path) -> None:
     beside_each_other(NO_RAY, (STOPPING_RAY, BUILDING), outcomes, reports)
     beside_each_other(("main",), (BESIDE_MAIN,), outcomes, reports)
-    beside_each_other(LAST, (BESIDE_LAST, RUNNING_IMAGE), outcomes, reports)
+    beside_each_other(LAST, (BESIDE_LAST, RUNNING_IMAGE, MONITORING), outcomes, reports)
 
 
 def beside_each_other(
@@ -258,7 +263,8 @@ def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
     beside = (
         f" ({', '.join(STOPPING_RAY)} and {', '.join(BUILDING)} ran beside "
         f"{', '.join(NO_RAY)}; {', '.join(BESIDE_MAIN)} beside main; then "
-        f"{', '.join(BESIDE_LAST)} and {', '.join(RUNNING_IMAGE)} beside {', '.join(LAST)})"
+        f"{', '.join(BESIDE_LAST)}, {', '.join(RUNNING_IMAGE)} and {', '.join(MONITORING)} "
+        f"beside {', '.join(LAST)})"
         if side_by_side
         else ""
     )
