@@ -151,8 +151,11 @@ def failed_tests(report: Path) -> tuple[str, ...]:
             message = (problem.get("message") or "").strip().splitlines()
             failed.append(f"{test} - {message[0][:300] if message else problem.tag}")
             # What follows the first line (a fuzz test's failures, a status's body): the line
-            # a CI log cut to its tail keeps is rarely enough to mend the test by.
-            more = [line.strip()[:300] for line in message[1:] if line.strip()]
+            # a CI log cut to its tail keeps is rarely enough to mend the test by. pytest cuts
+            # the message attribute short ("[+14 more lines; ...]"): the error's own `E` lines
+            # of the report's text are whole.
+            more = error_lines(problem.text or "") or message[1:]
+            more = [line.strip()[:300] for line in more[1:] if line.strip()]
             failed.extend(f"    {line}" for line in more[:MESSAGE_LINES])
             if len(more) > MESSAGE_LINES:
                 failed.append(f"    ... {len(more) - MESSAGE_LINES} more lines")
@@ -161,6 +164,14 @@ def failed_tests(report: Path) -> tuple[str, ...]:
 
 
 MESSAGE_LINES = 12  # of each failure's message, under its first line
+
+
+def error_lines(traceback: str) -> list[str]:
+    """The lines pytest marks `E` in a failure's report (the error and its explanation), the
+    last failure's only where an exception group has several."""
+    return [line[1:].strip() for line in traceback.splitlines() if line.startswith("E ")]
+
+
 GROUP_MEMBER = re.compile(r"^\s*\+[-+]* (?:\d+|\.\.\.) -+\s*$", re.MULTILINE)
 MEMBER_ERROR = re.compile(
     r"^[\s|]*([\w.]+(?:Error|Warning|Exception|Exit)(?:: .*)?)$", re.MULTILINE
