@@ -400,3 +400,16 @@ def test_the_ingress_refuses_a_bad_key_in_anthropics_shape() -> None:
     with pytest.raises(ApiError) as refused:
         asyncio.run(ingress.messages(post(body, {"x-api-key": "wrong"})))
     assert anthropic_body(refused.value)["error"]["type"] == "authentication_error"
+
+
+def test_a_call_forced_by_name_is_a_tool_use_though_vllm_ends_it_as_stop() -> None:
+    call = {"id": "c1", "function": {"name": "Read", "arguments": "{}"}}
+    completion = {
+        "id": "chatcmpl-f",
+        "choices": [{"message": {"tool_calls": [call]}, "finish_reason": "stop"}],
+    }
+    assert to_message(completion, "m")["stop_reason"] == "tool_use"
+    events = MessageEvents("m", 0)
+    tool = {"index": 0, "id": "c1", "function": {"name": "Read", "arguments": "{}"}}
+    found = events_of(events.feed(chunk({"tool_calls": [tool]}, "stop")) + events.end())
+    assert found[-2]["delta"]["stop_reason"] == "tool_use"

@@ -82,7 +82,10 @@ def to_message(completion: Mapping[str, Any], model: str) -> Body:
                 "input": tool_input(function.get("arguments")),
             }
         )
-    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"))
+    finish = choice.get("finish_reason")
+    if finish == "stop" and message.get("tool_calls"):
+        finish = "tool_calls"  # a call forced by name ends as "stop" in vLLM: still a tool use
+    reason, sequence = stop_reason(finish, choice.get("stop_reason"))
     return {
         "id": message_id(completion.get("id")),
         "type": "message",

@@ -43,6 +43,7 @@ class MessageEvents:
         self._finish: Any = None
         self._matched: Any = None
         self._output_tokens = 0
+        self._called = False  # a tool_use block was sent
 
     @property
     def over(self) -> bool:
@@ -62,7 +63,10 @@ class MessageEvents:
             return out
         self._over = True
         out += self._start({})
-        reason, sequence = stop_reason(self._finish or "stop", self._matched)
+        finish = self._finish or "stop"
+        if finish == "stop" and self._called:
+            finish = "tool_calls"  # a call forced by name ends as "stop" in vLLM: a tool use
+        reason, sequence = stop_reason(finish, self._matched)
         out += self._close()
         delta = {"stop_reason": reason, "stop_sequence": sequence}
         usage = {"input_tokens": self._input_tokens, "output_tokens": self._output_tokens}
@@ -138,6 +142,7 @@ class MessageEvents:
         function = call.get("function") or {}
         out = ""
         if self._block != ("tool", index):
+            self._called = True
             block = {
                 "type": "tool_use",
                 "id": str(call.get("id") or f"toolu_{index}"),
