@@ -83,7 +83,7 @@ def to_message(completion: Mapping[str, Any], model: str) -> Body:
             }
         )
     finish = choice.get("finish_reason")
-    if finish == "stop" and message.get("tool_calls"):
+    if finish == "stop" and message.get("tool_calls") and choice.get("stop_reason") is None:
         finish = "tool_calls"  # a call forced by name ends as "stop" in vLLM: still a tool use
     reason, sequence = stop_reason(finish, choice.get("stop_reason"))
     return {

@@ -64,7 +64,7 @@ class MessageEvents:
         self._over = True
         out += self._start({})
         finish = self._finish or "stop"
-        if finish == "stop" and self._called:
+        if finish == "stop" and self._called and self._matched is None:
             finish = "tool_calls"  # a call forced by name ends as "stop" in vLLM: a tool use
         reason, sequence = stop_reason(finish, self._matched)
         out += self._close()
