@@ -212,7 +212,8 @@ class Ingress:
         caller = self._keys.authenticate(authorization(request.headers))
         payload = await self._payload(request)
         messages, tools = to_counted(payload)
-        model = self._jobs.counted_model(payload, caller)
+        # The translated messages: image blocks are `image_url` parts there (the vision model).
+        model = self._jobs.counted_model({"model": payload["model"], "messages": messages}, caller)
         count = await self._router.count_tokens.remote(model, messages, tools)
         if count is None:
             message = f"No backend of the model {payload['model']!r} is deployed here."

@@ -11,10 +11,11 @@ Layers, applied only as far as needed:
    room left rather than lost whole, so little budget goes unused.
 4. The result is counted exactly with the model's chat template; if the additive estimate was
    short, the search runs again with a smaller target.
-5. Tool definitions the template lists take their room first; where they take more than
-   `tools_share` of the prompt's budget, or the rest cannot fit beside them, their descriptions
-   are shortened, then left out (policy.context.tool_fit), before a turn is dropped. No tool
-   is dropped.
+5. Tool definitions the template lists take their room first. Past `tools_share` of the
+   prompt's budget their descriptions are shortened, then left out (policy.context.tool_fit),
+   before any turn is dropped; within it they stay whole while old turns go, and are shortened
+   only where the newest turn cannot fit beside them. No tool is dropped. (A request that fits
+   whole is passed through with its tools as sent.)
 
 A request whose cheap upper bound (`TokenCounter.upper_bound`) already fits is passed through
 without tokenizing: that is most requests, and it keeps fitting off the hot path.

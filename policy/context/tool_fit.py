@@ -3,8 +3,9 @@
 A coding agent's request is mostly its tools: Claude Code's 12 to 21 take 8,500 to 16,600 of
 the demo model's tokens, Codex's 9 take 4,300 (tests/fixtures/agent_requests), before the user
 has said a word. Their names and parameters are what a model needs to call them; their long
-descriptions (usage notes, examples) are what can go. So, where the tools would take more than
-their share of the prompt's budget, or the prompt does not fit beside them:
+descriptions (usage notes, examples) are what can go. So, where the tools take more than their
+share of the prompt's budget (before any turn is dropped), or the newest turn does not fit
+beside them (policy.context.fit):
 
 1. each tool's description is cut to its first sentence (at most `FIRST_SENTENCE_CHARS`), and
    each parameter's description to its first sentence too;

@@ -413,3 +413,22 @@ def test_a_call_forced_by_name_is_a_tool_use_though_vllm_ends_it_as_stop() -> No
     tool = {"index": 0, "id": "c1", "function": {"name": "Read", "arguments": "{}"}}
     found = events_of(events.feed(chunk({"tool_calls": [tool]}, "stop")) + events.end())
     assert found[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_a_keep_alive_while_an_answer_waits_is_a_ping() -> None:
+    events = MessageEvents("m", 0)
+    found = events_of(events.feed(chunk({"content": "Hi"}) + ": gps-waiting\n\n"))
+    assert found[-1] == {"type": "ping"}
+
+
+def test_a_tool_choice_whose_name_is_not_a_string_is_a_400() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "a", "input_schema": {}}],
+        "tool_choice": {"type": "tool", "name": []},
+    }
+    with pytest.raises(ApiError) as raised:
+        to_chat(body)
+    assert raised.value.status == 400

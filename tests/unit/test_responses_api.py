@@ -319,3 +319,32 @@ def test_a_name_two_tools_share_is_qualified_by_its_namespace() -> None:
 
 
 CLOSE_AGENT = {"name": "close_agent", "arguments": '{"target": "a"}'}
+
+
+def test_an_answer_that_reasons_again_after_it_spoke_keeps_every_item_its_own_id() -> None:
+    events = ResponseEvents(REQUEST, ToolNames())
+    chat = "".join(
+        chunk(delta) for delta in ({"reasoning": "a"}, {"content": "b"}, {"reasoning": "c"})
+    )
+    chat += chunk({"content": "d"}, "stop") + USAGE + "data: [DONE]\n\n"
+    found = parsed_events(events.feed(chat) + events.end())
+    state: ResponseStreamState[object] = ResponseStreamState(input_tools=omit, text_format=omit)
+    for data in found:  # raises on two items of one id at different indexes
+        state.handle_event(construct_type(type_=ResponseStreamEvent, value=data))  # type: ignore[arg-type]
+    ids = [item["id"] for item in found[-1]["response"]["output"]]
+    assert len(ids) == len(set(ids)) == 4
+
+
+def test_a_comment_the_router_sends_while_an_answer_waits_passes_through() -> None:
+    events = ResponseEvents(REQUEST, ToolNames())
+    out = events.feed(chunk({"content": "Hi"}) + ": gps-waiting\n\n")
+    assert out.endswith(": gps-waiting\n\n")
+
+
+@pytest.mark.parametrize("name", [[], {}, 3])
+def test_a_tool_choice_whose_name_is_not_a_string_is_a_400(name: Any) -> None:
+    body = {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}],
+            "tool_choice": {"type": "function", "name": name}}  # fmt: skip
+    with pytest.raises(ApiError) as raised:
+        to_chat(body)
+    assert raised.value.status == 400

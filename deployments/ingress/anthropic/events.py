@@ -80,6 +80,8 @@ class MessageEvents:
         data = "".join(
             line[5:].lstrip() for line in raw.splitlines() if line.startswith("data:")
         ).strip()
+        if not data and raw.lstrip().startswith(":") and self._started and not self._over:
+            return event("ping", {})  # a keep-alive (a paused answer waiting for its slot)
         if not data or self._over:
             return ""
         if data == "[DONE]":

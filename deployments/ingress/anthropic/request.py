@@ -269,7 +269,7 @@ def _tool_choice(choice: Any, tools: list[Body]) -> Body:
         chosen["tool_choice"] = TOOL_CHOICES[kind]
     elif kind == "tool":
         name = choice.get("name")
-        if name not in {t["function"]["name"] for t in tools}:
+        if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:
             fail("tool_choice.name", "must name one of the request's tools")
         chosen["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:

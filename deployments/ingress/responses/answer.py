@@ -84,9 +84,11 @@ def usage(counted: Any) -> Body:
     }
 
 
-def reasoning_item(rid: str, text: str) -> Body:
+def reasoning_item(rid: str, n: int, text: str) -> Body:
+    """The reasoning item at output index `n` (ids are per item: an answer may reason again
+    after it spoke)."""
     return {
-        "id": f"rs_{rid}",
+        "id": f"rs_{rid}_{n}",
         "type": "reasoning",
         "summary": [],
         "content": [{"type": "reasoning_text", "text": text}],
@@ -95,9 +97,9 @@ def reasoning_item(rid: str, text: str) -> Body:
     }
 
 
-def message_item(rid: str, text: str, status: str = "completed") -> Body:
+def message_item(rid: str, n: int, text: str, status: str = "completed") -> Body:
     return {
-        "id": f"msg_{rid}",
+        "id": f"msg_{rid}_{n}",
         "type": "message",
         "role": "assistant",
         "status": status,
@@ -155,10 +157,10 @@ def to_response(
     output: list[Body] = []
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
-        output.append(reasoning_item(rid, reasoning))
+        output.append(reasoning_item(rid, len(output), reasoning))
     text = message.get("content")
     if isinstance(text, str) and text:
-        output.append(message_item(rid, text))
+        output.append(message_item(rid, len(output), text))
     for n, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function") or {}
         name = str(function.get("name") or "")

@@ -106,6 +106,8 @@ class ResponseEvents:
         data = "".join(
             line[5:].lstrip() for line in raw.splitlines() if line.startswith("data:")
         ).strip()
+        if not data and raw.lstrip().startswith(":") and not self._over:
+            return raw.strip() + "\n\n"  # a keep-alive (a paused answer waiting): SDKs skip it
         if not data or self._over:
             return ""
         if data == "[DONE]":
@@ -168,10 +170,10 @@ class ResponseEvents:
     def _add(self, kind: str) -> str:
         index = len(self._output)
         if kind == "message":
-            item = message_item(self._rid, "", "in_progress")
+            item = message_item(self._rid, index, "", "in_progress")
             item["content"] = []
         else:
-            item = {**reasoning_item(self._rid, ""), "content": [], "status": "in_progress"}
+            item = {**reasoning_item(self._rid, index, ""), "content": [], "status": "in_progress"}
         self._open = _Open(kind, index, item["id"])
         out = self._event("response.output_item.added", {"output_index": index, "item": item})
         if kind == "message":
@@ -213,7 +215,7 @@ class ResponseEvents:
         self._open = None
         where = {"item_id": item.item_id, "output_index": item.index}
         if item.kind == "message":
-            done = message_item(self._rid, item.text)
+            done = message_item(self._rid, item.index, item.text)
             part = done["content"][0]
             out = self._event(
                 "response.output_text.done",
@@ -223,7 +225,7 @@ class ResponseEvents:
                 "response.content_part.done", {**where, "content_index": 0, "part": part}
             )
         elif item.kind == "reasoning":
-            done = reasoning_item(self._rid, item.text)
+            done = reasoning_item(self._rid, item.index, item.text)
             out = self._event(
                 "response.reasoning_text.done", {**where, "content_index": 0, "text": item.text}
             )

@@ -314,7 +314,7 @@ def _tool_choice(choice: Any, names: set[str]) -> Body:
         return {} if choice is None else {"tool_choice": choice}
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         name = choice.get("name")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             fail("tool_choice.name", "must name one of the request's tools")
         return {"tool_choice": {"type": "function", "function": {"name": name}}}
     # allowed_tools, a hosted tool's type, and what comes next: the model chooses.
