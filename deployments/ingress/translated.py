@@ -4,12 +4,13 @@ it comes and its chat stream closed with it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import json
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from starlette.responses import Response, StreamingResponse
 
-__all__ = ["StreamTranslator", "kept_headers", "translated_stream"]
+__all__ = ["ChatStreamTranslator", "StreamTranslator", "kept_headers", "translated_stream"]
 
 # Headers the translated body makes anew.
 _BODY_HEADERS = frozenset({"content-length", "content-type"})
@@ -24,6 +25,72 @@ class StreamTranslator(Protocol):
     def feed(self, text: str) -> str: ...
 
     def end(self) -> str: ...
+
+
+class ChatStreamTranslator:
+    """The part both translations share: the chat stream's SSE text cut into whole events (a
+    part waits for the rest), each read as a chunk, an error after the stream began, its
+    `[DONE]`, or a keep-alive comment; nothing once the translation is over. Subclasses say
+    what each becomes."""
+
+    def __init__(self) -> None:
+        self._pending = ""  # text after the last whole SSE event
+        self._over = False
+
+    @property
+    def over(self) -> bool:
+        return self._over
+
+    def feed(self, text: str) -> str:
+        """The events for the chat stream's `text` (whole SSE events; a part waits)."""
+        self._pending += text
+        *whole, self._pending = self._pending.split("\n\n")
+        return "".join(self._sse(raw) for raw in whole)
+
+    def end(self) -> str:
+        """What closes the translation once the chat stream is over (nothing after an error)."""
+        out = self._sse(self._pending) if self._pending.strip() else ""
+        self._pending = ""
+        if self._over:
+            return out
+        self._over = True
+        return out + self._closing()
+
+    def _sse(self, raw: str) -> str:
+        if self._over:
+            return ""
+        data = "".join(
+            line[5:].lstrip() for line in raw.splitlines() if line.startswith("data:")
+        ).strip()
+        if not data:
+            return self._keep_alive(raw.strip()) if raw.lstrip().startswith(":") else ""
+        if data == "[DONE]":
+            return self.end()
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return ""  # nothing a chat stream sends: not the client's to see
+        if not isinstance(chunk, dict):
+            return ""
+        if "error" in chunk:
+            self._over = True
+            return self._failed(chunk["error"])
+        return self._chunk(chunk)
+
+    def _chunk(self, chunk: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+    def _failed(self, error: Any) -> str:
+        """The events of a failure after the stream began; the translation is over."""
+        raise NotImplementedError
+
+    def _keep_alive(self, comment: str) -> str:
+        """A comment the router sends while a paused answer waits for its slot."""
+        raise NotImplementedError
+
+    def _closing(self) -> str:
+        """The events that end a whole answer."""
+        raise NotImplementedError
 
 
 def kept_headers(response: Response) -> dict[str, str]:

@@ -19,6 +19,7 @@ from typing import Any
 from core.errors import ErrorCode
 from deployments.ingress.anthropic.answer import message_id, reasoning_of, stop_reason
 from deployments.ingress.anthropic.errors import anthropic_type
+from deployments.ingress.translated import ChatStreamTranslator
 
 __all__ = ["MessageEvents", "event"]
 
@@ -29,15 +30,14 @@ def event(kind: str, data: Mapping[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
 
 
-class MessageEvents:
+class MessageEvents(ChatStreamTranslator):
     """One message's events from one chat stream's text (`feed`, then `end`)."""
 
     def __init__(self, model: str, input_tokens: int) -> None:
         self._model = model
         self._input_tokens = input_tokens
-        self._pending = ""  # text after the last whole SSE event
+        super().__init__()
         self._started = False
-        self._over = False
         self._index = -1
         self._block: tuple[str, int] | None = None  # (kind, the chat stream's tool index)
         self._finish: Any = None
@@ -45,24 +45,8 @@ class MessageEvents:
         self._output_tokens = 0
         self._called = False  # a tool_use block was sent
 
-    @property
-    def over(self) -> bool:
-        return self._over
-
-    def feed(self, text: str) -> str:
-        """The events for the chat stream's `text` (whole SSE events; a part waits)."""
-        self._pending += text
-        *whole, self._pending = self._pending.split("\n\n")
-        return "".join(self._sse(raw) for raw in whole)
-
-    def end(self) -> str:
-        """What closes the message, once the chat stream is over (nothing after an error)."""
-        out = self._sse(self._pending) if self._pending.strip() else ""
-        self._pending = ""
-        if self._over:
-            return out
-        self._over = True
-        out += self._start({})
+    def _closing(self) -> str:
+        out = self._start({})
         finish = self._finish or "stop"
         if finish == "stop" and self._called and self._matched is None:
             finish = "tool_calls"  # a call forced by name ends as "stop" in vLLM: a tool use
@@ -76,25 +60,8 @@ class MessageEvents:
             + event("message_stop", {})
         )
 
-    def _sse(self, raw: str) -> str:
-        data = "".join(
-            line[5:].lstrip() for line in raw.splitlines() if line.startswith("data:")
-        ).strip()
-        if not data and raw.lstrip().startswith(":") and self._started and not self._over:
-            return event("ping", {})  # a keep-alive (a paused answer waiting for its slot)
-        if not data or self._over:
-            return ""
-        if data == "[DONE]":
-            return self.end()
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return ""  # nothing a chat stream sends: not the client's to see
-        if not isinstance(chunk, dict):
-            return ""
-        if "error" in chunk:
-            return self._error(chunk["error"])
-        return self._chunk(chunk)
+    def _keep_alive(self, comment: str) -> str:
+        return event("ping", {}) if self._started else ""
 
     def _start(self, chunk: Mapping[str, Any]) -> str:
         if self._started:
@@ -174,8 +141,7 @@ class MessageEvents:
         self._block = None
         return event("content_block_stop", {"index": self._index})
 
-    def _error(self, error: Any) -> str:
-        self._over = True
+    def _failed(self, error: Any) -> str:
         info = error if isinstance(error, dict) else {}
         code, message = info.get("code"), info.get("message")
         # vLLM's events carry the status as `code`, ours an ErrorCode.

@@ -30,6 +30,7 @@ from deployments.ingress.responses.answer import (
     usage,
 )
 from deployments.ingress.responses.request import ToolNames
+from deployments.ingress.translated import ChatStreamTranslator
 
 __all__ = ["ResponseEvents"]
 
@@ -50,13 +51,13 @@ class _Open:
     number: int = 0  # a call's, among the response's calls (its item id)
 
 
-class ResponseEvents:
+class ResponseEvents(ChatStreamTranslator):
     """One response's events from one chat stream's text (`feed`, then `end`)."""
 
     def __init__(self, request: Mapping[str, Any], names: ToolNames) -> None:
+        super().__init__()
         self._request = request
         self._names = names
-        self._pending = ""
         self._sequence = 0
         self._rid = ""
         self._created = 0
@@ -66,25 +67,9 @@ class ResponseEvents:
         self._finish: Any = None
         self._usage: Any = None
         self._started = False
-        self._over = False
 
-    @property
-    def over(self) -> bool:
-        return self._over
-
-    def feed(self, text: str) -> str:
-        self._pending += text
-        *whole, self._pending = self._pending.split("\n\n")
-        return "".join(self._sse(raw) for raw in whole)
-
-    def end(self) -> str:
-        """What closes the response once the chat stream is over (nothing after a failure)."""
-        out = self._sse(self._pending) if self._pending.strip() else ""
-        self._pending = ""
-        if self._over:
-            return out
-        self._over = True
-        out += self._start({}) + self._close()
+    def _closing(self) -> str:
+        out = self._start({}) + self._close()
         cut = self._finish == "length"
         response = self._response("incomplete" if cut else "completed")
         response["output"] = list(self._output)
@@ -94,6 +79,9 @@ class ResponseEvents:
         kind = "response.incomplete" if cut else "response.completed"
         return out + self._event(kind, {"response": response})
 
+    def _keep_alive(self, comment: str) -> str:
+        return comment + "\n\n"  # SDKs skip a comment; it keeps the connection alive
+
     def _response(self, status: str) -> Body:
         return envelope(self._request, self._rid, self._created, status)
 
@@ -101,26 +89,6 @@ class ResponseEvents:
         body = {"type": kind, **data, "sequence_number": self._sequence}
         self._sequence += 1
         return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-    def _sse(self, raw: str) -> str:
-        data = "".join(
-            line[5:].lstrip() for line in raw.splitlines() if line.startswith("data:")
-        ).strip()
-        if not data and raw.lstrip().startswith(":") and not self._over:
-            return raw.strip() + "\n\n"  # a keep-alive (a paused answer waiting): SDKs skip it
-        if not data or self._over:
-            return ""
-        if data == "[DONE]":
-            return self.end()
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return ""
-        if not isinstance(chunk, dict):
-            return ""
-        if "error" in chunk:
-            return self._failed(chunk["error"])
-        return self._chunk(chunk)
 
     def _start(self, chunk: Mapping[str, Any]) -> str:
         if self._started:
@@ -248,7 +216,6 @@ class ResponseEvents:
         )
 
     def _failed(self, error: Any) -> str:
-        self._over = True
         info = error if isinstance(error, dict) else {}
         code = info.get("code")
         failure = {
