@@ -14,7 +14,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -160,50 +160,21 @@ class Ingress:
 
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            response = await self._chat(request, started)
-        except ApiError as error:
-            metrics.observe_request("chat", error.status, time.perf_counter() - started)
-            raise
-        metrics.observe_request("chat", response.status_code, time.perf_counter() - started)
-        return response
+        return await self._observed("chat", self._chat, request)
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            response = await self._complete(request, started)
-        except ApiError as error:
-            metrics.observe_request("completions", error.status, time.perf_counter() - started)
-            raise
-        metrics.observe_request("completions", response.status_code, time.perf_counter() - started)
-        return response
+        return await self._observed("completions", self._complete, request)
 
     @app.post("/v1/embeddings")
     async def embeddings(self, request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            response = await self._embed(request, started)
-        except ApiError as error:
-            metrics.observe_request("embeddings", error.status, time.perf_counter() - started)
-            raise
-        metrics.observe_request("embeddings", response.status_code, time.perf_counter() - started)
-        return response
+        return await self._observed("embeddings", self._embed, request)
 
     @app.post("/v1/messages")
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API: the same job as a chat, its answer and errors in
         Anthropic's shapes (deployments/ingress/anthropic)."""
-        started = time.perf_counter()
-        try:
-            response = await self._anthropic(request, started)
-        except ApiError as error:
-            status = anthropic_status(error.status, error.code)
-            metrics.observe_request("messages", status, time.perf_counter() - started)
-            raise
-        metrics.observe_request("messages", response.status_code, time.perf_counter() - started)
-        return response
+        return await self._observed("messages", self._anthropic, request, _anthropic_status)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(self, request: Request) -> Response:
@@ -224,14 +195,7 @@ class Ingress:
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API: the same job as a chat, its answer a response object or its
         stream's events (deployments/ingress/responses)."""
-        started = time.perf_counter()
-        try:
-            response = await self._respond(request, started)
-        except ApiError as error:
-            metrics.observe_request("responses", error.status, time.perf_counter() - started)
-            raise
-        metrics.observe_request("responses", response.status_code, time.perf_counter() - started)
-        return response
+        return await self._observed("responses", self._respond, request)
 
     @app.get("/v1/responses/{response_id}")
     async def stored_response(self, response_id: str, request: Request) -> Response:
@@ -247,6 +211,23 @@ class Ingress:
     async def response_input(self, response_id: str, request: Request) -> Response:
         self._keys.authenticate(request.headers.get("authorization"))
         raise _not_stored(response_id)
+
+    async def _observed(
+        self,
+        endpoint: str,
+        serve: Callable[[Request, float], Awaitable[Response]],
+        request: Request,
+        shown: Callable[[ApiError], int] = lambda error: error.status,
+    ) -> Response:
+        """`serve`'s answer, counted under `endpoint` with the status the client sees."""
+        started = time.perf_counter()
+        try:
+            response = await serve(request, started)
+        except ApiError as error:
+            metrics.observe_request(endpoint, shown(error), time.perf_counter() - started)
+            raise
+        metrics.observe_request(endpoint, response.status_code, time.perf_counter() - started)
+        return response
 
     async def batch_answer(self, endpoint: str, body: dict[str, Any], owner: str) -> dict[str, Any]:
         """One batch line, answered as an HTTP request to `endpoint` would be, as `owner`'s
@@ -481,6 +462,10 @@ class Ingress:
             media_type="text/event-stream",
             headers=headers,
         )
+
+
+def _anthropic_status(error: ApiError) -> int:
+    return anthropic_status(error.status, error.code)
 
 
 def _not_stored(response_id: str) -> ApiError:
