@@ -169,10 +169,10 @@ autoscale: $(INSTALLED) $(DEMO_MODEL)
 monitoring: $(INSTALLED) $(DEMO_MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/monitoring -q -s
 
-# `make reload` adding and removing a model on a running app under load (a second engine: its
-# own cluster, in `make test` beside recovery only).
+# `make reload` adding and removing a model on a running app under load (monitoring's app and a
+# second engine; `make monitoring` runs it last, as `make test` does).
 reload-test: $(INSTALLED) $(DEMO_MODEL)
-	$(VENV)/bin/pytest tests/reload -q -s
+	$(VENV)/bin/pytest tests/monitoring/test_model_swap.py -q -s
 
 # The CPU image (deploy/docker/Dockerfile.cpu: make install model, then make run) on Debian's
 # bookworm-slim from Docker Hub. --isolation chroot runs the RUN steps without an OCI runtime,

@@ -11,6 +11,7 @@ import ray
 from ray import serve
 from ray._common.utils import get_ray_address_file
 
+from cluster.ray_start import start_retrying
 from core.config import ClusterConfig
 from core.types import PoolKind
 
@@ -81,8 +82,14 @@ def ensure_ray(config: ClusterConfig) -> bool:
             given = address if address.startswith("ray://") else "auto"
             ray.init(address=given, namespace=SERVE_NAMESPACE)
         else:
-            ray.init(
-                address="local", namespace=SERVE_NAMESPACE, resources=local_pool_resources(config)
+            # Patient: on a busy machine (a container started beside other work) the raylet
+            # may register after Ray's fixed 30 s (cluster/ray_start.py).
+            start_retrying(
+                lambda: ray.init(
+                    address="local",
+                    namespace=SERVE_NAMESPACE,
+                    resources=local_pool_resources(config),
+                )
             )
             started = True
     check_pools(config, ray.cluster_resources())

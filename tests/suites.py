@@ -12,25 +12,25 @@ one after another, beside a session that computes, in three phases:
    lane of its own, `image-build` builds the CPU image (tests/image: podman, no Ray in it).
 2. `placement` and `autoscale`, each on a Ray cluster of its own (dynamic GCS port, its own
    HTTP port), beside `main`.
-3. `reload` beside `recovery` and then `batch`. A reload starts a second engine beside its app's,
-   and while the shared app's engines run the machine has no memory for it (Ray's memory monitor
-   killed workers of both apps when it ran beside them). Recovery starts four Ray nodes (a head,
-   two pools, a replacement), and each node's raylet crashes when its dashboard agent does not
-   write its port within Ray's fixed 15 s: beside the shared app at work its agents took 35-70
-   s, and its start failed all five tries (run of 1d8f684). Its engines are a test engine and
-   llama.cpp, so memory allows it beside reload; there its start missed twice while reload's
-   engine loaded (a minute each) and the suite passed in 9.3 min (run of 86afc82). Batch starts
-   its cluster twice (a restart is its subject): beside main on an AVX2-only machine that took
-   it 24.6 and 32.7 min (runs of a26378e and CI's of e176735) against 3-6 alone, and made phase
-   2's lane (66 and 77 min with monitoring) longer than main (63 and 57), past CI's 90 minutes
-   in all; after main it waits for no one. It runs after recovery in one lane, so a recovery
-   failure leaves it for the next run. Beside them, `reload` is followed by `gcs` (three Ray
-   nodes of a test engine and llama.cpp, the GCS killed and the head replaced: light, but its
-   node starts want a machine not as loaded as beside the shared app), and `image` runs the
-   image phase 1 built (one vLLM engine in a container, a few minutes). A container's processes
-   are visible from here, and a `ray stop` would end its Ray: so not in phase 1. `monitoring`
-   (a real Prometheus over its own app held under KV pressure) runs in a lane of its own: beside
-   the shared app an AVX2-only machine ran out of memory (see MONITORING below).
+3. `monitoring` (a real Prometheus over its own app held under KV pressure, then `make reload`
+   swapping a model on that app: a second engine) beside `recovery` and then `batch`, and
+   beside `image` and then `gcs`. The shared app's engines leave no memory for monitoring's
+   app and engine (Ray's memory monitor killed workers of both apps at 95% of 24 GiB on an
+   AVX2-only machine: clean-clone run of 7d5352f) nor for reload's second engine. Recovery
+   starts four Ray nodes (a head, two pools, a replacement), and each node's raylet crashes
+   when its dashboard agent does not write its port within Ray's fixed 15 s: beside the shared
+   app at work its agents took 35-70 s, and its start failed all five tries (run of 1d8f684).
+   Its engines are a test engine and llama.cpp, so memory allows it here. Batch starts its
+   cluster twice (a restart is its subject): beside main on an AVX2-only machine that took it
+   24.6 and 32.7 min (runs of a26378e and CI's of e176735) against 3-6 alone. It runs after
+   recovery in one lane, so a recovery failure leaves it for the next run. `image` runs the
+   image phase 1 built (one vLLM engine in a container, a few minutes): a container's
+   processes are visible from here, and a `ray stop` would end its Ray, so not in phase 1;
+   `gcs` (three Ray nodes of a test engine and llama.cpp, the GCS killed and the head
+   replaced: light, but its node starts want a machine not as loaded as beside the shared
+   app) follows it. Four lanes here, with reload a session and an app of its own, took CI's
+   run of 0b7c2de past its 90 minutes, and the image's `make run` missed Ray's 30 s node
+   registration (`make run` now waits as the tests do: cluster/ray_start.py).
 
 A lane's output is printed after the phase's session's. Each session gets MAKE_TEST_SUITE=<its
 name> (tests/own_processes.py), so a check that no engine is left counts its own cluster's, and
@@ -72,19 +72,12 @@ STOPPING_RAY = ("rayup", "stop")
 BUILDING = ("image-build",)
 # Phase 2, beside main.
 BESIDE_MAIN = ("placement", "autoscale")
-# Phase 3: reload and gcs beside the suite whose node starts the shared app's load broke, and
-# batch; the image phase 1 built, run; and monitoring. Monitoring ran beside main until an
-# AVX2-only machine (float32 engines: twice the weights) ran out of memory there: Ray's memory
-# monitor killed 11 and 12 workers of both apps at 95% of 24 GiB, the shared app's embedding
-# and orchestrator replicas among them (the fuzz test's 14 503s, the kill tests' missing
-# replica: clean-clone run of 7d5352f), and in CI's run of b8df5d9 an ingress replica of
-# monitoring's app in the middle of its KV test (a 500, then a replica uncounted). With no
-# shared app in phase 3 memory is plenty; it runs in a lane of its own.
-LAST = ("reload", "gcs")
+# Phase 3: monitoring (with reload's model swap, on its app) beside two lanes of suites that
+# start Ray nodes of test engines and llama.cpp, and the image phase 1 built, run.
+LAST = ("monitoring",)
 BESIDE_LAST = ("recovery", "batch")
-RUNNING_IMAGE = ("image",)
-MONITORING = ("monitoring",)
-OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST, *MONITORING)
+RUNNING_IMAGE = ("image", "gcs")
+OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST, "gcs")
 SUITES: dict[str, list[str]] = {
     "no-ray": ["tests/unit", "tests/integration", "tests/gpu", "--durations=20"],
     "main": ["tests/e2e", "tests/chaos", "--durations=40"],
@@ -216,7 +209,7 @@ def run_in_order(
 def run_all(outcomes: list[Outcome], reports: Path) -> None:
     beside_each_other(NO_RAY, (STOPPING_RAY, BUILDING), outcomes, reports)
     beside_each_other(("main",), (BESIDE_MAIN,), outcomes, reports)
-    beside_each_other(LAST, (BESIDE_LAST, RUNNING_IMAGE, MONITORING), outcomes, reports)
+    beside_each_other(LAST, (BESIDE_LAST, RUNNING_IMAGE), outcomes, reports)
 
 
 def beside_each_other(
@@ -274,8 +267,7 @@ def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
     beside = (
         f" ({', '.join(STOPPING_RAY)} and {', '.join(BUILDING)} ran beside "
         f"{', '.join(NO_RAY)}; {', '.join(BESIDE_MAIN)} beside main; then "
-        f"{', '.join(BESIDE_LAST)}, {', '.join(RUNNING_IMAGE)} and {', '.join(MONITORING)} "
-        f"beside {', '.join(LAST)})"
+        f"{', '.join(BESIDE_LAST)} and {', '.join(RUNNING_IMAGE)} beside {', '.join(LAST)})"
         if side_by_side
         else ""
     )

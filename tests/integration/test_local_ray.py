@@ -1,6 +1,6 @@
 """A Ray node start that timed out on a loaded machine is undone and tried again
-(tests/local_ray.py); any other failure is not. Within a start, a node not yet registered is
-asked about again, for longer than Ray's own 30 s."""
+(cluster/ray_start.py: the test sessions' starts and `make run`'s); any other failure is not.
+Within a start, a node not yet registered is asked about again, for longer than Ray's 30 s."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import psutil
 import pytest
 import ray
 
+from cluster import ray_start
+from cluster.ray_start import ATTEMPTS, NODE_TIMEOUT, RAY_SERVICES_LOGGER, start_retrying
 from tests import local_ray
-from tests.local_ray import ATTEMPTS, NODE_TIMEOUT, RAY_SERVICES_LOGGER, start_retrying
 
 
 def test_a_timed_out_start_is_undone_and_tried_again() -> None:
@@ -167,7 +168,7 @@ def test_a_gcs_that_does_not_answer_yet_is_asked_again(monkeypatch: pytest.Monke
 def test_a_node_that_never_registers_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = Registry(late=10**6)
     monkeypatch.setattr(ray._private.services, "get_node", registry.get_node)
-    monkeypatch.setattr(local_ray, "REGISTRATION_WAIT_S", 1.2)
+    monkeypatch.setattr(ray_start, "REGISTRATION_WAIT_S", 1.2)
 
     def start() -> None:
         ray._private.services.get_node("gcs:1", "n1")

@@ -1,6 +1,11 @@
-"""The app both monitoring modules share: one Ray cluster of this suite's own, one engine, two
+"""The app the monitoring modules share: one Ray cluster of this suite's own, one engine, two
 ingress replicas (tests/monitoring/pressure.yaml), the config's keys and a run-time keys file of
-the session's own."""
+the session's own.
+
+test_model_swap.py runs last: its reload takes the coding model away for another, and the
+others' loads name it. It shares the app for its start (minutes of a vLLM engine and two ingress
+replicas on 2 cores: as a suite of its own it made `make test`'s last phase longer than CI's 90
+minutes allow, CI's run of 0b7c2de)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,12 @@ from cluster.app import build_app
 from core.config import ClusterConfig
 from tests.local_ray import start_retrying, stop_serve_and_ray
 from tests.monitoring.pressure_app import APP, EXPORT_INTERVAL_S, PORT, app_config
+
+LAST_MODULE = "test_model_swap.py"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: Path(str(item.path)).name == LAST_MODULE)  # stable
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ of requests, with the command itself (`python -m cluster.reload`) as an operator
 - a reload back to the first config takes the key away and the cap back.
 
 Not one request of the loop fails meanwhile, and no ingress replica restarts. A reload that
-changes the set of models is tests/reload's (it starts a second engine: alone, after the
-suites that run beside the shared app, for memory)."""
+changes the set of models is test_model_swap.py's, last on the same app (it starts a second
+engine: this suite runs after the shared app's, for memory)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """`make reload` that changes the set of models, on the running app of two ingress replicas
-(tests/monitoring's pressure.yaml app), under a closed loop of requests on `model: coding`, with
-the command itself (`python -m cluster.reload`) as an operator runs it.
+(pressure.yaml's, last in its session: tests/monitoring/conftest.py), under a closed loop of
+requests on `model: coding`, with the command itself (`python -m cluster.reload`) as an
+operator runs it.
 
 One reload adds a model (coder-2, taking over the coding role), removes the model that served it
 (coding) and changes the router's queue. coder-2's engine is started in a Serve app of its own
