@@ -39,6 +39,7 @@ from tests.unit.test_reload import changed
 from tests.unit.test_router_flow import (
     FakeBackend,
     FakeClock,
+    FakeStream,
     collect,
     job,
     make_config,
@@ -187,6 +188,24 @@ async def eventually(check: Callable[[], bool], within_s: float = 30.0) -> None:
         await asyncio.sleep(0.001)
 
 
+class HeldStream(FakeStream):
+    """Ends only once its backend's `release` is set."""
+
+    async def __anext__(self) -> Any:
+        owner = self._owner
+        assert isinstance(owner, HeldBackend)
+        await owner.release.wait()
+        return await super().__anext__()
+
+
+class HeldBackend(FakeBackend):
+    stream_type = HeldStream
+
+    def __init__(self) -> None:
+        super().__init__(ok)
+        self.release = asyncio.Event()
+
+
 class LedgerSlots:
     """The slot broker as one router posts to it (an in-process ledger, shared)."""
 
@@ -208,7 +227,7 @@ def test_a_user_waiting_at_one_router_gets_the_slots_another_leaves_unused() -> 
                                       "ingress_replicas": 2})  # fmt: skip
     assert config.gateway.router_shares == 2
     ledger = SlotLedger(routers=2)
-    busy_coding = FakeBackend(ok, step_s=0.2)
+    busy_coding = HeldBackend()
     idle = make_router(
         config, two(FakeBackend(ok), FakeBackend(ok)), slots=LedgerSlots(ledger, "a")
     )
@@ -223,6 +242,10 @@ def test_a_user_waiting_at_one_router_gets_the_slots_another_leaves_unused() -> 
         for _ in range(2):  # a gives up the slots it leaves unused; b runs under them
             await idle.post_slots_once()
             await busy.post_slots_once()
+        # The first two are held until the waiting two run beside them: with streams of a
+        # fixed length, a loaded machine ended the first two before (make test, 8507aca).
+        await eventually(lambda: busy_coding.running == 4)
+        busy_coding.release.set()
         return [await asyncio.gather(*jobs)]
 
     [answers] = asyncio.run(scenario())
