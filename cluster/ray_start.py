@@ -11,6 +11,11 @@ REGISTRATION_WAIT_S, and Ray's own loop sees the node once it is: see `_patient_
 A start that still times out is undone (the processes it started are killed) and tried again;
 any other error is raised at once. Ray gives up on its dashboard the same way, without an
 error: see `_quietly`.
+
+`python -m cluster.ray_start start ...` is `ray start ...` with the same patience for its
+node's registration (a node joining a cluster from a loaded machine: the recovery suite's
+replacement node missed Ray's 30 s four times in a row beside two apps' engines, make test of
+8507aca).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -151,3 +157,17 @@ def _kill_started_since(before: set[int]) -> None:
         except psutil.NoSuchProcess:
             continue
     psutil.wait_procs(started, timeout=30)
+
+
+def main(argv: list[str]) -> int:
+    """Ray's own command line, `ray ARGV`, with its node's registration awaited patiently."""
+    from ray.scripts.scripts import main as ray_main
+
+    sys.argv = ["ray", *argv]
+    with _patient_registration(set()):
+        status = ray_main()
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

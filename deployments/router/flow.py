@@ -44,6 +44,7 @@ from policy.context.prompt_fit import NoFim, PromptFit, fit_prompt
 from policy.context.tokens import TokenCounter, message_text
 from policy.gate import Shed
 from policy.link_choice import choose_link
+from policy.model_access import by_pattern
 from policy.request.completion import single_prompt
 from policy.request.embedding import embedding_inputs
 from policy.request.tools import calls_tools
@@ -91,6 +92,7 @@ class Flow:
 
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
+        job = self._served_now(job)
         chain = self._chain_for(job)
         tried: list[str] = []
         original = job.request
@@ -183,8 +185,35 @@ class Flow:
             message = f"The model's chat template cannot render these messages: {error}"
             raise ApiError(400, ErrorCode.INVALID_REQUEST, message) from None
 
+    def _served_now(self, job: ChatJob) -> ChatJob:
+        """The job for the config in use now. A reload may have removed its model after the
+        ingress resolved the name the client sent (a model swapped for another in its role,
+        while the request waited for its key's admission: a 500 in the reload suite of
+        8507aca); that name is resolved again. Where it names nothing now, the job keeps its
+        model, whose chain is empty: a 503 (its retry meets the ingress's new names)."""
+        if self._serves(job.model):
+            return job
+        asked = getattr(job.request, "model", None)
+        if not isinstance(asked, str):
+            return job
+        served = self._config.served_names
+        model = served.get(asked) or served.get(
+            by_pattern(asked, self._config.gateway.model_patterns) or ""
+        )
+        if model is None:
+            return job
+        logger.info("%s: a reload removed model %s; %s is served by %s", job.caller, job.model,
+                    asked, model)  # fmt: skip
+        return replace(job, model=model)
+
+    def _serves(self, model: str) -> bool:
+        return any(m.name == model or any(a.name == model for a in m.adapters)
+                   for m in self._config.models)  # fmt: skip
+
     def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
         """The model's chain, less the links that cannot take this job."""
+        if not self._serves(job.model):  # removed by a reload, and no name reaches another
+            return ()
         links = self._links  # a chain's name with no link is not deployed here: never chosen
         chain = tuple(name for name in self._placement.chain(job.model) if name in links)
         embeds = is_embedding(job.request)  # vectors come from embedding backends only

@@ -22,7 +22,7 @@ from pathlib import Path
 
 KEEP = "--keep"
 STARTS = 4
-STARTING_S = 90.0  # longer than a start's own waits (15 s for the agent, 30 s to register)
+STARTING_S = 200.0  # longer than a start's own waits (15 s for the agent, 150 s to register)
 
 
 def main() -> None:
@@ -42,9 +42,11 @@ def main() -> None:
 def keep() -> None:
     """`ray start --block` again while it ends within STARTING_S, up to STARTS times."""
     resources = json.dumps({os.environ["GPS_POOL_RESOURCE"]: 1})
-    ray = Path(sys.executable).with_name("ray")
+    # `ray start`, waiting for the node's registration longer than Ray's 30 s (cluster/ray_start.py)
     command = [
-        str(ray),
+        sys.executable,
+        "-m",
+        "cluster.ray_start",
         "start",
         f"--address={os.environ['GPS_RAY_ADDRESS']}",
         f"--resources={resources}",

@@ -1379,3 +1379,22 @@ def test_a_message_no_link_can_hold_is_the_first_links_400_naming_its_window() -
     assert (refusal.status, refusal.code) == (400, "context_length_exceeded")
     assert "4096 tokens" in refusal.message
     assert fallback.calls == 0
+
+
+def test_a_job_whose_model_a_reload_removed_is_served_by_the_name_it_was_asked_by() -> None:
+    """The ingress resolved the name; a reload removed that model before the router took the
+    job: the name the client sent (a role's) reaches the role's model now, and a name that
+    reaches nothing now is a 503, never a 500."""
+    handles = {name: FakeBackend(ok) for name in ("coding@local", "orchestrator@local")}
+    handles["cpu-fallback"] = FakeBackend(ok)
+    router = make_router(make_config(), handles)
+    request = ChatCompletionRequest(
+        model="coding", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+    )
+    removed = ChatJob(request, "coding-before-the-reload", PriorityClass.USER, "t")
+    assert asyncio.run(served_by(router, removed)) == "coding@local"
+    gone = replace(removed, request=request.model_copy(update={"model": "no-such-name"}))
+    [refused] = asyncio.run(collect(router, gone))
+    assert isinstance(refused, Refusal)
+    assert (refused.status, refused.code) == (503, "backend_unavailable")
+    assert not handles["coding@local"].requests[1:]  # only the first job reached it
