@@ -14,23 +14,9 @@ import warnings
 import ray
 from ray import serve
 
-from cluster.ray_start import (
-    ATTEMPTS,
-    NODE_TIMEOUT,
-    RAY_SERVICES_LOGGER,
-    REGISTRATION_WAIT_S,
-    start_retrying,
-)
+from cluster.ray_start import start_retrying
 
-__all__ = [
-    "ATTEMPTS",
-    "NODE_TIMEOUT",
-    "RAY_SERVICES_LOGGER",
-    "REGISTRATION_WAIT_S",
-    "start_retrying",
-    "stop_serve_and_ray",
-    "use_loaded_machine_settings",
-]
+__all__ = ["start_retrying", "stop_serve_and_ray", "use_loaded_machine_settings"]
 
 # Ray and Serve settings (environment variables every process of a test cluster inherits) for
 # a 2-core machine where `make test` runs sessions side by side.

@@ -76,8 +76,9 @@ BESIDE_MAIN = ("placement", "autoscale")
 # start Ray nodes of test engines and llama.cpp, and the image phase 1 built, run.
 LAST = ("monitoring",)
 BESIDE_LAST = ("recovery", "batch")
-RUNNING_IMAGE = ("image", "gcs")
-OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST, "gcs")
+AFTER_IMAGE = ("gcs",)
+RUNNING_IMAGE = ("image", *AFTER_IMAGE)
+OWN_FOLDERS = ("capacity", *STOPPING_RAY, *BESIDE_MAIN, *LAST, *BESIDE_LAST, *AFTER_IMAGE)
 SUITES: dict[str, list[str]] = {
     "no-ray": ["tests/unit", "tests/integration", "tests/gpu", "--durations=20"],
     "main": ["tests/e2e", "tests/chaos", "--durations=40"],

@@ -76,6 +76,7 @@ class Flow:
         clock: Clock,
     ) -> None:
         self._config = config
+        self._models = _model_names(config)
         self._links = links
         self._placement = placement
         self._counters = counters
@@ -88,6 +89,7 @@ class Flow:
     def use_config(self, config: ClusterConfig) -> None:
         """A reload's config for jobs from now on (a job under way keeps its chain)."""
         self._config = config
+        self._models = _model_names(config)
         self._serving = Serving(config.router)
 
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
@@ -191,7 +193,7 @@ class Flow:
         while the request waited for its key's admission: a 500 in the reload suite of
         8507aca); that name is resolved again. Where it names nothing now, the job keeps its
         model, whose chain is empty: a 503 (its retry meets the ingress's new names)."""
-        if self._serves(job.model):
+        if job.model in self._models:
             return job
         asked = getattr(job.request, "model", None)
         if not isinstance(asked, str):
@@ -206,13 +208,9 @@ class Flow:
                     asked, model)  # fmt: skip
         return replace(job, model=model)
 
-    def _serves(self, model: str) -> bool:
-        return any(m.name == model or any(a.name == model for a in m.adapters)
-                   for m in self._config.models)  # fmt: skip
-
     def _chain_for(self, job: ChatJob) -> tuple[str, ...]:
         """The model's chain, less the links that cannot take this job."""
-        if not self._serves(job.model):  # removed by a reload, and no name reaches another
+        if job.model not in self._models:  # removed by a reload, and no name reaches another
             return ()
         links = self._links  # a chain's name with no link is not deployed here: never chosen
         chain = tuple(name for name in self._placement.chain(job.model) if name in links)
@@ -375,6 +373,11 @@ class Flow:
             message += f" The request does not fit the window of {', '.join(small)}."
         retry = max(1, round(self._config.router.breaker_cooldown_s))
         return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
+
+
+def _model_names(config: ClusterConfig) -> frozenset[str]:
+    """The models and adapters the config serves, by name (what a job's model may be)."""
+    return frozenset(name for name in config.served_names.values() if name is not None)
 
 
 # Refusals of a link's own limits: another link of the chain may not have them.
