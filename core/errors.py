@@ -67,6 +67,8 @@ class ErrorCode(StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     OVERLOADED = "overloaded"
     KEYS_UNAVAILABLE = "keys_unavailable"
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    STORE_UNAVAILABLE = "store_unavailable"
     BACKEND_OOM = "backend_oom"
     BACKEND_ERROR = "backend_error"
     BACKEND_UNAVAILABLE = "backend_unavailable"

@@ -89,7 +89,10 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> ClusterConfig:
     config = load_config(CONFIG, environ={})
     # Batches of this session alone: none left by an earlier run is taken up again.
     batches = config.batches.model_copy(update={"directory": tmp_path_factory.mktemp("batches")})
-    config = config.model_copy(update={"batches": batches})
+    # Stored responses of this session alone, in a file of its own.
+    stored = tmp_path_factory.mktemp("responses") / "responses.sqlite3"
+    gateway = config.gateway.model_copy(update={"responses_db": stored})
+    config = config.model_copy(update={"batches": batches, "gateway": gateway})
     for model in config.models:
         source = Path(config.resolve_path(model.source))
         if not source.is_dir():

@@ -81,6 +81,11 @@ class ClusterConfig(Frozen):
         return (self.base_dir / self.gateway.keys_db.expanduser()).resolve()
 
     @property
+    def responses_db(self) -> Path:
+        """The stored responses' SQLite file, absolute (the keeper may run elsewhere)."""
+        return (self.base_dir / self.gateway.responses_db.expanduser()).resolve()
+
+    @property
     def batch_directory(self) -> Path:
         """Where the Batch API keeps its state, absolute (the service may run elsewhere)."""
         return (self.base_dir / self.batches.directory.expanduser()).resolve()

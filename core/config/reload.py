@@ -104,6 +104,7 @@ def _dump(config: ClusterConfig) -> dict[str, Any]:
     from another folder, its relative paths adjusted, is the same config."""
     dump = config.model_dump(mode="json", exclude={"base_dir"})
     dump["gateway"]["keys_db"] = str(config.keys_db)
+    dump["gateway"]["responses_db"] = str(config.responses_db)
     dump["batches"]["directory"] = str(config.batch_directory)
     fallback, raw_fallback = config.fallback, dump["fallback"]
     raw_fallback["source"] = config.fallback_source

@@ -207,6 +207,19 @@ class GatewayConfig(Frozen):
         "storage every gateway node mounts, as batches.directory. Used only where api_keys "
         "are configured.",
     )
+    responses_db: Path = Field(
+        Path(".responses/responses.sqlite3"),
+        description="The SQLite file of the Responses API's stored responses (store: true, "
+        "the default; previous_response_id and GET /v1/responses/{id} read them), relative to "
+        "the config file. On a multi-node gateway: storage every gateway node mounts, as "
+        "keys_db.",
+    )
+    responses_retention_s: float = Field(
+        30 * 24 * 3600.0,
+        gt=0,
+        description="How long a stored response is kept from its creation (OpenAI's 30 days); "
+        "an expired one is gone for GET, DELETE and previous_response_id alike.",
+    )
     resource: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",

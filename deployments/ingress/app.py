@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
@@ -42,8 +42,11 @@ from deployments.ingress.files_routes import files_routes, use_batch_api
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
 from deployments.ingress.key_routes import held_key_admin, key_routes, serve_run_time_keys
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
+from deployments.ingress.responses.conversation import input_items, page, with_ids
 from deployments.ingress.responses.http import responses_answer
+from deployments.ingress.responses.keeper import ResponseKeeperClient, replica_response_keeper
 from deployments.ingress.responses.request import to_chat as to_response_chat
+from deployments.ingress.responses.store import StoredResponse
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
@@ -55,6 +58,7 @@ from policy.model_access import may_use, usable_names
 from policy.request import parse_object
 
 logger = logging.getLogger("ray.serve")
+T = TypeVar("T")
 
 # A request's job from its parsed body, caller, X-Priority and X-Depth headers.
 JobBuilder = Callable[
@@ -79,11 +83,13 @@ class Ingress:
         batch_service: Callable[[], Any] | None = None,
         registry: Callable[[], Any] | None = None,
         build: str = "",
+        responses: Callable[[], ResponseKeeperClient] | None = None,
     ) -> None:
         """`router` None: this replica runs its own Router over `backends`
         (`gateway.router_in_ingress`). `start_batches`: start the app's batch service now (in
         Serve), so batches a restart cut off go on without waiting for a call. `build`: this
-        build of the app's token, whose reloads it applies (deployments/live_config.py)."""
+        build of the app's token, whose reloads it applies (deployments/live_config.py).
+        `responses`: the stored responses' keeper (the app's actor unless given)."""
         if router is None:
             from deployments.router import ServeRouter  # only where the router runs here
 
@@ -106,6 +112,17 @@ class Ingress:
             config.gateway.max_json_depth,
         )
         use_batch_api(self._batches)  # the Files and Batch routes (files_routes.py)
+        gateway = config.gateway
+        self._responses = functools.cache(
+            responses
+            or (
+                lambda: replica_response_keeper(
+                    str(config.responses_db),
+                    gateway.responses_retention_s,
+                    config.gateway_resources,
+                )
+            )
+        )
         # The /v1/keys routes (key_routes.py), and the sync that keeps the run-time keys here.
         self._key_sync = serve_run_time_keys(config, self._keys, self._metering, registry)
         if start_batches:
@@ -199,18 +216,42 @@ class Ingress:
 
     @app.get("/v1/responses/{response_id}")
     async def stored_response(self, response_id: str, request: Request) -> Response:
-        self._keys.authenticate(request.headers.get("authorization"))
-        raise _not_stored(response_id)
+        stored = await self._stored(response_id, request)
+        return JSONResponse(stored.response)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(self, response_id: str, request: Request) -> Response:
-        self._keys.authenticate(request.headers.get("authorization"))
-        raise _not_stored(response_id)
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        if not await self._keeping(lambda keeper: keeper.delete(response_id, caller.name)):
+            raise _not_stored(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def response_input(self, response_id: str, request: Request) -> Response:
-        self._keys.authenticate(request.headers.get("authorization"))
-        raise _not_stored(response_id)
+        stored = await self._stored(response_id, request)
+        return JSONResponse(page(stored.input_items, dict(request.query_params)))
+
+    async def _stored(self, response_id: str, request: Request) -> StoredResponse:
+        caller = self._keys.authenticate(request.headers.get("authorization"))
+        stored = await self._keeping(lambda keeper: keeper.find(response_id, caller.name))
+        if stored is None:
+            raise _not_stored(response_id)
+        return stored
+
+    async def _keeping(self, call: Callable[[ResponseKeeperClient], Awaitable[T]]) -> T:
+        """A call of the response keeper; one that cannot be reached is a 503, not a 500."""
+        try:
+            # Finding or starting the actor is a GCS call: off the replica's loop.
+            return await call(await asyncio.to_thread(self._responses))
+        except ApiError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the keeper down is a 503, never a 500
+            logger.warning("response keeper: %s: %s", type(error).__name__, error)
+            raise ApiError(
+                503,
+                ErrorCode.STORE_UNAVAILABLE,
+                f"The response store is not reachable: {type(error).__name__}.",
+            ) from None
 
     async def _observed(
         self,
@@ -336,16 +377,12 @@ class Ingress:
     async def _respond(self, request: Request, started: float) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
         payload = await self._payload(request)
+        prior: list[dict[str, Any]] = []  # the stored conversation this one continues
         previous = payload.get("previous_response_id")
         if previous is not None:
-            raise ApiError(
-                400,
-                ErrorCode.INVALID_REQUEST,
-                f"Previous response with id {str(previous)[:100]!r} not found: this gateway "
-                "stores no responses yet; send the whole conversation as input (store: false).",
-                param="previous_response_id",
-            )
-        translated = to_response_chat(payload)
+            prior = await self._previous(previous, caller)
+        new_items = input_items(payload.get("input"))
+        translated = to_response_chat({**payload, "input": [*prior, *new_items]})
         headers = request.headers
         # A flex tier's work may wait: the background class, where X-Priority does not say.
         flex = payload.get("service_tier") == "flex"
@@ -355,8 +392,38 @@ class Ingress:
         job, depth = self._jobs.chat(translated.chat, caller, priority, headers.get(DEPTH_HEADER))
         job = with_session(job, headers.get(SESSION_HEADER))
         answer = await self._metered(job, depth, started)
-        echoed = {**payload, "store": False}  # kept nowhere yet: said so
-        return responses_answer(answer, echoed, translated.names)
+        stored = payload.get("store") is not False
+
+        async def keep(response: dict[str, Any]) -> None:
+            """Stored for the key that asked; a store that fails costs the answer nothing."""
+            items = [*prior, *with_ids(new_items, str(response["id"]))]
+            kept = StoredResponse(str(response["id"]), caller.name, response, items)
+            try:
+                await self._keeping(lambda keeper: keeper.put(kept))
+            except ApiError:
+                logger.warning("response %s answered but not stored", kept.id)
+
+        echoed = {**payload, "store": stored}
+        return await responses_answer(answer, echoed, translated.names, keep if stored else None)
+
+    async def _previous(self, previous: Any, caller: Caller) -> list[dict[str, Any]]:
+        """The conversation up to the stored response `previous`: its input, then its output."""
+        if not isinstance(previous, str) or not previous:
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_REQUEST,
+                "previous_response_id must be a response's id (a string).",
+                param="previous_response_id",
+            )
+        found = await self._keeping(lambda keeper: keeper.find(previous, caller.name))
+        if found is None:
+            raise ApiError(
+                404,
+                ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
+                f"Previous response with id {previous[:100]!r} not found.",
+                param="previous_response_id",
+            )
+        return found.conversation()
 
     async def _payload(self, request: Request) -> dict[str, Any]:
         limits = self._config.gateway
@@ -469,7 +536,8 @@ def _anthropic_status(error: ApiError) -> int:
 
 
 def _not_stored(response_id: str) -> ApiError:
-    message = f"No response with id {response_id[:100]!r}: this gateway stores no responses yet."
+    """Another key's response is not found either: no answer tells the two apart."""
+    message = f"Response with id {response_id[:100]!r} not found."
     return ApiError(404, ErrorCode.NOT_FOUND, message)
 
 

@@ -5,7 +5,7 @@ it comes and its chat stream closed with it."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from starlette.responses import Response, StreamingResponse
@@ -97,23 +97,36 @@ def kept_headers(response: Response) -> dict[str, str]:
     return {k: v for k, v in response.headers.items() if k.lower() not in _BODY_HEADERS}
 
 
-def translated_stream(response: StreamingResponse, translator: StreamTranslator) -> Response:
-    events = _events(response.body_iterator, translator)
+Ended = Callable[[], Awaitable[None]]
+
+
+def translated_stream(
+    response: StreamingResponse, translator: StreamTranslator, ended: Ended | None = None
+) -> Response:
+    """`ended`, where given, is awaited once the translation is over and before its last
+    events go out (a stored response is kept before the client can ask for it)."""
+    events = _events(response.body_iterator, translator, ended)
     return StreamingResponse(events, media_type="text/event-stream", headers=kept_headers(response))
 
 
-async def _events(chunks: AsyncIterable[Any], translator: StreamTranslator) -> AsyncIterator[str]:
+async def _events(
+    chunks: AsyncIterable[Any], translator: StreamTranslator, ended: Ended | None
+) -> AsyncIterator[str]:
     """The chat stream's text translated as it comes. Closing this closes the chat stream (the
     client left): its slot and usage are settled there."""
     try:
         async for chunk in chunks:
             text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
             out = translator.feed(text)
+            if translator.over and ended is not None:
+                await ended()
             if out:
                 yield out
             if translator.over:
                 return
         tail = translator.end()
+        if ended is not None:
+            await ended()
         if tail:
             yield tail
     finally:

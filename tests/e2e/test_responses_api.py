@@ -2,7 +2,8 @@
 app's vLLM engines: the same router, keys and fitting as chat. A whole response, a stream read
 through the SDK's own stream state (which checks order and item identities) with its deltas
 adding up to the final text, a function call forced by name and its output answered, a
-`text.format` json_schema honoured, and what needs a store said plainly."""
+`text.format` json_schema honoured, and a stored response continued by another request,
+retrieved, listed and deleted."""
 
 from __future__ import annotations
 
@@ -125,10 +126,26 @@ def test_a_json_schema_text_format_is_honoured(client: openai.OpenAI) -> None:
     assert json.loads(response.output_text)["city"] in {"Paris", "Oslo"}
 
 
-def test_what_needs_a_store_is_refused_plainly(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model=MODEL, input="Go on.", previous_response_id="resp_none")
-    assert refused.value.param == "previous_response_id"
-    assert "stores no responses" in refused.value.message
+def test_a_stored_response_is_continued_retrieved_listed_and_deleted(
+    client: openai.OpenAI,
+) -> None:
+    first = client.responses.create(
+        model=MODEL, input="My name is Ada. Say hi.", max_output_tokens=8
+    )
+    second = client.responses.create(
+        model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=8
+    )
+    assert second.previous_response_id == first.id
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+    items = client.responses.input_items.list(second.id, order="asc")
+    texts = [part.text for item in items.data for part in getattr(item, "content", [])]
+    assert texts[0] == "My name is Ada. Say hi."
+    assert texts[-1] == "What is my name?"
+    assert len(items.data) == 3  # the first's input and answer, then the second's input
+    client.responses.delete(first.id)  # the SDK answers nothing; a 404 would raise
     with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve("resp_none")
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.responses.create(model=MODEL, input="Go on.", previous_response_id=first.id)
+    assert refused.value.param == "previous_response_id"
+    assert client.responses.retrieve(second.id).id == second.id  # its own row stays

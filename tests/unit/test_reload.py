@@ -165,11 +165,17 @@ def test_a_path_is_compared_by_where_it_points(tmp_path: Path) -> None:
     old = make_config()
     # The same file in another folder: its relative state folders and fallback move.
     moved = old.model_copy(update={"base_dir": tmp_path})
-    assert reload_changes(old, moved).fixed == ("batches", "fallback", "gateway.keys_db")
+    assert reload_changes(old, moved).fixed == (
+        "batches",
+        "fallback",
+        "gateway.keys_db",
+        "gateway.responses_db",
+    )
     # There, with each path made absolute: the same config.
     raw = old.model_dump(mode="json")
     raw["fallback"]["source"] = old.fallback_source
     raw["gateway"]["keys_db"] = str(old.keys_db)
+    raw["gateway"]["responses_db"] = str(old.responses_db)
     raw["batches"]["directory"] = str(old.batch_directory)
     same = parse_config(raw, base_dir=tmp_path, environ={})
     assert reload_changes(old, same) == ReloadChanges((), ())

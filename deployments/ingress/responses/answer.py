@@ -12,6 +12,7 @@ string the model wrote for it.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,8 +51,10 @@ ECHOED: dict[str, Any] = {
 
 
 def response_id(completion_id: Any) -> str:
+    """The completion's id as a response's; one of our own where it has none (a stored
+    response's id must name it alone)."""
     text = str(completion_id or "")
-    return "resp_" + (text.removeprefix("chatcmpl-") or "gateway")
+    return "resp_" + (text.removeprefix("chatcmpl-") or uuid.uuid4().hex)
 
 
 def envelope(request: Mapping[str, Any], rid: str, created: int, status: str) -> Body:

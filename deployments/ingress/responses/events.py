@@ -67,6 +67,7 @@ class ResponseEvents(ChatStreamTranslator):
         self._finish: Any = None
         self._usage: Any = None
         self._started = False
+        self.final: Body | None = None  # the completed (or incomplete) response, once over
 
     def _closing(self) -> str:
         out = self._start({}) + self._close()
@@ -77,6 +78,7 @@ class ResponseEvents(ChatStreamTranslator):
         if cut:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
         kind = "response.incomplete" if cut else "response.completed"
+        self.final = response
         return out + self._event(kind, {"response": response})
 
     def _keep_alive(self, comment: str) -> str:
