@@ -8,7 +8,8 @@ follows the status (`error_type_for`), `code` is one of `ErrorCode`. The tree, b
     │       invalid_request (a field, or what an engine rejects: policy.engine_errors),
     │       context_length_exceeded (the latest user message alone cannot fit),
     │       invalid_priority, tools_not_supported (the model's config has no `tools`),
-    │       fim_not_supported (`suffix` to a model whose tokenizer has no FIM markers)
+    │       fim_not_supported (`suffix` to a model whose tokenizer has no FIM markers),
+    │       previous_response_not_found (no stored response of that id for this key)
     ├── 401 missing_api_key, invalid_api_key          403 admin_only
     ├── 404 model_not_found, not_found          405 method_not_allowed
     ├── 409 key_name_taken (POST/PATCH /v1/keys: another key has that name)
@@ -16,7 +17,8 @@ follows the status (`error_type_for`), `code` is one of `ErrorCode`. The tree, b
     └── 429 rate_limited, budget_exceeded (over the key's own limits: policy.key_limits)
     the gateway's capacity (the client may retry: Retry-After)
     ├── 429 overloaded (shed by admission, or waited past router.queue_timeout_s)
-    └── 503 keys_unavailable (a replica that has not read the run-time keys yet)
+    ├── 503 keys_unavailable (a replica that has not read the run-time keys yet)
+    └── 503 store_unavailable (the stored responses' keeper is not reachable now)
     a backend's (charged to its breaker; the job moves down its chain)
     ├── backend_oom          out of memory or a dead engine (policy.oom): the replica is replaced
     ├── backend_error        any other engine failure (5xx, or 502 when the engine said 4xx)

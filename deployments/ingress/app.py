@@ -10,15 +10,18 @@ errors in its own shape.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
+from ray.exceptions import ActorDiedError
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -56,9 +59,11 @@ from policy.admission import background_slots
 from policy.depth import DEPTH_HEADER, DepthDecision
 from policy.model_access import may_use, usable_names
 from policy.request import parse_object
+from policy.request.fields import fail
 
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
+KEEPER_TIMEOUT_S = 10.0  # a write or a read of one row: milliseconds when the keeper is up
 
 # A request's job from its parsed body, caller, X-Priority and X-Depth headers.
 JobBuilder = Callable[
@@ -112,16 +117,9 @@ class Ingress:
             config.gateway.max_json_depth,
         )
         use_batch_api(self._batches)  # the Files and Batch routes (files_routes.py)
-        gateway = config.gateway
         self._responses = functools.cache(
             responses
-            or (
-                lambda: replica_response_keeper(
-                    str(config.responses_db),
-                    gateway.responses_retention_s,
-                    config.gateway_resources,
-                )
-            )
+            or (lambda: replica_response_keeper(str(config.responses_db), config.gateway_resources))
         )
         # The /v1/keys routes (key_routes.py), and the sync that keeps the run-time keys here.
         self._key_sync = serve_run_time_keys(config, self._keys, self._metering, registry)
@@ -239,18 +237,23 @@ class Ingress:
         return stored
 
     async def _keeping(self, call: Callable[[ResponseKeeperClient], Awaitable[T]]) -> T:
-        """A call of the response keeper; one that cannot be reached is a 503, not a 500."""
+        """A call of the response keeper within KEEPER_TIMEOUT_S (Ray holds calls to an actor
+        that restarts); one that fails or takes longer is a 503, never a 500."""
         try:
             # Finding or starting the actor is a GCS call: off the replica's loop.
-            return await call(await asyncio.to_thread(self._responses))
+            keeper = await asyncio.to_thread(self._responses)
+            return await asyncio.wait_for(call(keeper), KEEPER_TIMEOUT_S)
         except ApiError:
             raise
         except Exception as error:  # noqa: BLE001 - the keeper down is a 503, never a 500
             logger.warning("response keeper: %s: %s", type(error).__name__, error)
+            if isinstance(error, ActorDiedError):
+                self._responses.cache_clear()  # gone for good: look it up again next time
             raise ApiError(
                 503,
                 ErrorCode.STORE_UNAVAILABLE,
                 f"The response store is not reachable: {type(error).__name__}.",
+                headers={"Retry-After": "5"},
             ) from None
 
     async def _observed(
@@ -377,6 +380,9 @@ class Ingress:
     async def _respond(self, request: Request, started: float) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))
         payload = await self._payload(request)
+        stored = payload.get("store", True)
+        if not isinstance(stored, bool):
+            fail("store", "must be true or false")
         prior: list[dict[str, Any]] = []  # the stored conversation this one continues
         previous = payload.get("previous_response_id")
         if previous is not None:
@@ -392,19 +398,19 @@ class Ingress:
         job, depth = self._jobs.chat(translated.chat, caller, priority, headers.get(DEPTH_HEADER))
         job = with_session(job, headers.get(SESSION_HEADER))
         answer = await self._metered(job, depth, started)
-        stored = payload.get("store") is not False
+        rid = f"resp_{secrets.token_hex(24)}"
+        retention_s = self._config.gateway.responses_retention_s
 
         async def keep(response: dict[str, Any]) -> None:
             """Stored for the key that asked; a store that fails costs the answer nothing."""
-            items = [*prior, *with_ids(new_items, str(response["id"]))]
-            kept = StoredResponse(str(response["id"]), caller.name, response, items)
-            try:
-                await self._keeping(lambda keeper: keeper.put(kept))
-            except ApiError:
-                logger.warning("response %s answered but not stored", kept.id)
+            items = [*prior, *with_ids(new_items, rid)]
+            kept = StoredResponse(rid, caller.name, response, items)
+            with contextlib.suppress(ApiError):  # logged by _keeping
+                await self._keeping(lambda keeper: keeper.put(kept, retention_s))
 
         echoed = {**payload, "store": stored}
-        return await responses_answer(answer, echoed, translated.names, keep if stored else None)
+        kept = keep if stored else None
+        return await responses_answer(answer, echoed, translated.names, rid, kept)
 
     async def _previous(self, previous: Any, caller: Caller) -> list[dict[str, Any]]:
         """The conversation up to the stored response `previous`: its input, then its output."""
@@ -417,8 +423,8 @@ class Ingress:
             )
         found = await self._keeping(lambda keeper: keeper.find(previous, caller.name))
         if found is None:
-            raise ApiError(
-                404,
+            raise ApiError(  # a 400, as OpenAI's: the request names what is not there
+                400,
                 ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
                 f"Previous response with id {previous[:100]!r} not found.",
                 param="previous_response_id",

@@ -145,7 +145,10 @@ def test_a_stored_response_is_continued_retrieved_listed_and_deleted(
     client.responses.delete(first.id)  # the SDK answers nothing; a 404 would raise
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
-    with pytest.raises(openai.NotFoundError) as refused:
+    with pytest.raises(openai.BadRequestError) as refused:  # a 400, as OpenAI's
         client.responses.create(model=MODEL, input="Go on.", previous_response_id=first.id)
-    assert refused.value.param == "previous_response_id"
+    assert (refused.value.param, refused.value.code) == (
+        "previous_response_id",
+        "previous_response_not_found",
+    )
     assert client.responses.retrieve(second.id).id == second.id  # its own row stays

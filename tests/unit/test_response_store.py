@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from core.config import hash_key, parse_config
 from core.errors import ApiError, ErrorCode
+from deployments.ingress import app as ingress_app
 from deployments.ingress.app import Ingress
 from deployments.ingress.responses.conversation import input_items, page, with_ids
 from deployments.ingress.responses.keeper import LocalKeeper, ResponseKeeper
@@ -41,8 +42,9 @@ def stored(rid: str, owner: str = "a") -> StoredResponse:
 
 def test_a_response_is_found_by_its_owner_alone_until_it_expires(tmp_path: Path) -> None:
     clock = Clock()
-    store = ResponseStore(tmp_path / "r" / "db.sqlite3", "app", DAY, clock)
-    kept = store.put(stored("resp_1"))
+    store = ResponseStore(tmp_path / "r" / "db.sqlite3", "app", clock)
+    kept = store.put(stored("resp_1"), DAY)
+    assert kept is not None
     assert (kept.created_at, kept.expires_at) == (1_000.0, 1_000.0 + DAY)
     found = store.find("resp_1", "a")
     assert found is not None
@@ -50,7 +52,11 @@ def test_a_response_is_found_by_its_owner_alone_until_it_expires(tmp_path: Path)
     assert found.conversation() == [{"id": "i", "type": "message"}, {"id": "o", "type": "message"}]
     assert store.find("resp_1", "b") is None  # another key's: as if it never was
     assert not store.delete("resp_1", "b")
-    clock.now += DAY
+    assert store.put(stored("resp_1", owner="b"), DAY) is None  # never another key's row
+    assert store.find("resp_1", "a") == found
+    clock.now += 1
+    assert store.put(stored("resp_1"), 5.0) is not None  # the owner's retried write
+    clock.now += 5
     assert store.find("resp_1", "a") is None
     assert not store.delete("resp_1", "a")
     assert store.purge() == 1
@@ -61,28 +67,28 @@ def test_responses_outlive_the_store_that_wrote_them_and_apps_do_not_share(
 ) -> None:
     clock = Clock()
     file = tmp_path / "db.sqlite3"
-    first = ResponseStore(file, "app", DAY, clock)
-    first.put(stored("resp_1"))
+    first = ResponseStore(file, "app", clock)
+    first.put(stored("resp_1"), DAY)
     first.close()
-    assert ResponseStore(file, "app", DAY, clock).find("resp_1", "a") is not None
-    assert ResponseStore(file, "other", DAY, clock).find("resp_1", "a") is None
+    assert ResponseStore(file, "app", clock).find("resp_1", "a") is not None
+    assert ResponseStore(file, "other", clock).find("resp_1", "a") is None
 
 
 def test_the_keeper_purges_expired_responses_as_it_puts_at_most_once_a_minute(
     tmp_path: Path,
 ) -> None:
     clock = Clock()
-    keeper = ResponseKeeper("app", str(tmp_path / "db.sqlite3"), 10.0, clock)
-    local = LocalKeeper(keeper)
-    asyncio.run(local.put(stored("resp_1")))
+    local = LocalKeeper(ResponseKeeper("app", str(tmp_path / "db.sqlite3"), clock))
+    assert asyncio.run(local.put(stored("resp_1"), 10.0))
     clock.now += 11
-    asyncio.run(local.put(stored("resp_2")))  # within the minute: no purge yet
-    store = ResponseStore(tmp_path / "db.sqlite3", "app", 10.0, clock)
+    asyncio.run(local.put(stored("resp_2"), 10.0))  # within the minute: no purge yet
+    store = ResponseStore(tmp_path / "db.sqlite3", "app", clock)
     assert store.purge() == 1  # resp_1 was still there, expired
-    asyncio.run(local.put(stored("resp_3")))
+    asyncio.run(local.put(stored("resp_3"), 10.0))
     clock.now += 60
-    asyncio.run(local.put(stored("resp_4")))  # a purge: resp_2 and resp_3 expired
+    asyncio.run(local.put(stored("resp_4"), 10.0))  # a purge: resp_2 and resp_3 expired
     assert store.purge() == 0
+    assert not asyncio.run(local.put(stored("resp_4", owner="b"), 10.0))
     assert asyncio.run(local.find("resp_4", "a")) is not None
     assert asyncio.run(local.delete("resp_4", "a"))
     assert asyncio.run(local.find("resp_4", "a")) is None
@@ -100,7 +106,9 @@ def test_input_is_kept_as_items_with_ids_and_text_parts() -> None:
         "status": "completed",
         "id": "msg_x_in0",
     }
-    assert kept[1]["content"] == [{"type": "output_text", "text": "Yes"}]
+    assert kept[1]["content"] == [{"annotations": [], "type": "output_text", "text": "Yes"}]
+    image = {"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}
+    assert with_ids([image], "resp_x")[0]["content"][0]["detail"] == "auto"
     assert kept[2] == call  # its own id stays
     bad: Any
     for bad in (None, [], 3, {"role": "user"}):
@@ -139,7 +147,7 @@ KEYS = {"one": "unit-key-one", "two": "unit-key-two"}
 
 
 class BrokenKeeper:
-    async def put(self, stored: StoredResponse) -> None:
+    async def put(self, stored: StoredResponse, retention_s: float) -> bool:
         raise ConnectionError("gone")
 
     async def find(self, response_id: str, owner: str) -> StoredResponse | None:
@@ -156,7 +164,7 @@ def ingress_of(
     raw["api_keys"] = [{"name": name, "sha256": hash_key(key)} for name, key in KEYS.items()]
     config = parse_config(raw, base_dir=E2E, environ={})
     ledger = LocalLedger(KeyLedger("unit", store=MemorySnapshots()))
-    keeper = keeper or LocalKeeper(ResponseKeeper("unit", str(tmp_path / "r.sqlite3"), DAY))
+    keeper = keeper or LocalKeeper(ResponseKeeper("unit", str(tmp_path / "r.sqlite3")))
     return Ingress(config, router, lambda: ledger, responses=lambda: keeper)
 
 
@@ -197,6 +205,9 @@ def test_a_stored_response_is_continued_shown_listed_and_deleted(tmp_path: Path)
     first = respond(ingress, {"model": "orchestrator", "input": "Hi", "instructions": "Be brief"})
     assert first["store"] is True
     rid = first["id"]
+    # The ingress's own, random: a completion's id may be the client's X-Request-ID.
+    assert rid.startswith("resp_")
+    assert rid.removeprefix("resp_") not in json.dumps(router.jobs[-1].request.model_dump())
     # Streamed, continuing the first: the whole conversation reaches the model, not the
     # instructions (the Responses API does not carry them over).
     second = respond(
@@ -233,7 +244,8 @@ def test_a_stored_response_is_continued_shown_listed_and_deleted(tmp_path: Path)
     body = {"model": "orchestrator", "input": "x", "previous_response_id": rid}
     with pytest.raises(ApiError) as refused:
         respond(ingress, body, "two")
-    assert (refused.value.status, refused.value.param) == (404, "previous_response_id")
+    assert (refused.value.status, refused.value.param) == (400, "previous_response_id")
+    assert refused.value.code == ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND
     deleted = asyncio.run(ingress.delete_response(rid, request("DELETE", "/")))
     assert json.loads(bytes(deleted.body)) == {"id": rid, "object": "response", "deleted": True}
     with pytest.raises(ApiError):
@@ -250,6 +262,9 @@ def test_store_false_keeps_nothing_and_a_bad_previous_id_is_a_400(tmp_path: Path
     with pytest.raises(ApiError) as refused:
         respond(ingress, {"model": "orchestrator", "input": "Hi", "previous_response_id": 7})
     assert (refused.value.status, refused.value.param) == (400, "previous_response_id")
+    with pytest.raises(ApiError) as refused:
+        respond(ingress, {"model": "orchestrator", "input": "Hi", "store": "false"})
+    assert (refused.value.status, refused.value.param) == (400, "store")
 
 
 def test_a_store_that_cannot_be_reached_costs_the_answer_nothing(tmp_path: Path) -> None:
@@ -260,3 +275,22 @@ def test_a_store_that_cannot_be_reached_costs_the_answer_nothing(tmp_path: Path)
     with pytest.raises(ApiError) as refused:
         respond(ingress, {"model": "orchestrator", "input": "x", "previous_response_id": "resp_1"})
     assert (refused.value.status, refused.value.code) == (503, ErrorCode.STORE_UNAVAILABLE)
+
+
+class HangingKeeper(BrokenKeeper):
+    """An actor Ray holds calls for while it restarts."""
+
+    async def find(self, response_id: str, owner: str) -> StoredResponse | None:
+        await asyncio.sleep(3600)
+        return None
+
+
+def test_a_keeper_that_does_not_answer_is_a_503_within_the_keepers_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ingress_app, "KEEPER_TIMEOUT_S", 0.05)
+    ingress = ingress_of(serve_handle.EngineLikeRouter(), tmp_path, HangingKeeper())
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(ingress.stored_response("resp_1", request("GET", "/")))
+    assert (refused.value.status, refused.value.code) == (503, ErrorCode.STORE_UNAVAILABLE)
+    assert refused.value.headers["Retry-After"] == "5"

@@ -1,12 +1,13 @@
 """A chat completion as a Responses API `response` object, and the items both a whole answer
 and a stream's events make.
 
-Plain dicts in and out. The response's id is the completion's (`resp_` in place of
-`chatcmpl-`), and its items' ids derive from it, so a stream's events and its final
-`response.completed` name the same items. Reasoning the engine's parser split off is a
-`reasoning` item before the message (its text in `content`, so a stateless client can send it
-back); tool calls follow the message, a custom tool's as a `custom_tool_call` with the raw
-string the model wrote for it.
+Plain dicts in and out. The response's id is the ingress's (random: a stored response's id
+must name it alone, and a completion's may be the client's X-Request-ID), else the
+completion's (`resp_` in place of `chatcmpl-`), and its items' ids derive from it, so a
+stream's events and its final `response.completed` name the same items. Reasoning the
+engine's parser split off is a `reasoning` item before the message (its text in `content`, so
+a stateless client can send it back); tool calls follow the message, a custom tool's as a
+`custom_tool_call` with the raw string the model wrote for it.
 """
 
 from __future__ import annotations
@@ -151,9 +152,10 @@ def call_item(
 
 
 def to_response(
-    completion: Mapping[str, Any], request: Mapping[str, Any], names: ToolNames
+    completion: Mapping[str, Any], request: Mapping[str, Any], names: ToolNames, rid: str = ""
 ) -> Body:
-    rid = response_id(completion.get("id"))
+    """`rid`: the response's id (the ingress makes one); else the completion's."""
+    rid = rid or response_id(completion.get("id"))
     choices = completion.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}

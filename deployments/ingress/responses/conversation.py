@@ -37,14 +37,28 @@ def with_ids(items: Sequence[Body], rid: str) -> list[Body]:
         if kind == "message":
             content = item.get("content")
             if isinstance(content, str):
-                part = _TEXT_KIND.get(str(item.get("role")), "input_text")
-                item["content"] = [{"type": part, "text": content}]
+                content = [
+                    {"type": _TEXT_KIND.get(str(item.get("role")), "input_text"), "text": content}
+                ]
+            if isinstance(content, list):
+                item["content"] = [_as_answered(part) for part in content]
             item.setdefault("status", "completed")
         if not isinstance(item.get("id"), str):
             prefix = "msg" if kind == "message" else "item"
             item["id"] = f"{prefix}_{rid.removeprefix('resp_')}_in{n}"
         kept.append(item)
     return kept
+
+
+def _as_answered(part: Any) -> Any:
+    """A content part with the fields OpenAI's answer gives it (the SDK's types want them)."""
+    if not isinstance(part, dict):
+        return part
+    if part.get("type") == "output_text":
+        return {"annotations": [], **part}
+    if part.get("type") == "input_image":
+        return {"detail": "auto", **part}
+    return part
 
 
 def page(items: Sequence[Body], query: dict[str, str]) -> Body:

@@ -54,12 +54,13 @@ class _Open:
 class ResponseEvents(ChatStreamTranslator):
     """One response's events from one chat stream's text (`feed`, then `end`)."""
 
-    def __init__(self, request: Mapping[str, Any], names: ToolNames) -> None:
+    def __init__(self, request: Mapping[str, Any], names: ToolNames, rid: str = "") -> None:
+        """`rid`: the response's id (the ingress makes one); else the completion's."""
         super().__init__()
         self._request = request
         self._names = names
         self._sequence = 0
-        self._rid = ""
+        self._rid = rid
         self._created = 0
         self._output: list[Body] = []
         self._open: _Open | None = None
@@ -96,7 +97,7 @@ class ResponseEvents(ChatStreamTranslator):
         if self._started:
             return ""
         self._started = True
-        self._rid = response_id(chunk.get("id"))
+        self._rid = self._rid or response_id(chunk.get("id"))
         self._created = int(chunk.get("created") or 0)
         started = self._response("in_progress")
         return self._event("response.created", {"response": started}) + self._event(

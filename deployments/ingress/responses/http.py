@@ -22,17 +22,21 @@ Keep = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 async def responses_answer(
-    response: Response, request: Mapping[str, Any], names: ToolNames, keep: Keep | None = None
+    response: Response,
+    request: Mapping[str, Any],
+    names: ToolNames,
+    rid: str,
+    keep: Keep | None = None,
 ) -> Response:
     if isinstance(response, StreamingResponse):
-        events = ResponseEvents(request, names)
+        events = ResponseEvents(request, names, rid)
 
         async def ended() -> None:
             if keep is not None and events.final is not None:
                 await keep(events.final)
 
         return translated_stream(response, events, ended)
-    answer = to_response(json.loads(bytes(response.body)), request, names)
+    answer = to_response(json.loads(bytes(response.body)), request, names, rid)
     if keep is not None:
         await keep(answer)
     return JSONResponse(answer, status_code=200, headers=kept_headers(response))

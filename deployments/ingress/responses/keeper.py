@@ -43,21 +43,20 @@ def keeper_actor_name(app: str, path: str) -> str:
 class ResponseKeeper:
     """An app's stored responses, over a `ResponseStore`."""
 
-    def __init__(
-        self, app: str, path: str, retention_s: float, clock: Callable[[], float] = time.time
-    ) -> None:
-        self._store = ResponseStore(path, app, retention_s, clock)
+    def __init__(self, app: str, path: str, clock: Callable[[], float] = time.time) -> None:
+        self._store = ResponseStore(path, app, clock)
         self._clock = clock
         self._purged_at = -PURGE_S
         logger.info("response keeper of %s over %s", app, self._store.path)
 
-    async def put(self, stored: dict[str, Any]) -> None:
+    async def put(self, stored: dict[str, Any], retention_s: float) -> bool:
+        """Whether it was kept (a row of that id is another key's: not)."""
         now = self._clock()
         if now - self._purged_at >= PURGE_S:
             self._purged_at = now
             if gone := self._store.purge():
                 logger.info("purged %d expired responses", gone)
-        self._store.put(StoredResponse(**stored))
+        return self._store.put(StoredResponse(**stored), retention_s) is not None
 
     async def find(self, response_id: str, owner: str) -> dict[str, Any] | None:
         found = self._store.find(response_id, owner)
@@ -68,7 +67,7 @@ class ResponseKeeper:
 
 
 class ResponseKeeperClient(Protocol):
-    async def put(self, stored: StoredResponse) -> None: ...
+    async def put(self, stored: StoredResponse, retention_s: float) -> bool: ...
 
     async def find(self, response_id: str, owner: str) -> StoredResponse | None: ...
 
@@ -82,8 +81,9 @@ class RayKeeper:
     def __init__(self, actor: Any) -> None:
         self._actor = actor
 
-    async def put(self, stored: StoredResponse) -> None:
-        await self._actor.put.remote(asdict(stored))
+    async def put(self, stored: StoredResponse, retention_s: float) -> bool:
+        kept: bool = await self._actor.put.remote(asdict(stored), retention_s)
+        return kept
 
     async def find(self, response_id: str, owner: str) -> StoredResponse | None:
         found = await self._actor.find.remote(response_id, owner)
@@ -102,8 +102,8 @@ class LocalKeeper:
     def __init__(self, keeper: ResponseKeeper) -> None:
         self._keeper = keeper
 
-    async def put(self, stored: StoredResponse) -> None:
-        await self._keeper.put(asdict(stored))
+    async def put(self, stored: StoredResponse, retention_s: float) -> bool:
+        return await self._keeper.put(asdict(stored), retention_s)
 
     async def find(self, response_id: str, owner: str) -> StoredResponse | None:
         found = await self._keeper.find(response_id, owner)
@@ -113,9 +113,7 @@ class LocalKeeper:
         return await self._keeper.delete(response_id, owner)
 
 
-def replica_response_keeper(
-    path: str, retention_s: float, resources: Mapping[str, float]
-) -> RayKeeper:
+def replica_response_keeper(path: str, resources: Mapping[str, float]) -> RayKeeper:
     """The response keeper of the app this Serve replica belongs to, started if absent."""
     import ray
     from ray import serve
@@ -123,6 +121,4 @@ def replica_response_keeper(
     app = serve.get_replica_context().app_name
     namespace = ray.get_runtime_context().namespace
     name = keeper_actor_name(app, path)
-    return RayKeeper(
-        gateway_actor(ResponseKeeper, name, namespace, resources, app, path, retention_s)
-    )
+    return RayKeeper(gateway_actor(ResponseKeeper, name, namespace, resources, app, path))

@@ -5,8 +5,10 @@ A row is a response as it was answered and the whole conversation's input items 
 (the chain of `previous_response_id` already unrolled), so continuing a conversation reads one
 row, never a chain. A row belongs to the key that made it: another key's lookup finds nothing,
 as for an id that never was (no answer tells one from the other). A row lives
-`gateway.responses_retention_s` from its creation; `purge` removes what has expired, and
-`find` never returns it meanwhile.
+`gateway.responses_retention_s` from its creation (given with each put: a redeploy's new
+retention holds from its first put); `purge` removes what has expired, and `find` never
+returns it meanwhile. The ingress makes the ids (random); a put never replaces another key's
+row.
 
 Why a file: stored responses must outlive the ingress replicas, a redeploy and the GCS, as the
 run-time keys do (deployments/keys/store.py, whose journal mode and single writer this
@@ -44,7 +46,7 @@ CREATE INDEX IF NOT EXISTS stored_responses_expiry ON stored_responses (expires_
 @dataclass(frozen=True)
 class StoredResponse:
     id: str
-    owner: str  # the key's name ("" where keys are off)
+    owner: str  # the key's name ("anonymous" where keys are off)
     response: Body  # the response object as answered
     input_items: list[Body]  # the conversation's input up to it, each item with its id
     created_at: float = 0.0
@@ -59,20 +61,18 @@ class StoredResponse:
 class ResponseStore:
     """One app's stored responses in the SQLite file at `path` (created with its folder)."""
 
-    def __init__(
-        self, path: str | Path, app: str, retention_s: float, clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, path: str | Path, app: str, clock: Callable[[], float]) -> None:
         file = Path(path).expanduser()
         file.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(file, isolation_level=None, check_same_thread=False)
         self._db.executescript(_SCHEMA)
         self._app = app
-        self._retention_s = retention_s
         self._clock = clock
         self.path = file
 
-    def put(self, stored: StoredResponse) -> StoredResponse:
-        """Kept from now for the retention; one of the same id (a retried write) is replaced."""
+    def put(self, stored: StoredResponse, retention_s: float) -> StoredResponse | None:
+        """Kept from now for `retention_s`; the owner's own row of that id (a retried write) is
+        replaced, another owner's never (None then)."""
         now = self._clock()
         kept = StoredResponse(
             stored.id,
@@ -80,12 +80,15 @@ class ResponseStore:
             stored.response,
             stored.input_items,
             created_at=now,
-            expires_at=now + self._retention_s,
+            expires_at=now + retention_s,
         )
-        self._db.execute(
-            "INSERT OR REPLACE INTO stored_responses "
+        done = self._db.execute(
+            "INSERT INTO stored_responses "
             "(app, id, owner, created_at, expires_at, response, input_items) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (app, id) DO UPDATE SET created_at = excluded.created_at, "
+            "expires_at = excluded.expires_at, response = excluded.response, "
+            "input_items = excluded.input_items WHERE owner = excluded.owner",
             (
                 self._app,
                 kept.id,
@@ -96,7 +99,7 @@ class ResponseStore:
                 json.dumps(kept.input_items, ensure_ascii=False),
             ),
         )
-        return kept
+        return kept if done.rowcount > 0 else None
 
     def find(self, response_id: str, owner: str) -> StoredResponse | None:
         """The owner's response of that id, unless it has expired."""
