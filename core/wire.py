@@ -94,6 +94,9 @@ class ChatJob:
     caller: str
     # The depth router's budget for `model: auto`: the share of the window this job may use.
     context_share: float = 1.0
+    # False: a link whose window cannot hold the request as sent is passed over, never fitted
+    # (the Responses API's `truncation: disabled`); its output may still be clamped.
+    truncate: bool = True
 
 
 @dataclass(frozen=True)

@@ -383,6 +383,12 @@ class Ingress:
         stored = payload.get("store", True)
         if not isinstance(stored, bool):
             fail("store", "must be true or false")
+        # Absent, the gateway fits what does not fit (as chat); disabled refuses it (OpenAI's
+        # default, said explicitly here: Codex and the SDKs send none).
+        truncation = payload.get("truncation", "auto")
+        if truncation not in ("auto", "disabled", None):
+            fail("truncation", "must be auto or disabled")
+        truncate = truncation != "disabled"
         prior: list[dict[str, Any]] = []  # the stored conversation this one continues
         previous = payload.get("previous_response_id")
         if previous is not None:
@@ -396,7 +402,7 @@ class Ingress:
             PriorityClass.BACKGROUND.value if flex else None
         )
         job, depth = self._jobs.chat(translated.chat, caller, priority, headers.get(DEPTH_HEADER))
-        job = with_session(job, headers.get(SESSION_HEADER))
+        job = replace(with_session(job, headers.get(SESSION_HEADER)), truncate=truncate)
         answer = await self._metered(job, depth, started)
         rid = f"resp_{secrets.token_hex(24)}"
         retention_s = self._config.gateway.responses_retention_s

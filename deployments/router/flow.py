@@ -255,7 +255,10 @@ class Flow:
                 return await self._fit_inputs(job, target)
             if is_completion(job.request):
                 return await self._fit_prompt(job, target)
-            return await self._fit(job, target, continues)
+            fit = await self._fit(job, target, continues)
+            if fit.fitted and not job.truncate and not continues:
+                return _untruncated(target.context_window)
+            return fit
         except ContextOverflow as overflow:
             return Refusal(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(overflow))
         except NoFim as no_fim:
@@ -456,3 +459,13 @@ def _continuation(
     budget = continuing.budget if continuing else fault.max_tokens
     pauses = (continuing.pauses if continuing else 0) + (1 if paused else 0)
     return Continuing(partial, name, budget, pauses, paused)
+
+
+def _untruncated(window: int) -> Refusal:
+    """A request that asked not to be truncated, for a window it does not fit as sent."""
+    message = (
+        f"The input does not fit the model's context window of {window} tokens as sent, and "
+        "truncation is disabled: send truncation: auto to have older turns left out, or a "
+        "shorter input."
+    )
+    return Refusal(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, message)

@@ -294,3 +294,16 @@ def test_a_keeper_that_does_not_answer_is_a_503_within_the_keepers_time(
         asyncio.run(ingress.stored_response("resp_1", request("GET", "/")))
     assert (refused.value.status, refused.value.code) == (503, ErrorCode.STORE_UNAVAILABLE)
     assert refused.value.headers["Retry-After"] == "5"
+
+
+def test_truncation_disabled_reaches_the_router_and_absent_is_auto(tmp_path: Path) -> None:
+    router = serve_handle.EngineLikeRouter()
+    ingress = ingress_of(router, tmp_path)
+    plain = respond(ingress, {"model": "orchestrator", "input": "Hi"})
+    assert (plain["truncation"], router.jobs[-1].truncate) == ("auto", True)
+    body = {"model": "orchestrator", "input": "Hi", "truncation": "disabled"}
+    assert respond(ingress, body)["truncation"] == "disabled"
+    assert router.jobs[-1].truncate is False
+    with pytest.raises(ApiError) as refused:
+        respond(ingress, {**body, "truncation": "middle"})
+    assert (refused.value.status, refused.value.param) == (400, "truncation")

@@ -1398,3 +1398,27 @@ def test_a_job_whose_model_a_reload_removed_is_served_by_the_name_it_was_asked_b
     assert isinstance(refused, Refusal)
     assert (refused.status, refused.code) == (503, "backend_unavailable")
     assert not handles["coding@local"].requests[1:]  # only the first job reached it
+
+
+def test_a_job_that_must_not_be_truncated_is_refused_where_it_would_be_fitted() -> None:
+    """The Responses API's `truncation: disabled`: every link too small for the request as
+    sent passes it over, and the first link's window is named; untouched, it is served."""
+    handles = {name: FakeBackend(ok) for name in ("coding@local", "orchestrator@local")}
+    handles["cpu-fallback"] = FakeBackend(ok)
+    router = make_router(make_config(fallback_window=512), handles)
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 400}
+        for i in range(41)
+    ]
+    request = ChatCompletionRequest(model="coding", messages=turns, max_tokens=8, stream=True)
+    whole = ChatJob(request, Role.CODING, PriorityClass.USER, "t", truncate=False)
+    [refused] = asyncio.run(collect(router, whole))
+    assert isinstance(refused, Refusal)
+    assert (refused.status, refused.code) == (400, "context_length_exceeded")
+    assert "truncation is disabled" in refused.message
+    assert not any(h.requests for h in handles.values())
+    fitted = asyncio.run(collect(router, replace(whole, truncate=True)))[0]
+    assert isinstance(fitted, Routed)
+    assert fitted.dropped_messages > 0
+    short = replace(whole, request=request.model_copy(update={"messages": turns[-1:]}))
+    assert asyncio.run(served_by(router, short)) == "coding@local"

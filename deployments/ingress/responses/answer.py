@@ -46,7 +46,7 @@ ECHOED: dict[str, Any] = {
     "tool_choice": "auto",
     "tools": [],
     "top_p": None,
-    "truncation": "disabled",
+    "truncation": "auto",  # absent, the gateway fits (as chat)
     "user": None,
 }
 
