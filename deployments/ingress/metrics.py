@@ -126,6 +126,13 @@ CONTEXT_DROPPED_MESSAGES = Counter(
     ["backend"],
     registry=REGISTRY,
 )
+CONTEXT_TOOL_SHORTENINGS = Counter(
+    "gps_context_tool_shortenings",
+    "Requests whose tool definitions were shortened to fit (step 1: first sentences of their "
+    "descriptions, 2: no descriptions).",
+    ["backend", "step"],
+    registry=REGISTRY,
+)
 OUTPUT_CLAMPS = Counter(
     "gps_output_clamps",
     "Requests whose max_tokens was set or lowered to fit the window's output share.",
@@ -148,6 +155,8 @@ def observe_routing(routed: Routed, depth: str | None) -> None:
         CONTEXT_COMPRESSIONS.labels(backend).inc()
     if routed.dropped_messages:
         CONTEXT_DROPPED_MESSAGES.labels(backend).inc(routed.dropped_messages)
+    if routed.tools_shortened:
+        CONTEXT_TOOL_SHORTENINGS.labels(backend, str(routed.tools_shortened)).inc()
     if routed.output_clamped:
         OUTPUT_CLAMPS.labels(backend).inc()
     if depth is not None:

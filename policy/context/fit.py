@@ -20,8 +20,12 @@ Layers, applied only as far as needed:
 A request whose cheap upper bound (`TokenCounter.upper_bound`) already fits is passed through
 without tokenizing: that is most requests, and it keeps fitting off the hot path.
 
-The latest user message (and anything after it) is never altered. If it cannot fit even with
-everything else gone and the output cut to `min_output_tokens`, `ContextOverflow` says by how much.
+The latest user message (and anything after it) is never altered, but for system messages a
+client puts after it (Claude Code appends its environment, ~2,000 tokens, after the user's
+words): where the tail does not fit even with the output cut to `min_output_tokens`, those are
+compressed as the system message is, taking up to `system_share` of what the rest of the tail
+leaves. If the tail cannot fit even with everything else gone, `ContextOverflow` says by how
+much.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ __all__ = [
 MESSAGE_OVERHEAD_TOKENS = 5
 PROMPT_OVERHEAD_TOKENS = 24  # generation prompt and a template's default system text
 MAX_ATTEMPTS = 4
+# The least a system note after the latest user message keeps when compressed.
+MIN_NOTE_TOKENS = 16
 MARKER = "[{n} earlier messages of this conversation were omitted to fit the context window.]"
 
 
@@ -272,6 +278,10 @@ def _plan(
         squeezed_budget = window - budget.margin - min(policy.min_output_tokens, budget.max_tokens)
         try:
             return planner.plan(squeezed_budget)
+        except NoRoom:
+            pass
+        try:  # last, the system notes after the user's message are compressed
+            return planner.plan(squeezed_budget, compress_notes=True)
         except NoRoom as no_room:
             raise ContextOverflow(max(1, no_room.needed - squeezed_budget), window) from None
 
@@ -316,12 +326,13 @@ class Planner:
         self._turns = group_turns(range(first_history, self._tail_start), messages)
         self._query = message_text(messages[self._tail_start]) if messages else ""
 
-    def plan(self, budget: int) -> tuple[_Draft, int]:
-        """A draft within `budget` by exact count; shrinks the target when the estimate was low."""
+    def plan(self, budget: int, *, compress_notes: bool = False) -> tuple[_Draft, int]:
+        """A draft within `budget` by exact count; shrinks the target when the estimate was low.
+        `compress_notes`: the system notes after the latest user message may be compressed."""
         target = budget - self._listed
         for _ in range(MAX_ATTEMPTS):
             try:
-                draft = self._draft(target)
+                draft = self._draft(target, compress_notes)
             except NoRoom as no_room:  # what the messages need; the tools need their room too
                 raise NoRoom(no_room.needed + self._listed) from None
             exact = self._counter.count_prompt(draft.messages, self._tools)
@@ -336,16 +347,14 @@ class Planner:
     def _cost_of(self, indices: Sequence[int]) -> int:
         return sum(self._cost(self._messages[i]) for i in indices)
 
-    def _draft(self, target: int) -> _Draft:
+    def _draft(self, target: int, compress_notes: bool) -> _Draft:
         tail = list(range(self._tail_start, len(self._messages)))
-        tail_cost = self._cost_of(tail) + PROMPT_OVERHEAD_TOKENS
-        if tail_cost > target:
-            raise NoRoom(tail_cost)
+        notes, tail_cost = self._fit_tail(tail, target, compress_notes)
         room = target - tail_cost
         history_cost = sum(self._cost_of(turn) for turn in self._turns)
         system_cost = self._cost_of([self._system]) if self._system is not None else 0
         if system_cost + history_cost <= room:
-            return self._assemble(None, [], self._turns, None, tail, dropped=0)
+            return self._assemble(None, [], self._turns, None, tail, dropped=0, notes=notes)
         marker_cost = self._cost({"content": MARKER.format(n=len(self._messages))})
         system_text, system_cost = self._fit_system(room, history_cost, marker_cost)
         room -= system_cost
@@ -372,7 +381,38 @@ class Planner:
                 kept.insert(0, boundary)
         kept_count = sum(len(t) for t in pinned + kept)
         dropped = sum(len(t) for t in self._turns) - kept_count
-        return self._assemble(system_text, pinned, kept, squeezed, tail, dropped)
+        return self._assemble(system_text, pinned, kept, squeezed, tail, dropped, notes)
+
+    def _fit_tail(
+        self, tail: list[int], target: int, compress_notes: bool
+    ) -> tuple[dict[int, str] | None, int]:
+        """The tail's system notes compressed where the tail as sent exceeds `target` and that
+        is allowed (None: as sent), and the tail's cost with them."""
+        cost = self._cost_of(tail) + PROMPT_OVERHEAD_TOKENS
+        if cost <= target:
+            return None, cost
+        if not compress_notes:
+            raise NoRoom(cost)
+        notes = [
+            i
+            for i in tail[1:]
+            if self._messages[i].get("role") == "system"
+            and isinstance(self._messages[i].get("content"), str)
+        ]
+        notes_cost = self._cost_of(notes)
+        fixed = cost - notes_cost
+        share = self._policy.system_share if self._system is not None else 1.0
+        allowed = int((target - fixed) * share)
+        if not notes or allowed < (MESSAGE_OVERHEAD_TOKENS + MIN_NOTE_TOKENS) * len(notes):
+            raise NoRoom(fixed + (MESSAGE_OVERHEAD_TOKENS + MIN_NOTE_TOKENS) * len(notes))
+        texts = {}
+        for i in notes:
+            budget = allowed * self._cost_of([i]) // notes_cost - MESSAGE_OVERHEAD_TOKENS
+            texts[i] = compress(
+                message_text(self._messages[i]), budget, self._counter.count_text, self._query
+            )
+            fixed += self._counter.count_text(texts[i]) + MESSAGE_OVERHEAD_TOKENS
+        return texts, fixed
 
     def _fit_system(self, room: int, history_cost: int, marker_cost: int) -> tuple[str | None, int]:
         if self._system is None:
@@ -423,6 +463,7 @@ class Planner:
         squeezed: dict[int, str] | None,
         tail: list[int],
         dropped: int,
+        notes: dict[int, str] | None = None,
     ) -> _Draft:
         out: list[Message] = []
         sources: list[int | None] = []
@@ -449,5 +490,7 @@ class Planner:
                     message = {**message, "content": squeezed[i]}
                 add(i, message)
         for i in tail:
-            add(i, self._messages[i])
-        return _Draft(out, tuple(sources), system_text is not None, dropped, len(squeezed or {}))
+            message = self._messages[i]
+            add(i, message if not notes or i not in notes else {**message, "content": notes[i]})
+        compressed = system_text is not None or bool(notes)
+        return _Draft(out, tuple(sources), compressed, dropped, len(squeezed or {}))

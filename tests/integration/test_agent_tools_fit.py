@@ -72,6 +72,27 @@ def test_claude_codes_request_fits_with_its_tools_shortened_and_whole(
     assert fit.messages[-2]["content"] == messages[-2]["content"]
 
 
+@pytest.mark.parametrize("window", [4096, 2048])
+def test_in_a_smaller_window_claude_codes_environment_note_is_compressed_too(
+    counter: ChatTemplateCounter, claude_code: dict[str, Any], window: int
+) -> None:
+    """Claude Code appends its environment (a system message of ~2,000 tokens) after the
+    user's words: in the demo's smaller windows that note is compressed, the words are not."""
+    messages, tools = claude_code["messages"], claude_code["tools"]
+    assert [m["role"] for m in messages[-2:]] == ["user", "system"]
+    fit = fit_messages(
+        messages, window=window, requested_max_tokens=32000, counter=counter, tools=tools
+    )
+    assert fit.tools_shortened == 2
+    assert fit.system_compressed
+    assert counter.count_prompt(fit.messages, fit.tools) == fit.prompt_tokens
+    assert fit.prompt_tokens + fit.max_tokens <= window
+    assert fit.max_tokens >= 16
+    assert fit.messages[-2] == messages[-2]
+    note = fit.messages[-1]["content"]
+    assert 0 < len(note) < len(messages[-1]["content"])
+
+
 def test_a_window_too_small_even_for_the_shortest_tools_names_the_window_and_the_tools(
     counter: ChatTemplateCounter, claude_code: dict[str, Any]
 ) -> None:

@@ -180,6 +180,45 @@ def test_long_latest_message_borrows_the_output_share(demo_counter: ChatTemplate
     assert fit.max_tokens >= FitPolicy().min_output_tokens
 
 
+def test_a_system_note_after_the_users_message_is_compressed_only_as_a_last_resort(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    """A client's note after the user's words (Claude Code's environment) is compressed only
+    where even the output cut to its minimum leaves no room for it as sent; the user's words
+    stay whole."""
+    system = {
+        "role": "system",
+        "content": "\n".join(" ".join(WORDS[i:] + WORDS[:i]) for i in range(20)),
+    }
+    user = {"role": "user", "content": "Which router breaker opened?"}
+    note = {
+        "role": "system",
+        "content": "\n".join(f"## Env {i}: " + " ".join(WORDS) for i in range(30)),
+    }
+    conversation = [system, user, note]
+    tail = demo_counter.count_prompt([user, note])
+    roomy = fit_messages(
+        conversation, window=tail + 200, requested_max_tokens=None, counter=demo_counter
+    )
+    assert roomy.messages[1:] == [user, note]  # the note as sent: the output gave way first
+    tight = tail * 2 // 3
+    fit = fit_messages(conversation, window=tight, requested_max_tokens=None, counter=demo_counter)
+    assert fit.system_compressed
+    assert fit.messages[1] == user
+    kept = fit.messages[2]["content"].split("\n")
+    assert fit.messages[2]["role"] == "system"
+    assert 0 < len(kept) < 30
+    assert set(kept) <= set(note["content"].split("\n"))
+    assert demo_counter.count_prompt(fit.messages) + fit.max_tokens <= tight
+    with pytest.raises(ContextOverflow):  # the user's words alone do not fit: refused, as ever
+        fit_messages(
+            [system, {"role": "user", "content": " ".join(WORDS * 40)}, note],
+            window=256,
+            requested_max_tokens=None,
+            counter=demo_counter,
+        )
+
+
 def test_estimate_counter_keeps_a_wider_margin() -> None:
     messages = chat(40, 30)
     fit = fit_messages(
