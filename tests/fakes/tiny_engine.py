@@ -11,6 +11,8 @@ engine path is tested: contract, context fitting, OOM, chaos, fuzz, capacity, mo
 alert and the stop suite's replica-shutdown test keep real vLLM.
 
 What it does, so the suites see a replica that behaves like one:
+- answers a chat scripted by its test (tests/fakes/scripted_reply.py: a tool call on cue, then
+  the tool's result quoted) as scripted, in whole or streamed as vLLM's tool parser streams;
 - answers chat and completions with `max_tokens` words (16 when unset), one every
   `TINY_ENGINE_TOKEN_S` seconds (default 0.02; 0: at once, as bench/pace.py's zero-cost
   engine), streamed as vLLM streams them (`data: {json}`
@@ -42,6 +44,8 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     EmbeddingResponse,
 )
 from ray.llm._internal.serve.core.engine.protocol import LLMEngine
+
+from tests.fakes.scripted_reply import ScriptedCall, ScriptedText, scripted_reply
 
 DEFAULT_MAX_TOKENS = 16
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's
@@ -109,8 +113,47 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
         yield  # an async generator, as the interface declares
 
     async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
+        script = scripted_reply(_messages(request), _tool_names(request))
+        if script is not None:
+            async for item in self._scripted(request, script):
+                yield item
+            return
         async for item in self._generate(request, _chat_text(request), chat=True):
             yield item
+
+    async def _scripted(
+        self, request: Any, script: ScriptedCall | ScriptedText
+    ) -> AsyncGenerator[Any, None]:
+        prompt_tokens = _prompt_tokens(_chat_text(request))
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time())}
+        head["model"] = self._model
+        if isinstance(script, ScriptedCall):
+            call: dict[str, Any] = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function"}
+            call["function"] = {"name": script.name, "arguments": script.arguments}
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            reason, completion = "tool_calls", _prompt_tokens(script.arguments)
+        else:
+            message = {"role": "assistant", "content": script.text}
+            reason, completion = "stop", _prompt_tokens(script.text)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}
+        usage["total_tokens"] = prompt_tokens + completion
+        assert self._slots is not None, "start() first"
+        async with self._slots:
+            await asyncio.sleep(self._token_s * completion)
+            if not request.stream:
+                choice = {"index": 0, "finish_reason": reason, "message": message}
+                body = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+                yield ChatCompletionResponse.model_validate(body)
+                return
+            for delta, finish in _scripted_deltas(message, reason):
+                choice = {"index": 0, "finish_reason": finish, "delta": delta}
+                yield _sse({**head, "object": "chat.completion.chunk", "choices": [choice]})
+            options = getattr(request, "stream_options", None)
+            if options is not None and getattr(options, "include_usage", False):
+                yield _sse(
+                    {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+                )
+            yield "data: [DONE]\n\n"
 
     async def completions(
         self, request: Any, raw_request_info: Any = None
@@ -174,6 +217,38 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
             if options is not None and getattr(options, "include_usage", False):
                 yield _sse({**head, **_object(chat, stream=True), "choices": [], "usage": usage})
             yield "data: [DONE]\n\n"
+
+
+def _messages(request: Any) -> list[dict[str, Any]]:
+    return [m if isinstance(m, dict) else m.model_dump() for m in request.messages]
+
+
+def _tool_names(request: Any) -> list[str]:
+    return [tool.function.name for tool in getattr(request, "tools", None) or ()]
+
+
+def _scripted_deltas(
+    message: dict[str, Any], reason: str
+) -> list[tuple[dict[str, Any], str | None]]:
+    """A scripted answer as vLLM streams it: a call's name first, then its arguments in two
+    parts; text in two parts; the finish reason on the last."""
+    calls = message.get("tool_calls")
+    if calls:
+        call = calls[0]
+        arguments = call["function"]["arguments"]
+        half = len(arguments) // 2
+        named = {"index": 0, "id": call["id"], "type": "function"}
+        named["function"] = {"name": call["function"]["name"], "arguments": ""}
+        parts = [
+            {"index": 0, "function": {"arguments": a}} for a in (arguments[:half], arguments[half:])
+        ]
+        deltas = [{"role": "assistant", "tool_calls": [named]}]
+        deltas += [{"tool_calls": [part]} for part in parts]
+    else:
+        text = message["content"]
+        half = len(text) // 2
+        deltas = [{"role": "assistant", "content": text[:half]}, {"content": text[half:]}]
+    return [(delta, reason if i == len(deltas) - 1 else None) for i, delta in enumerate(deltas)]
 
 
 def _word(i: int) -> str:
