@@ -35,7 +35,7 @@ from deployments.batch.actor import replica_batch_actor
 from deployments.batch.http import BatchApi
 from deployments.ingress import answers, metrics
 from deployments.ingress.anthropic.errors import anthropic_status
-from deployments.ingress.anthropic.http import anthropic_answer, authorization
+from deployments.ingress.anthropic.http import anthropic_answer, anthropic_stream, authorization
 from deployments.ingress.anthropic.request import to_chat, to_counted
 from deployments.ingress.auth import PRIORITY_HEADER, Caller, KeyRing
 from deployments.ingress.body import read_body
@@ -375,7 +375,12 @@ class Ingress:
             chat, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER)
         )
         job = with_session(job, headers.get(SESSION_HEADER))
-        return anthropic_answer(await self._metered(job, depth, started), payload["model"])
+        if not getattr(job.request, "stream", False):
+            return anthropic_answer(await self._metered(job, depth, started), payload["model"])
+        # A stream that waits in a queue is begun and pinged, as Anthropic's own.
+        answer = asyncio.ensure_future(self._metered(job, depth, started))
+        ping_s = self._config.router.preempt.keepalive_s
+        return await anthropic_stream(answer, payload["model"], ping_s)
 
     async def _respond(self, request: Request, started: float) -> Response:
         caller = self._keys.authenticate(request.headers.get("authorization"))

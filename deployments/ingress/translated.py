@@ -10,7 +10,13 @@ from typing import Any, Protocol
 
 from starlette.responses import Response, StreamingResponse
 
-__all__ = ["ChatStreamTranslator", "StreamTranslator", "kept_headers", "translated_stream"]
+__all__ = [
+    "ChatStreamTranslator",
+    "StreamTranslator",
+    "kept_headers",
+    "translated_events",
+    "translated_stream",
+]
 
 # Headers the translated body makes anew.
 _BODY_HEADERS = frozenset({"content-length", "content-type"})
@@ -105,12 +111,12 @@ def translated_stream(
 ) -> Response:
     """`ended`, where given, is awaited once the translation is over and before its last
     events go out (a stored response is kept before the client can ask for it)."""
-    events = _events(response.body_iterator, translator, ended)
+    events = translated_events(response.body_iterator, translator, ended)
     return StreamingResponse(events, media_type="text/event-stream", headers=kept_headers(response))
 
 
-async def _events(
-    chunks: AsyncIterable[Any], translator: StreamTranslator, ended: Ended | None
+async def translated_events(
+    chunks: AsyncIterable[Any], translator: StreamTranslator, ended: Ended | None = None
 ) -> AsyncIterator[str]:
     """The chat stream's text translated as it comes. Closing this closes the chat stream (the
     client left): its slot and usage are settled there."""

@@ -1,7 +1,9 @@
 """A batch survives the whole cluster going down: the Ray cluster, the Serve app, the batch
 service and the engines stopped mid-batch, a new cluster started and the app run again the way
 `serve run` runs it; the batch goes on from its last committed chunk and completes with every
-`custom_id` exactly once in its output, through the official `openai` SDK."""
+`custom_id` exactly once in its output, through the official `openai` SDK. A response stored
+before the restart (the Responses API's state, kept by the gateway) is read and continued after
+it."""
 
 from __future__ import annotations
 
@@ -42,10 +44,13 @@ def stop() -> None:
 def test_a_batch_cut_off_by_a_cluster_restart_completes_with_every_line_once(
     tmp_path: Path,
 ) -> None:
-    config = load_config(CONFIG, environ={}, overrides={"batches": {"directory": str(tmp_path)}})
+    stored = str(tmp_path / "responses.sqlite3")
+    overrides = {"batches": {"directory": str(tmp_path)}, "gateway": {"responses_db": stored}}
+    config = load_config(CONFIG, environ={}, overrides=overrides)
     client = start(config)
     try:
         batch = submit(client, LINES)
+        kept = client.responses.create(model="coding", input="Remember: blue.", max_output_tokens=2)
         wait_for(lambda: completed(client, batch) >= 10, 600, "ten lines committed")
         before = completed(client, batch)
         assert before < LINES, "the batch ended before the restart: nothing left to resume"
@@ -55,5 +60,12 @@ def test_a_batch_cut_off_by_a_cluster_restart_completes_with_every_line_once(
     try:
         assert_every_line_once(client, batch, LINES)
         print(f"\nbatch across a cluster restart: {before} of {LINES} lines committed before it")
+        assert client.responses.retrieve(kept.id).output_text == kept.output_text
+        follow = client.responses.create(
+            model="coding", input="Which colour?", previous_response_id=kept.id, max_output_tokens=2
+        )
+        items = client.responses.input_items.list(follow.id, order="asc").data
+        texts = [part.text for item in items for part in getattr(item, "content", [])]
+        assert texts == ["Remember: blue.", kept.output_text, "Which colour?"]
     finally:
         stop()

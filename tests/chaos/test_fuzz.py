@@ -1,5 +1,6 @@
-"""Seeded bad and odd requests under load on the shared e2e app (fuzz_requests.py): no answer
-is a 5xx, every 4xx is OpenAI error JSON, every 200 is a whole answer, and afterwards no
+"""Seeded bad and odd requests under load on the shared e2e app (fuzz_requests.py; the agents'
+APIs, fuzz_agent_apis.py): no answer is a 5xx, every 4xx is an error in its API's own shape
+(OpenAI's; Anthropic's on /v1/messages), every 200 is a whole answer, and afterwards no
 breaker opened, no request failed over and no replica was replaced. A client's mistake never
 costs a backend. Runs before test_kills.py (file order), which replaces replicas on purpose."""
 
@@ -27,6 +28,8 @@ SEED = int(os.environ.get("GPS_FUZZ_SEED", "13"))  # a failure replays from its 
 COUNT = 1200
 COMPLETION_COUNT = 400
 EMBEDDING_COUNT = 300
+RESPONSES_COUNT = 300
+MESSAGES_COUNT = 300
 CONCURRENCY = 8
 # Most requests are refused in milliseconds; the valid ones cost an engine at most 4 tokens
 # (about a second each on 2 cores, two engines at a time), but a conversation of 10,001 or
@@ -53,6 +56,7 @@ def _load(path: Path) -> Any:
 
 
 fuzz_requests = _load(Path(__file__).with_name("fuzz_requests.py"))
+fuzz_agent_apis = _load(Path(__file__).with_name("fuzz_agent_apis.py"))
 
 
 def breakers(http: httpx.Client) -> dict[str, str]:
@@ -95,10 +99,14 @@ def settled(http: httpx.Client) -> dict[str, str]:
     pytest.fail(f"breakers not closed before fuzzing: {breakers(http)}")
 
 
-def problem(status: int, content_type: str, text: str) -> str | None:
-    """What is wrong with an answer, or None."""
+def problem(path: str, status: int, content_type: str, text: str) -> str | None:
+    """What is wrong with an answer to a request for `path`, or None."""
     if status >= 500:
         return "a 5xx"
+    if path == fuzz_agent_apis.MESSAGES_PATH:
+        return anthropic_problem(status, content_type, text)
+    if path == fuzz_agent_apis.RESPONSES_PATH and status < 400:
+        return response_problem(content_type, text)
     if status >= 400:
         try:
             error = json.loads(text)["error"]
@@ -119,6 +127,42 @@ def problem(status: int, content_type: str, text: str) -> str | None:
         return "a 200 that is not a completion or embeddings"
 
 
+def anthropic_problem(status: int, content_type: str, text: str) -> str | None:
+    if status >= 400:
+        try:
+            body = json.loads(text)
+            error = body["error"]
+            complete = body["type"] == "error" and error["type"] and error["message"]
+        except (ValueError, KeyError, TypeError):
+            return "a 4xx that is not Anthropic error JSON"
+        return None if complete else "an incomplete Anthropic error"
+    if content_type.startswith("text/event-stream"):
+        events = re.findall(r"^event: (\S+)$", text, re.MULTILINE)
+        if "error" in events:
+            return "an error event in a 200 stream"
+        ends = events[:1] == ["message_start"] and events[-1:] == ["message_stop"]
+        return None if ends else "a stream not from message_start to message_stop"
+    try:
+        return None if json.loads(text)["type"] == "message" else "a 200 that is not a message"
+    except (ValueError, KeyError, TypeError):
+        return "a 200 that is not a message"
+
+
+def response_problem(content_type: str, text: str) -> str | None:
+    if content_type.startswith("text/event-stream"):
+        events = re.findall(r"^event: (\S+)$", text, re.MULTILINE)
+        if any(kind in ("error", "response.failed") for kind in events):
+            return "a failure event in a 200 stream"
+        ended = events[-1:] in (["response.completed"], ["response.incomplete"])
+        return None if events[:1] == ["response.created"] and ended else "an unfinished stream"
+    try:
+        answer = json.loads(text)
+        whole = answer["object"] == "response" and answer["status"] in ("completed", "incomplete")
+    except (ValueError, KeyError, TypeError):
+        return "a 200 that is not a response"
+    return None if whole else "a 200 that is not a finished response"
+
+
 async def send_all(gateway: str, requests: Any) -> tuple[list[str], dict[tuple[str, int], int]]:
     failures: list[str] = []
     outcomes: dict[tuple[str, int], int] = {}
@@ -137,7 +181,8 @@ async def send_all(gateway: str, requests: Any) -> tuple[list[str], dict[tuple[s
                     return
             key = (request.kind, reply.status_code)
             outcomes[key] = outcomes.get(key, 0) + 1
-            wrong = problem(reply.status_code, reply.headers.get("content-type", ""), reply.text)
+            kind = reply.headers.get("content-type", "")
+            wrong = problem(request.path, reply.status_code, kind, reply.text)
             if wrong is not None:
                 failures.append(f"#{index} {request.kind}: {wrong}: {reply.text[:300]!r}")
 
@@ -154,6 +199,8 @@ def test_fuzzed_requests_get_no_5xx_and_cost_no_backend(gateway: str, http: http
         *fuzz_requests.fuzz(SEED, COUNT),
         *fuzz_requests.fuzz_completions(SEED, COMPLETION_COUNT),
         *fuzz_requests.fuzz_embeddings(SEED, EMBEDDING_COUNT),
+        *fuzz_agent_apis.fuzz_responses(SEED, RESPONSES_COUNT),
+        *fuzz_agent_apis.fuzz_messages(SEED, MESSAGES_COUNT),
     ]
     failures, outcomes = asyncio.run(asyncio.wait_for(send_all(gateway, requests), DEADLINE_S))
     by_status: dict[int, int] = {}

@@ -28,6 +28,20 @@ API_KEY = "test-user-key"  # tests/e2e/gateway.yaml
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 ORCHESTRATOR, CODING = "orchestrator@local", "coding@local"
 QUESTION = "Write a long story about a lighthouse keeper and the sea, in many sentences."
+# The agents' APIs, streamed through the same router (the translation at the edge).
+API_STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "responses": (
+        "/v1/responses",
+        {"model": "orchestrator", "input": QUESTION, "max_output_tokens": 160, "stream": True,
+         "temperature": 0.0},
+    ),
+    "messages": (
+        "/v1/messages",
+        {"model": "orchestrator", "max_tokens": 160, "stream": True, "temperature": 0.0,
+         "messages": [{"role": "user", "content": QUESTION}]},
+    ),
+}  # fmt: skip
+TEXT_EVENTS = re.compile(r'"type": ?"(content_block_delta|response\.output_text\.delta)"')
 RECOVERY_S = 480  # Serve replaces a vLLM replica in about a minute here; generous on 2 cores
 
 
@@ -109,6 +123,84 @@ def wait_recovered(http: httpx.Client, backend: str) -> None:
     wait_for(serving, RECOVERY_S, f"{backend} to be replaced and its breaker to close")
 
 
+async def api_stream(
+    session: httpx.AsyncClient, api: str, started: asyncio.Event, streams: list[dict[str, Any]]
+) -> None:
+    """One long answer through the Responses or the Messages API, read into `streams` with
+    when its first text came and when it ended; `started` set at its first text."""
+    path, body = API_STREAMS[api]
+    lines: list[str] = []
+    first = None
+    async with session.stream("POST", path, json=body) as reply:
+        async for line in reply.aiter_lines():
+            if line:
+                lines.append(line)
+            if first is None and TEXT_EVENTS.search(line):
+                first = time.monotonic()
+                started.set()
+    read = (read_response_stream if api == "responses" else read_message_stream)(lines)
+    streams.append(
+        {"api": api, "status": reply.status_code, "first": first, "ended": time.monotonic(), **read}
+    )
+
+
+def check_api_streams(streams: list[dict[str, Any]], killed_at: float) -> None:
+    """Each API's stream was mid-answer when its replica died, and went on to a whole end."""
+    for api in API_STREAMS:
+        [stream] = [s for s in streams if s.get("api") == api]
+        assert stream["first"] < killed_at < stream["ended"], stream
+        assert stream["ordered"], stream
+        assert stream["adds_up"], stream
+
+
+def _kinds_and_events(lines: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    kinds = [x[len("event: ") :] for x in lines if x.startswith("event: ")]
+    return kinds, [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: {")]
+
+
+def read_response_stream(lines: list[str]) -> dict[str, Any]:
+    """A Responses stream: from response.created to its end, sequence numbers rising by one,
+    one response id, the text deltas adding up to the final response's text."""
+    kinds, events = _kinds_and_events(lines)
+    ends = ("response.completed", "response.incomplete")
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    final = [e["response"] for e in events if e["type"] in ends]
+    whole = "".join(
+        part.get("text", "")
+        for item in (final[-1]["output"] if final else [])
+        for part in item.get("content") or []
+    )
+    return {
+        "done": kinds[:1] == ["response.created"] and bool(kinds) and kinds[-1] in ends,
+        "errors": [k for k in kinds if k in ("error", "response.failed")],
+        "ordered": [e.get("sequence_number") for e in events] == list(range(len(events))),
+        "ids": {e["response"]["id"] for e in events if "response" in e},
+        "adds_up": bool(text) and text == whole,
+    }
+
+
+def read_message_stream(lines: list[str]) -> dict[str, Any]:
+    """A Messages stream: from message_start to message_stop, each block's deltas only while it
+    is open and blocks one at a time, one message id, some text."""
+    kinds, events = _kinds_and_events(lines)
+    ordered, open_block = True, None
+    for event in events:
+        if event["type"] == "content_block_start":
+            ordered &= open_block is None
+            open_block = event["index"]
+        elif event["type"] in ("content_block_delta", "content_block_stop"):
+            ordered &= event["index"] == open_block
+            open_block = None if event["type"] == "content_block_stop" else open_block
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    return {
+        "done": kinds[:1] == ["message_start"] and kinds[-1:] == ["message_stop"],
+        "errors": [k for k in kinds if k == "error"],
+        "ordered": ordered,
+        "ids": {e["message"]["id"] for e in events if e["type"] == "message_start"},
+        "adds_up": bool(text),  # a Messages stream has no final copy to compare with
+    }
+
+
 def read_stream(lines: list[str]) -> dict[str, Any]:
     events = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: {")]
     return {
@@ -133,6 +225,7 @@ def test_sigkilled_replicas_under_mixed_load_lose_no_request_and_no_stream(
         refused: list[str] = []
         streams: list[dict[str, Any]] = []
         streaming = [asyncio.Event(), asyncio.Event()]
+        translated = {api: asyncio.Event() for api in API_STREAMS}
         async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=300) as session:
 
             async def whole_client() -> None:
@@ -168,18 +261,27 @@ def test_sigkilled_replicas_under_mixed_load_lose_no_request_and_no_stream(
 
             tasks = [asyncio.create_task(whole_client()) for _ in range(4)]
             tasks += [asyncio.create_task(stream_client(event)) for event in streaming]
-            # Kill while both streams are mid-answer: they must go on on the next link.
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 120)
+            tasks += [
+                asyncio.create_task(api_stream(session, a, e, streams))
+                for a, e in translated.items()
+            ]
+            # Kill while every stream is mid-answer: they must go on on the next link.
+            every = [*streaming, *translated.values()]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in every)), 180)
+            killed_at.append(time.monotonic())
             os.kill(victim, signal.SIGKILL)
             await asyncio.gather(*tasks)
         return whole, refused, streams
 
+    killed_at: list[float] = []
     whole, refused, streams = asyncio.run(load_with_a_kill())
     assert whole == [200] * len(whole), refused
     assert [s["status"] for s in streams] == [200] * len(streams)
     assert all(s["done"] and not s["errors"] for s in streams), streams
     assert all(len(s["ids"]) == 1 for s in streams), "a migrated stream changed its id"
-    assert any(s["migrated"] for s in streams), streams
+    chats = [s for s in streams if "api" not in s]
+    assert any(s["migrated"] for s in chats), chats
+    check_api_streams(streams, killed_at[0])
     metrics = http.get("/metrics").text
     assert 'gps_stream_migrations_total{from="orchestrator@local"' in metrics
     # The engine processes of the killed replica went with it.

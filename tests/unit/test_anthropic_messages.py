@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from core.config import GatewayConfig, hash_key, parse_config
 from core.errors import ApiError, ErrorCode
 from deployments.ingress.anthropic.answer import to_message
 from deployments.ingress.anthropic.errors import anthropic_body, anthropic_status
 from deployments.ingress.anthropic.events import MessageEvents
-from deployments.ingress.anthropic.http import authorization
+from deployments.ingress.anthropic.http import anthropic_stream, authorization
 from deployments.ingress.anthropic.request import BILLING_HEADER, to_chat, to_counted
 from deployments.ingress.app import Ingress
 from deployments.ingress.jobs import validate_chat
@@ -432,3 +434,97 @@ def test_a_tool_choice_whose_name_is_not_a_string_is_a_400() -> None:
     with pytest.raises(ApiError) as raised:
         to_chat(body)
     assert raised.value.status == 400
+
+
+async def _after(seconds: float, outcome: Any) -> Any:
+    await asyncio.sleep(seconds)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def _chat_stream() -> StreamingResponse:
+    parts = [chunk({"role": "assistant", "content": "Hi"}), chunk({}, "stop"), "data: [DONE]\n\n"]
+    return StreamingResponse(iter(parts), media_type="text/event-stream", headers={"x-a": "1"})
+
+
+def test_a_stream_whose_answer_comes_at_once_is_the_answer_with_its_headers() -> None:
+    async def answered() -> Response:
+        answer = asyncio.ensure_future(_after(0, _chat_stream()))
+        return await anthropic_stream(answer, "m", ping_s=5)
+
+    response = asyncio.run(answered())
+    assert response.headers["x-a"] == "1"  # the router's own answer: its headers kept
+    found = events_of(asyncio.run(read(response)))
+    assert [e["type"] for e in found] == [
+        "message_start", "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert found[0]["message"]["id"] == "msg_s1"  # named by the answer: it came at once
+
+
+def test_a_stream_that_waits_in_a_queue_is_begun_and_pinged_until_its_answer_comes() -> None:
+    async def waited() -> list[dict[str, Any]]:
+        answer = asyncio.ensure_future(_after(0.35, _chat_stream()))
+        response = await anthropic_stream(answer, "m", ping_s=0.1)
+        return events_of(await read(response))
+
+    found = asyncio.run(waited())
+    kinds = [e["type"] for e in found]
+    assert kinds[0] == "message_start"
+    assert kinds[1:3] == ["ping", "ping"]  # while it waited
+    assert kinds[kinds.index("content_block_start") :] == [
+        "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+        "message_stop",
+    ]  # fmt: skip
+    assert "ping" not in kinds[kinds.index("content_block_start") :]
+    # One message: the answer's events follow the early start, which named it.
+    assert kinds.count("message_start") == 1
+    assert found[0]["message"]["id"].startswith("msg_")
+    assert found[0]["message"]["id"] != "msg_s1"
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind"),
+    [
+        (ErrorCode.OVERLOADED, 429, "overloaded_error"),
+        (ErrorCode.RATE_LIMITED, 429, "rate_limit_error"),
+        (ErrorCode.CONTEXT_LENGTH_EXCEEDED, 400, "invalid_request_error"),
+    ],
+)
+def test_a_refusal_after_the_stream_began_is_an_error_event_in_anthropics_shape(
+    code: ErrorCode, status: int, kind: str
+) -> None:
+    async def refused() -> list[dict[str, Any]]:
+        answer = asyncio.ensure_future(_after(0.25, ApiError(status, code, "No room.")))
+        response = await anthropic_stream(answer, "m", ping_s=0.1)
+        return events_of(await read(response))
+
+    found = asyncio.run(refused())
+    assert found[0]["type"] == "message_start"
+    assert found[-1] == {"type": "error", "error": {"type": kind, "message": "No room."}}
+
+
+def test_a_refusal_within_the_ping_interval_keeps_its_http_status() -> None:
+    async def refused() -> None:
+        answer = asyncio.ensure_future(_after(0, ApiError(429, ErrorCode.RATE_LIMITED, "Slow.")))
+        await anthropic_stream(answer, "m", ping_s=5)
+
+    with pytest.raises(ApiError) as raised:
+        asyncio.run(refused())
+    assert raised.value.status == 429
+
+
+def test_a_client_that_leaves_while_its_stream_waits_cancels_the_job() -> None:
+    async def left() -> bool:
+        answer = asyncio.ensure_future(_after(30, _chat_stream()))
+        response = await anthropic_stream(answer, "m", ping_s=0.05)
+        assert isinstance(response, StreamingResponse)
+        events = response.body_iterator
+        assert isinstance(events, AsyncGenerator)
+        await anext(events)  # message_start
+        await anext(events)  # a ping
+        await events.aclose()
+        return answer.cancelled()
+
+    assert asyncio.run(left())

@@ -13,6 +13,7 @@ a failover continued on another link stays one message: its chunks are followed,
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,8 +34,9 @@ def event(kind: str, data: Mapping[str, Any]) -> str:
 class MessageEvents(ChatStreamTranslator):
     """One message's events from one chat stream's text (`feed`, then `end`)."""
 
-    def __init__(self, model: str, input_tokens: int) -> None:
+    def __init__(self, model: str, input_tokens: int, message: str | None = None) -> None:
         self._model = model
+        self._message = message  # the message's id where it began before its first chunk
         self._input_tokens = input_tokens
         super().__init__()
         self._started = False
@@ -63,12 +65,19 @@ class MessageEvents(ChatStreamTranslator):
     def _keep_alive(self, comment: str) -> str:
         return event("ping", {}) if self._started else ""
 
+    def start(self) -> str:
+        """`message_start` now, before the chat stream's first chunk (a request waiting in a
+        queue: its pings follow); nothing where it was sent."""
+        if self._message is None:
+            self._message = f"msg_{secrets.token_hex(12)}"
+        return self._start({})
+
     def _start(self, chunk: Mapping[str, Any]) -> str:
         if self._started:
             return ""
         self._started = True
         message: Body = {
-            "id": message_id(chunk.get("id")),
+            "id": self._message or message_id(chunk.get("id")),
             "type": "message",
             "role": "assistant",
             "model": self._model,
