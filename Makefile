@@ -228,6 +228,7 @@ bench: $(INSTALLED) $(DEMO_MODEL)
 	$(PY) -m bench.context || status=1; \
 	$(PY) -m bench.overhead || status=1; \
 	$(PY) -m bench.pace || status=1; \
+	$(PY) -m bench.translation || status=1; \
 	$(PY) -m bench.metrics || status=1; \
 	$(PY) -m bench.metrics_export || status=1; \
 	$(PY) -m bench.overload || status=1; \

@@ -100,6 +100,11 @@ class Route:
     base: str  # the URL up to /v1
     headers: dict[str, str]
     front: tuple[str, ...]  # process titles of its Serve actors in front of the engine
+    api: str = "chat"  # which API's request it sends (API_PATHS; bench/translation.py)
+
+
+# The same request in each API the gateway speaks, and what its stream's events say.
+API_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 
 
 @dataclass
@@ -168,27 +173,41 @@ def deploy() -> list[Route]:
     return routes_at(target.base_url)
 
 
-def _body(stream: bool) -> dict[str, Any]:
-    if not stream:
-        return {
-            "model": INSTANT,
-            "messages": [{"role": "user", "content": "Count from one to ten."}],
-            "max_tokens": 8,
-        }
-    return {
-        "model": PACED,
-        "messages": [{"role": "user", "content": "Count from one to a hundred."}],
-        "max_tokens": STREAM_TOKENS,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def _body(stream: bool, api: str = "chat") -> dict[str, Any]:
+    model, tokens = (PACED, STREAM_TOKENS) if stream else (INSTANT, 8)
+    text = "Count from one to a hundred." if stream else "Count from one to ten."
+    body: dict[str, Any] = {"model": model}
+    if api == "responses":
+        body |= {"input": text, "max_output_tokens": tokens}
+    else:
+        body |= {"messages": [{"role": "user", "content": text}], "max_tokens": tokens}
+    if stream:
+        body["stream"] = True
+        if api == "chat":
+            body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _stream_event(api: str, event: dict[str, Any]) -> tuple[bool, int | None]:
+    """Whether a stream's event carries text, and the output tokens it reports (None: none)."""
+    if api == "responses":
+        kind = event.get("type")
+        usage = event.get("response", {}).get("usage") if kind == "response.completed" else None
+        return kind == "response.output_text.delta", usage and usage["output_tokens"]
+    if api == "messages":
+        kind = event.get("type")
+        usage = event.get("usage") if kind == "message_delta" else None
+        return kind == "content_block_delta", usage and usage["output_tokens"]
+    usage = event.get("usage")
+    text = any(c.get("delta", {}).get("content") for c in event.get("choices", ()))
+    return text, usage and usage["completion_tokens"]
 
 
 async def _whole(client: httpx.AsyncClient, path: Route, run: Run) -> None:
     started = time.perf_counter()
     try:
         reply = await client.post(
-            f"{path.base}/chat/completions", json=_body(False), headers=path.headers
+            f"{path.base}{API_PATHS[path.api]}", json=_body(False, path.api), headers=path.headers
         )
     except httpx.HTTPError:
         run.errors += 1
@@ -208,7 +227,10 @@ async def _stream(client: httpx.AsyncClient, path: Route, run: Run) -> None:
     tokens = chunks = 0
     try:
         async with client.stream(
-            "POST", f"{path.base}/chat/completions", json=_body(True), headers=path.headers
+            "POST",
+            f"{path.base}{API_PATHS[path.api]}",
+            json=_body(True, path.api),
+            headers=path.headers,
         ) as reply:
             if reply.status_code != 200:
                 run.errors += 1
@@ -216,10 +238,9 @@ async def _stream(client: httpx.AsyncClient, path: Route, run: Run) -> None:
             async for line in reply.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", ())):
+                text, reported = _stream_event(path.api, json.loads(line[6:]))
+                tokens = reported if reported else tokens
+                if text:
                     chunks += 1
                     first = first if first is not None else time.perf_counter()
     except httpx.HTTPError:
