@@ -104,7 +104,12 @@ class Route:
 
 
 # The same request in each API the gateway speaks, and what its stream's events say.
-API_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+API_PATHS = {
+    "chat": "/chat/completions",
+    "responses": "/responses",
+    "responses-stored": "/responses",
+    "messages": "/messages",
+}
 
 
 @dataclass
@@ -177,8 +182,10 @@ def _body(stream: bool, api: str = "chat") -> dict[str, Any]:
     model, tokens = (PACED, STREAM_TOKENS) if stream else (INSTANT, 8)
     text = "Count from one to a hundred." if stream else "Count from one to ten."
     body: dict[str, Any] = {"model": model}
-    if api == "responses":
-        body |= {"input": text, "max_output_tokens": tokens}
+    if api.startswith("responses"):
+        # Codex's store: false, the translation alone; "responses-stored" keeps each response
+        # (OpenAI's default), one write to the response keeper more.
+        body |= {"input": text, "max_output_tokens": tokens, "store": api == "responses-stored"}
     else:
         body |= {"messages": [{"role": "user", "content": text}], "max_tokens": tokens}
     if stream:
@@ -190,9 +197,11 @@ def _body(stream: bool, api: str = "chat") -> dict[str, Any]:
 
 def _stream_event(api: str, event: dict[str, Any]) -> tuple[bool, int | None]:
     """Whether a stream's event carries text, and the output tokens it reports (None: none)."""
-    if api == "responses":
+    if api.startswith("responses"):
         kind = event.get("type")
-        usage = event.get("response", {}).get("usage") if kind == "response.completed" else None
+        # max_output_tokens reached ends a response as incomplete, with its usage
+        ended = kind in ("response.completed", "response.incomplete")
+        usage = event.get("response", {}).get("usage") if ended else None
         return kind == "response.output_text.delta", usage and usage["output_tokens"]
     if api == "messages":
         kind = event.get("type")

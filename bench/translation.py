@@ -21,7 +21,8 @@ import sys
 
 from bench import pace, stack
 
-APIS = ("chat", "responses", "messages")
+APIS = ("chat", "responses", "messages", "responses-stored")
+TRANSLATED = ("responses", "messages")  # held to the target; storing is work of its own
 CLIENTS = (1, 8, 32)
 WHOLE_REQUESTS = {1: 300, 8: 800, 32: 1600}
 STREAMS = {1: 60, 8: 240, 32: 480}
@@ -69,15 +70,20 @@ def report(routes: list[pace.Route], runs: dict[tuple[str, bool, int], pace.Run]
                     f"| {path.name} | {clients} | {r.per_s:.0f} | {r.p(0.5):.2f} | {r.errors} "
                     f"| {cpu:.2f} | {cpu / chat_cpu:.2f} |"
                 )
-                met &= r.errors == 0 and cpu <= CPU_RATIO * chat_cpu
+                met &= r.errors == 0
+                if path.name in TRANSLATED:
+                    met &= cpu <= CPU_RATIO * chat_cpu
     ratios = [
         runs[(api, stream, clients)].front_cpu_s / runs[("chat", stream, clients)].front_cpu_s
-        for api in APIS[1:]
+        for api in TRANSLATED
         for stream in (False, True)
         for clients in CLIENTS
     ]
-    print(f"\nmedian front CPU ratio to chat: {statistics.median(ratios):.2f}")
-    print(f"target (issue 53): each <= {CPU_RATIO:.2f}: {'met' if met else 'NOT met'}")
+    print(
+        f"\nmedian front CPU ratio to chat (responses, messages): {statistics.median(ratios):.2f}"
+    )
+    target = f"each of {', '.join(TRANSLATED)} <= {CPU_RATIO:.2f} x chat"
+    print(f"target (issue 53): {target}: {'met' if met else 'NOT met'}")
     return met
 
 

@@ -231,14 +231,21 @@ def fit_messages(
     budget = budget_for(window, requested_max_tokens, counter, policy)
     overflow: ContextOverflow | None = None
     # The tools as sent, then shorter (tool_fit): shortened before any turn is dropped where
-    # they take more than their share, and wherever the prompt does not fit beside them.
-    for step in range(SHORTENINGS + 1 if tools else 1):
+    # they take more than their share, and wherever the prompt does not fit beside them. The
+    # system notes after the user's message are compressed last, beside the shortest tools.
+    steps = range(SHORTENINGS + 1 if tools else 1)
+    attempts = [(False, step) for step in steps]
+    if _has_notes(messages):
+        attempts.append((True, steps[-1]))
+    for compress_notes, step in attempts:
         listed = shortened_tools(tools, step) if tools else None
         last = step == SHORTENINGS or not tools
         if listed and not last and counter.count_tools(listed) > policy.tools_share * budget.prompt:
             continue
         try:
-            draft, prompt_tokens = _plan(messages, counter, policy, listed, budget, window)
+            draft, prompt_tokens = _plan(
+                messages, counter, policy, listed, budget, window, compress_notes
+            )
         except ContextOverflow as error:
             overflow = error
             continue
@@ -269,21 +276,28 @@ def _plan(
     tools: Sequence[Message] | None,
     budget: Budget,
     window: int,
+    compress_notes: bool = False,
 ) -> tuple[_Draft, int]:
+    """A draft within the input budget, else within the output's share too (the tail alone
+    needs more); `compress_notes`: the latter only, the system notes after the latest user
+    message compressed (the output gave way already, without that)."""
     planner = Planner(list(messages), counter, policy, tools)
-    try:
-        return planner.plan(budget.prompt)
-    except NoRoom:
-        # The tail alone needs more than the input budget: give it the output's share too.
-        squeezed_budget = window - budget.margin - min(policy.min_output_tokens, budget.max_tokens)
+    squeezed_budget = window - budget.margin - min(policy.min_output_tokens, budget.max_tokens)
+    if not compress_notes:
         try:
-            return planner.plan(squeezed_budget)
+            return planner.plan(budget.prompt)
         except NoRoom:
             pass
-        try:  # last, the system notes after the user's message are compressed
-            return planner.plan(squeezed_budget, compress_notes=True)
-        except NoRoom as no_room:
-            raise ContextOverflow(max(1, no_room.needed - squeezed_budget), window) from None
+    try:
+        return planner.plan(squeezed_budget, compress_notes=compress_notes)
+    except NoRoom as no_room:
+        raise ContextOverflow(max(1, no_room.needed - squeezed_budget), window) from None
+
+
+def _has_notes(messages: Sequence[Message]) -> bool:
+    """A system message after the latest user message (Claude Code's environment)."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    return bool(users) and any(m.get("role") == "system" for m in messages[users[-1] + 1 :])
 
 
 def _clamped(requested_max_tokens: int | None, max_tokens: int) -> bool:
@@ -401,10 +415,16 @@ class Planner:
         ]
         notes_cost = self._cost_of(notes)
         fixed = cost - notes_cost
+        # Their share beside the system message and the history, as `_fit_system` gives it,
+        # and all that those do not need.
         share = self._policy.system_share if self._system is not None else 1.0
-        allowed = int((target - fixed) * share)
-        if not notes or allowed < (MESSAGE_OVERHEAD_TOKENS + MIN_NOTE_TOKENS) * len(notes):
-            raise NoRoom(fixed + (MESSAGE_OVERHEAD_TOKENS + MIN_NOTE_TOKENS) * len(notes))
+        rest = sum(self._cost_of(turn) for turn in self._turns)
+        rest += self._cost_of([self._system]) if self._system is not None else 0
+        room = target - fixed
+        allowed = max(int(room * share), room - rest)
+        least = (MESSAGE_OVERHEAD_TOKENS + MIN_NOTE_TOKENS) * len(notes)
+        if not notes or allowed < least:
+            raise NoRoom(fixed + math.ceil(least / share))
         texts = {}
         for i in notes:
             budget = allowed * self._cost_of([i]) // notes_cost - MESSAGE_OVERHEAD_TOKENS

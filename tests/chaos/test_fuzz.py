@@ -139,7 +139,11 @@ def anthropic_problem(status: int, content_type: str, text: str) -> str | None:
     if content_type.startswith("text/event-stream"):
         events = re.findall(r"^event: (\S+)$", text, re.MULTILINE)
         if "error" in events:
-            return "an error event in a 200 stream"
+            # A stream begun while it waited for a slot (pings) says a refusal as an error
+            # event, the client's 4xx it would otherwise have been; never the gateway's own.
+            waited = set(events[: events.index("error")]) <= {"message_start", "ping"}
+            internal = '"type": "api_error"' in text
+            return None if waited and not internal else "an error event in a 200 stream"
         ends = events[:1] == ["message_start"] and events[-1:] == ["message_stop"]
         return None if ends else "a stream not from message_start to message_stop"
     try:

@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 
 from deployments.ingress.anthropic.request import to_chat
-from policy.context.fit import ContextOverflow, fit_messages
+from policy.context.fit import ContextOverflow, Fit, fit_messages
 from policy.context.tokens import ChatTemplateCounter
 from policy.context.tool_fit import FIRST_SENTENCE_CHARS, shortened_tools
 from tests.integration.conftest import DEMO_MODEL
 
 ROOT = Path(__file__).parents[2]
 TEMPLATE = ROOT / "ray_configs" / "templates" / "chatml_tools.jinja"
+NOTE_WORDS = "the model serves requests on pools of GPUs and falls back to a CPU".split()
 RECORDED = ROOT / "tests" / "fixtures" / "agent_requests" / "claude_code_2.1.328_first.json"
 
 
@@ -91,6 +92,47 @@ def test_in_a_smaller_window_claude_codes_environment_note_is_compressed_too(
     assert fit.messages[-2] == messages[-2]
     note = fit.messages[-1]["content"]
     assert 0 < len(note) < len(messages[-1]["content"])
+
+
+def test_tools_are_shortened_before_a_system_note_is_compressed(
+    counter: ChatTemplateCounter,
+) -> None:
+    described = ". ".join([" ".join(NOTE_WORDS)] * 6)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "Do a thing. " + described,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"x": {"type": "string", "description": "The x. " + described}},
+                },
+            },
+        }
+        for i in range(2)
+    ]
+    note = {
+        "role": "system",
+        "content": "\n".join(f"env {i}: " + " ".join(NOTE_WORDS) for i in range(12)),
+    }
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Which replica?"},
+        note,
+    ]
+
+    def fitted(window: int) -> Fit:
+        return fit_messages(
+            conversation, window=window, requested_max_tokens=50, counter=counter, tools=tools
+        )
+
+    shortened = fitted(600)  # first sentences make room: the note stays as sent
+    assert (shortened.tools_shortened, shortened.messages[-1]) == (1, note)
+    last = fitted(450)  # no room even beside the shortest tools: the note gives way too
+    assert (last.tools_shortened, last.system_compressed) == (2, True)
+    assert last.messages[-1] != note
+    assert last.messages[-2] == conversation[1]
 
 
 def test_a_window_too_small_even_for_the_shortest_tools_names_the_window_and_the_tools(

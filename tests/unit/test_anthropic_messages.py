@@ -528,3 +528,61 @@ def test_a_client_that_leaves_while_its_stream_waits_cancels_the_job() -> None:
         return answer.cancelled()
 
     assert asyncio.run(left())
+
+
+class ClientGoneError(Exception):
+    """The connection went before the first event was sent."""
+
+
+def test_a_client_gone_before_the_begun_stream_was_sent_cancels_the_job() -> None:
+    async def gone() -> bool:
+        answer = asyncio.ensure_future(_after(30, _chat_stream()))
+        response = await anthropic_stream(answer, "m", ping_s=0.05)
+
+        async def send(message: Any) -> None:
+            raise ClientGoneError
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        with pytest.raises(ClientGoneError):
+            await response({"type": "http", "method": "POST", "headers": []}, receive, send)
+        return answer.cancelled()
+
+    assert asyncio.run(gone())
+
+
+def test_an_answer_no_one_reads_any_more_is_closed_so_its_slot_is_settled() -> None:
+    settled: list[bool] = []
+
+    async def relay() -> AsyncGenerator[str, None]:
+        try:
+            yield chunk({"role": "assistant", "content": "Hi"})
+            yield "data: [DONE]\n\n"
+        finally:
+            settled.append(True)  # relay_sse settles its key's slot and usage here
+
+    async def left() -> None:
+        answer: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        response = await anthropic_stream(answer, "m", ping_s=0.05)
+        assert isinstance(response, StreamingResponse)
+        events = response.body_iterator
+        assert isinstance(events, AsyncGenerator)
+        await anext(events)  # message_start; the answer comes while the client reads it
+        answer.set_result(StreamingResponse(relay(), media_type="text/event-stream"))
+        await events.aclose()
+
+    asyncio.run(left())
+    assert settled == [True]
+
+
+def test_a_failure_of_the_gateway_after_the_stream_began_is_an_api_error_event() -> None:
+    async def failed() -> list[dict[str, Any]]:
+        answer = asyncio.ensure_future(_after(0.15, RuntimeError("the router died")))
+        response = await anthropic_stream(answer, "m", ping_s=0.05)
+        return events_of(await read(response))
+
+    found = asyncio.run(failed())
+    assert found[0]["type"] == "message_start"
+    assert found[-1]["type"] == "error"
+    assert found[-1]["error"]["type"] == "api_error"

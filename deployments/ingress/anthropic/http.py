@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from core.errors import ApiError
 from deployments.ingress.anthropic.answer import to_message
@@ -25,6 +27,8 @@ from deployments.ingress.translated import kept_headers, translated_events, tran
 __all__ = ["API_KEY_HEADER", "anthropic_answer", "anthropic_stream", "authorization"]
 
 API_KEY_HEADER = "x-api-key"
+INTERNAL = "The gateway failed to answer; the request may be retried."
+logger = logging.getLogger(__name__)
 
 
 def authorization(headers: Mapping[str, str]) -> str | None:
@@ -45,19 +49,65 @@ def anthropic_answer(response: Response, model: str) -> Response:
 async def anthropic_stream(answer: asyncio.Future[Response], model: str, ping_s: float) -> Response:
     """The streamed answer `answer` will be: as it is where it comes within `ping_s`, else
     begun at once and pinged until it comes. Its refusal within `ping_s` is raised."""
+    waiting = _Waiting(answer)
     try:
         done, _ = await asyncio.wait({answer}, timeout=ping_s)
     except asyncio.CancelledError:
-        answer.cancel()
+        await waiting.release()
         raise
     if done:
         return anthropic_answer(answer.result(), model)
-    return StreamingResponse(_waited(answer, model, ping_s), media_type="text/event-stream")
+    return _WaitingResponse(waiting, _waited(waiting, model, ping_s))
 
 
-async def _waited(
-    answer: asyncio.Future[Response], model: str, ping_s: float
-) -> AsyncIterator[str]:
+class _Waiting:
+    """The answer a begun stream waits for, released once however the stream ends: a job
+    still queued is cancelled, an answer no one will read is closed (its slot and usage are
+    settled where its stream closes)."""
+
+    def __init__(self, answer: asyncio.Future[Response]) -> None:
+        self.answer = answer
+        self.taken = False  # its stream is being read (translated_events closes it)
+        self._released = False
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        answer = self.answer
+        if not answer.done():
+            answer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await answer
+            return
+        if self.taken or answer.cancelled() or answer.exception() is not None:
+            return
+        chunks = getattr(answer.result(), "body_iterator", None)
+        if isinstance(chunks, AsyncGenerator):
+            # A generator closed before it began runs no `finally`: begin it (its first
+            # item is in hand already), then close it.
+            with contextlib.suppress(StopAsyncIteration, Exception):
+                await anext(chunks)
+            await chunks.aclose()
+
+
+class _WaitingResponse(StreamingResponse):
+    """A begun stream whose waiting answer is released however it ends, even where the
+    client left before its first event was sent (its generator never began)."""
+
+    def __init__(self, waiting: _Waiting, events: AsyncIterator[str]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._waiting = waiting
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._waiting.release()
+
+
+async def _waited(waiting: _Waiting, model: str, ping_s: float) -> AsyncIterator[str]:
+    answer = waiting.answer
     translator = MessageEvents(model, 0)
     try:
         yield translator.start()
@@ -70,13 +120,15 @@ async def _waited(
         except ApiError as error:
             yield event("error", {"error": anthropic_body(error)["error"]})
             return
-        if not isinstance(response, StreamingResponse):  # a stream was asked for
-            yield event("error", {"error": {"type": "api_error", "message": "No stream came."}})
+        except Exception:  # the gateway's own failure: said, never a cut stream
+            logger.exception("a begun Messages stream's answer failed")
+            yield event("error", {"error": {"type": "api_error", "message": INTERNAL}})
             return
+        if not isinstance(response, StreamingResponse):  # a stream was asked for
+            yield event("error", {"error": {"type": "api_error", "message": INTERNAL}})
+            return
+        waiting.taken = True
         async for out in translated_events(response.body_iterator, translator):
             yield out
     finally:
-        if not answer.done():  # the client left while it waited: its job goes
-            answer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ApiError):
-                await answer
+        await waiting.release()
