@@ -18,5 +18,7 @@ LOAD_HEADERS = {"Authorization": f"Bearer {LOAD_KEY}"}
 
 def app_config(keys_db: Path) -> ClusterConfig:
     config = load_config(CONFIG, environ={})
-    gateway = config.gateway.model_copy(update={"keys_db": keys_db})
+    # The session's own files (a reload keeps both: tests/monitoring/test_reload.py).
+    stored = keys_db.parent / "responses.sqlite3"
+    gateway = config.gateway.model_copy(update={"keys_db": keys_db, "responses_db": stored})
     return config.model_copy(update={"gateway": gateway})

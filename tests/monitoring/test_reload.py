@@ -46,6 +46,7 @@ def config_file(folder: Path, app: ClusterConfig, edit: Callable[[dict[str, Any]
         model["source"] = app.resolve_path(model["source"])
     raw["fallback"]["source"] = app.fallback_source
     raw["gateway"]["keys_db"] = str(app.keys_db)
+    raw["gateway"]["responses_db"] = str(app.responses_db)
     raw["batches"] = {"directory": str(app.batch_directory)}
     edit(raw)
     path = folder / "reloaded.yaml"
