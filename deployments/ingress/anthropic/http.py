@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
+import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -74,6 +75,11 @@ class _Waiting:
         if self._released:
             return
         self._released = True
+        # Shielded: it runs where the client's leaving cancelled the response's scope.
+        with anyio.CancelScope(shield=True):
+            await self._release()
+
+    async def _release(self) -> None:
         answer = self.answer
         if not answer.done():
             answer.cancel()
