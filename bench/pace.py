@@ -291,23 +291,41 @@ async def idle_cpu(routes: list[Route], seconds: float) -> dict[str, float]:
     return {p.name: 1000 * (cpu_seconds(p.front) - before[p.name]) / seconds for p in routes}
 
 
-async def measure(
-    routes: list[Route], rounds: int, scale: float
-) -> tuple[dict[tuple[str, bool, int], Run], dict[str, float]]:
-    runs: dict[tuple[str, bool, int], Run] = {}
-    for path in routes:  # warm every path: handles, connections, the key's first use
+async def warm(routes: list[Route]) -> None:
+    """Every path once: handles, connections, the key's first use."""
+    for path in routes:
         for stream in (False, True):
             await load(path, 4, 20, stream, Run())
-    idle = await idle_cpu(routes, IDLE_S)
-    for stream, counts in ((False, WHOLE_REQUESTS), (True, STREAMS)):
-        for clients in CLIENTS:
+
+
+async def rotated(
+    routes: list[Route],
+    rounds: int,
+    scale: float,
+    clients_levels: tuple[int, ...] = CLIENTS,
+    whole: dict[int, int] = WHOLE_REQUESTS,
+    streams: dict[int, int] = STREAMS,
+) -> dict[tuple[str, bool, int], Run]:
+    """Whole requests, then streams, at each client count, in rounds rotating the paths so
+    drift hits all alike; by (path, stream, clients)."""
+    runs: dict[tuple[str, bool, int], Run] = {}
+    for stream, counts in ((False, whole), (True, streams)):
+        for clients in clients_levels:
             requests = max(clients, int(counts[clients] * scale))
             for round_index in range(rounds):
                 shift = round_index % len(routes)
                 for path in routes[shift:] + routes[:shift]:
                     run = runs.setdefault((path.name, stream, clients), Run())
                     await load(path, clients, requests, stream, run)
-    return runs, idle
+    return runs
+
+
+async def measure(
+    routes: list[Route], rounds: int, scale: float
+) -> tuple[dict[tuple[str, bool, int], Run], dict[str, float]]:
+    await warm(routes)
+    idle = await idle_cpu(routes, IDLE_S)
+    return await rotated(routes, rounds, scale), idle
 
 
 def _table(title: str, columns: list[str]) -> None:

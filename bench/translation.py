@@ -38,19 +38,8 @@ def by_api(paces: list[pace.Route]) -> list[pace.Route]:
 async def measure(
     routes: list[pace.Route], rounds: int, scale: float
 ) -> dict[tuple[str, bool, int], pace.Run]:
-    runs: dict[tuple[str, bool, int], pace.Run] = {}
-    for path in routes:  # warm every path
-        for stream in (False, True):
-            await pace.load(path, 4, 20, stream, pace.Run())
-    for stream, counts in ((False, WHOLE_REQUESTS), (True, STREAMS)):
-        for clients in CLIENTS:
-            requests = max(clients, int(counts[clients] * scale))
-            for round_index in range(rounds):
-                shift = round_index % len(routes)
-                for path in routes[shift:] + routes[:shift]:
-                    run = runs.setdefault((path.name, stream, clients), pace.Run())
-                    await pace.load(path, clients, requests, stream, run)
-    return runs
+    await pace.warm(routes)
+    return await pace.rotated(routes, rounds, scale, CLIENTS, WHOLE_REQUESTS, STREAMS)
 
 
 def report(routes: list[pace.Route], runs: dict[tuple[str, bool, int], pace.Run]) -> bool:

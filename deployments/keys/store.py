@@ -17,7 +17,6 @@ out of the active set for good.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import ApiKeyConfig, KeyFields
+from deployments.sqlite_file import open_sqlite
 
 __all__ = ["KeyNameTaken", "KeyNotFound", "KeyStore", "StoredKey"]
 
@@ -84,15 +84,10 @@ class KeyStore:
     """One app's run-time keys in the SQLite file at `path` (created with its folder)."""
 
     def __init__(self, path: str | Path, app: str, clock: Callable[[], float]) -> None:
-        file = Path(path).expanduser()
-        file.parent.mkdir(parents=True, exist_ok=True)
-        # Transactions are ours (`_writing`); a change is durable once it returns (SQLite's
-        # default synchronous=FULL in rollback-journal mode).
-        self._db = sqlite3.connect(file, isolation_level=None, check_same_thread=False)
-        self._db.executescript(_SCHEMA)
+        # Transactions are ours (`_writing`).
+        self._db, self.path = open_sqlite(path, _SCHEMA)
         self._app = app
         self._clock = clock
-        self.path = file
 
     def version(self) -> int:
         row = self._db.execute(

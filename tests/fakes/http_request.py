@@ -1,5 +1,6 @@
 """A Starlette request as Serve's proxy hands one to the ingress: a method, a path, a bearer
-key and a JSON body, for unit tests that call the ingress's routes directly."""
+key, a query and a JSON body, for unit tests that call the ingress's routes directly; and what
+a route answered, as text."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from typing import Any
 from starlette.requests import Request
 
 
-def keyed_request(key: str, method: str, path: str, body: dict[str, Any] | None = None) -> Request:
+def keyed_request(
+    key: str, method: str, path: str, body: dict[str, Any] | None = None, query: str = ""
+) -> Request:
     payload = json.dumps(body or {}).encode()
     scope = {
         "type": "http",
         "method": method,
         "path": path,
-        "query_string": b"",
+        "query_string": query.encode(),
         "headers": [(b"authorization", f"Bearer {key}".encode())],
     }
     chunks = [{"type": "http.request", "body": payload, "more_body": False}]
@@ -24,3 +27,10 @@ def keyed_request(key: str, method: str, path: str, body: dict[str, Any] | None 
         return chunks.pop() if chunks else {"type": "http.disconnect"}
 
     return Request(scope, receive)
+
+
+async def response_text(response: Any) -> str:
+    """A route's answer as text: a stream's parts joined, or the body."""
+    if hasattr(response, "body_iterator"):
+        return "".join([part async for part in response.body_iterator])
+    return bytes(response.body).decode()

@@ -26,6 +26,7 @@ from deployments.ingress.app import Ingress
 from deployments.ingress.jobs import validate_chat
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from tests.fakes import serve_handle
+from tests.fakes.http_request import response_text
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "agent_requests"
 
@@ -349,12 +350,6 @@ def post(body: dict[str, Any], headers: dict[str, str]) -> Request:
     return Request(scope, receive)
 
 
-async def read(response: Any) -> str:
-    if hasattr(response, "body_iterator"):
-        return "".join([part async for part in response.body_iterator])
-    return bytes(response.body).decode()
-
-
 def test_the_ingress_answers_a_message_as_the_chat_job_it_routed() -> None:
     router = serve_handle.EngineLikeRouter()
     ingress = ingress_of(router)
@@ -364,7 +359,7 @@ def test_the_ingress_answers_a_message_as_the_chat_job_it_routed() -> None:
         "messages": [{"role": "user", "content": "Hi"}],
     }
     response = asyncio.run(ingress.messages(post(body, {"x-api-key": KEY})))
-    message = json.loads(asyncio.run(read(response)))
+    message = json.loads(asyncio.run(response_text(response)))
     assert (response.status_code, message["type"], message["model"]) == (
         200,
         "message",
@@ -387,7 +382,7 @@ def test_the_ingress_streams_a_message_as_anthropics_events() -> None:
         "messages": [{"role": "user", "content": "Hi"}],
     }
     response = asyncio.run(ingress.messages(post(body, {"authorization": f"Bearer {KEY}"})))
-    found = events_of(asyncio.run(read(response)))
+    found = events_of(asyncio.run(response_text(response)))
     assert [e["type"] for e in found] == [
         "message_start", "content_block_start", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop",
@@ -455,7 +450,7 @@ def test_a_stream_whose_answer_comes_at_once_is_the_answer_with_its_headers() ->
 
     response = asyncio.run(answered())
     assert response.headers["x-a"] == "1"  # the router's own answer: its headers kept
-    found = events_of(asyncio.run(read(response)))
+    found = events_of(asyncio.run(response_text(response)))
     assert [e["type"] for e in found] == [
         "message_start", "content_block_start", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop",
@@ -467,7 +462,7 @@ def test_a_stream_that_waits_in_a_queue_is_begun_and_pinged_until_its_answer_com
     async def waited() -> list[dict[str, Any]]:
         answer = asyncio.ensure_future(_after(0.35, _chat_stream()))
         response = await anthropic_stream(answer, "m", ping_s=0.1)
-        return events_of(await read(response))
+        return events_of(await response_text(response))
 
     found = asyncio.run(waited())
     kinds = [e["type"] for e in found]
@@ -498,7 +493,7 @@ def test_a_refusal_after_the_stream_began_is_an_error_event_in_anthropics_shape(
     async def refused() -> list[dict[str, Any]]:
         answer = asyncio.ensure_future(_after(0.25, ApiError(status, code, "No room.")))
         response = await anthropic_stream(answer, "m", ping_s=0.1)
-        return events_of(await read(response))
+        return events_of(await response_text(response))
 
     found = asyncio.run(refused())
     assert found[0]["type"] == "message_start"
@@ -580,7 +575,7 @@ def test_a_failure_of_the_gateway_after_the_stream_began_is_an_api_error_event()
     async def failed() -> list[dict[str, Any]]:
         answer = asyncio.ensure_future(_after(0.15, RuntimeError("the router died")))
         response = await anthropic_stream(answer, "m", ping_s=0.05)
-        return events_of(await read(response))
+        return events_of(await response_text(response))
 
     found = asyncio.run(failed())
     assert found[0]["type"] == "message_start"

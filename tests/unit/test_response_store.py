@@ -23,6 +23,7 @@ from deployments.ingress.responses.keeper import LocalKeeper, ResponseKeeper
 from deployments.ingress.responses.store import ResponseStore, StoredResponse
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from tests.fakes import serve_handle
+from tests.fakes.http_request import keyed_request, response_text
 
 DAY = 24 * 3600.0
 
@@ -169,30 +170,12 @@ def ingress_of(
 
 
 def request(method: str, path: str, key: str = "one", body: Any = None, query: str = "") -> Request:
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "query_string": query.encode(),
-        "headers": [(b"authorization", f"Bearer {KEYS[key]}".encode())],
-    }
-    chunks = [{"type": "http.request", "body": json.dumps(body).encode() if body else b""}]
-
-    async def receive() -> dict[str, Any]:
-        return chunks.pop() if chunks else {"type": "http.disconnect"}
-
-    return Request(scope, receive)
-
-
-async def read(response: Any) -> str:
-    if hasattr(response, "body_iterator"):
-        return "".join([part async for part in response.body_iterator])
-    return bytes(response.body).decode()
+    return keyed_request(KEYS[key], method, path, body, query)
 
 
 def respond(ingress: Ingress, body: dict[str, Any], key: str = "one") -> dict[str, Any]:
     response = asyncio.run(ingress.responses(request("POST", "/v1/responses", key, body)))
-    text = asyncio.run(read(response))
+    text = asyncio.run(response_text(response))
     if body.get("stream"):
         events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
         return dict(events[-1]["response"])

@@ -18,11 +18,12 @@ follows: deployments/ingress/responses/keeper.py).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from deployments.sqlite_file import open_sqlite
 
 __all__ = ["ResponseStore", "StoredResponse"]
 
@@ -62,13 +63,9 @@ class ResponseStore:
     """One app's stored responses in the SQLite file at `path` (created with its folder)."""
 
     def __init__(self, path: str | Path, app: str, clock: Callable[[], float]) -> None:
-        file = Path(path).expanduser()
-        file.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(file, isolation_level=None, check_same_thread=False)
-        self._db.executescript(_SCHEMA)
+        self._db, self.path = open_sqlite(path, _SCHEMA)
         self._app = app
         self._clock = clock
-        self.path = file
 
     def put(self, stored: StoredResponse, retention_s: float) -> StoredResponse | None:
         """Kept from now for `retention_s`; the owner's own row of that id (a retried write) is
