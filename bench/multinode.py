@@ -4,6 +4,7 @@ own interface)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import signal
@@ -141,11 +142,13 @@ def kill_started_nodes(pids: Path) -> None:
     for line in pids.read_text().split():
         try:
             parent = psutil.Process(int(line))
+            group = [parent, *parent.children(recursive=True)]
         except psutil.NoSuchProcess:
             continue
-        group = [parent, *parent.children(recursive=True)]
         for process in group:
-            process.send_signal(signal.SIGKILL)
+            # One may have exited since it was listed (Serve's shutdown just stopped its workers).
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
         psutil.wait_procs(group, timeout=30)
 
 

@@ -32,6 +32,9 @@ MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Count from one to fifty, in words."},
 ]
+# The model answers MESSAGES in 11 tokens; this one runs to its budget (CI saw a short answer
+# finish before the last stream had begun).
+LONG_MESSAGES = [{"role": "user", "content": "Write a long story about a dragon who bakes bread."}]
 
 
 def binary() -> str:
@@ -180,12 +183,11 @@ def test_several_answers_are_decoded_at_once_and_a_client_that_leaves_frees_its_
 ) -> None:
     engine = new_engine()
     loop.run_until_complete(engine.start())
-    long = ChatParams(messages=MESSAGES, max_tokens=200, temperature=0.0)
+    long = ChatParams(messages=LONG_MESSAGES, max_tokens=400, temperature=0.0)
 
     async def scenario() -> tuple[int, int, list[Piece | Finish]]:
         streams = [engine.chat(long) for _ in range(PARALLEL)]
-        for stream in streams:
-            await anext(stream)  # every one has begun
+        await asyncio.gather(*(anext(stream) for stream in streams))  # every one has begun
         together = await busy_slots(engine)
         for stream in streams:
             await stream.aclose()  # every client went away
