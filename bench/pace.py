@@ -178,7 +178,7 @@ def deploy() -> list[Route]:
     return routes_at(target.base_url)
 
 
-def _body(stream: bool, api: str = "chat") -> dict[str, Any]:
+def request_body(stream: bool, api: str = "chat") -> dict[str, Any]:
     model, tokens = (PACED, STREAM_TOKENS) if stream else (INSTANT, 8)
     text = "Count from one to a hundred." if stream else "Count from one to ten."
     body: dict[str, Any] = {"model": model}
@@ -216,7 +216,9 @@ async def _whole(client: httpx.AsyncClient, path: Route, run: Run) -> None:
     started = time.perf_counter()
     try:
         reply = await client.post(
-            f"{path.base}{API_PATHS[path.api]}", json=_body(False, path.api), headers=path.headers
+            f"{path.base}{API_PATHS[path.api]}",
+            json=request_body(False, path.api),
+            headers=path.headers,
         )
     except httpx.HTTPError:
         run.errors += 1
@@ -238,7 +240,7 @@ async def _stream(client: httpx.AsyncClient, path: Route, run: Run) -> None:
         async with client.stream(
             "POST",
             f"{path.base}{API_PATHS[path.api]}",
-            json=_body(True, path.api),
+            json=request_body(True, path.api),
             headers=path.headers,
         ) as reply:
             if reply.status_code != 200:

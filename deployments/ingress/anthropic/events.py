@@ -12,7 +12,6 @@ a failover continued on another link stays one message: its chunks are followed,
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 from core.errors import ErrorCode
 from deployments.ingress.anthropic.answer import message_id, reasoning_of, stop_reason
 from deployments.ingress.anthropic.errors import anthropic_type
-from deployments.ingress.translated import ChatStreamTranslator
+from deployments.ingress.translated import ChatStreamTranslator, json_text
 
 __all__ = ["MessageEvents", "event"]
 
@@ -28,7 +27,7 @@ Body = dict[str, Any]
 
 
 def event(kind: str, data: Mapping[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
+    return f"event: {kind}\ndata: {json_text({'type': kind, **data})}\n\n"
 
 
 class MessageEvents(ChatStreamTranslator):

@@ -15,7 +15,6 @@ in the final response; an answer a failover continued on another link stays one 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from deployments.ingress.responses.answer import (
     usage,
 )
 from deployments.ingress.responses.request import ToolNames
-from deployments.ingress.translated import ChatStreamTranslator
+from deployments.ingress.translated import ChatStreamTranslator, json_text
 
 __all__ = ["ResponseEvents"]
 
@@ -91,7 +90,7 @@ class ResponseEvents(ChatStreamTranslator):
     def _event(self, kind: str, data: Body) -> str:
         body = {"type": kind, **data, "sequence_number": self._sequence}
         self._sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return f"event: {kind}\ndata: {json_text(body)}\n\n"
 
     def _start(self, chunk: Mapping[str, Any]) -> str:
         if self._started:
