@@ -5,16 +5,19 @@ so the test injects VRAM readings through the probes' own interface (`VramProbe.
 drop on the local pool moves the reasoning model to the cloud pool while a steady request stream
 runs; recovery brings it back after the away time. No request may fail; each move is timed. The
 routers of both ingress replicas must follow each move, and a restart of the placement actor
-between the moves must change nothing.
+between the moves must change nothing. On the same two ingress replicas, a stored response is
+continued (`previous_response_id`) and read back through either of them.
 """
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import ray
 from ray import serve
@@ -50,6 +53,7 @@ def cluster() -> Iterator[dict[str, str]]:
     # replicas, taking the connections the kernel gave it down with it (a stream failed so).
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": PORT})
     ids = {"local": local.node_id, "cloud": cloud.node_id, "head": nodes.head_node.node_id}
+    ids["logs"] = nodes.head_node.get_logs_dir_path()  # every node's: one machine, one session
     # Before the app starts: both pools with plenty of VRAM, the head with no GPU.
     report_free(ids["local"], 30)
     report_free(ids["cloud"], 40)
@@ -129,3 +133,56 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
     assert served[0] == LOCAL
     assert CLOUD in served
     assert served[-1] == LOCAL
+
+
+def ingress_replicas(logs: str) -> dict[str, str]:
+    """Which ingress replica answered each request, by Serve's request id (`x-request-id`):
+    the access lines in the workers' stderr files, where Serve writes them as they come (its
+    own replica log files buffer them, RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE)."""
+    access = re.compile(r"placed_ingress (\w+) ([\w-]+) -- ")
+    answered: dict[str, str] = {}
+    for stderr in Path(logs).glob("worker-*.err"):
+        for replica, request in access.findall(stderr.read_text(errors="replace")):
+            answered[request] = replica
+    return answered
+
+
+def posted(client: httpx.Client, body: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    reply = client.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json(), reply.headers["x-request-id"]
+
+
+def test_a_stored_response_is_continued_and_read_through_either_ingress_replica(
+    cluster: dict[str, str],
+) -> None:
+    """One keeper per app holds stored responses; each ingress replica reaches it. The proxy
+    picks a replica per request, so 24 continuations all missing one of two replicas would
+    take odds of 1 in 16 million: the replicas' access lines say which answered each."""
+    body = {"model": "reasoning", "max_output_tokens": 4}
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
+        first, first_request = posted(client, body | {"input": "My name is Ada."})
+        requests = [first_request]
+        for n in range(24):
+            turn, request = posted(
+                client, body | {"input": f"Turn {n}.", "previous_response_id": first["id"]}
+            )
+            assert turn["previous_response_id"] == first["id"]
+            items = client.get(f"/v1/responses/{turn['id']}/input_items", params={"order": "asc"})
+            assert items.status_code == 200, items.text
+            texts = [p["text"] for i in items.json()["data"] for p in i.get("content", [])]
+            # the first's input and answer, then this turn's input: three items
+            assert (texts[0], texts[-1], len(items.json()["data"])) == (
+                "My name is Ada.",
+                f"Turn {n}.",
+                3,
+            )
+            requests.append(request)
+    # Serve writes a replica's access line when the answer is sent; give its file a moment.
+    wait_for(
+        lambda: set(requests) <= ingress_replicas(cluster["logs"]).keys(),
+        30,
+        "each request's access line from an ingress replica",
+    )
+    answered = ingress_replicas(cluster["logs"])
+    assert len({answered[r] for r in requests}) == 2
