@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -58,13 +59,13 @@ async def measure(
     return await pace.rotated(routes, rounds, scale, CLIENTS, WHOLE_REQUESTS, STREAMS)
 
 
+@dataclass(frozen=True)
 class Recorded:
     """What the gateway's chat answered in this run: one stream's text as the ingress relays it
     (each piece as it came) and one whole answer's body."""
 
-    def __init__(self, stream: list[str], whole: dict[str, Any]) -> None:
-        self.stream = stream
-        self.whole = whole
+    stream: list[str]
+    whole: dict[str, Any]
 
 
 async def record(chat: pace.Route) -> Recorded:
@@ -72,7 +73,6 @@ async def record(chat: pace.Route) -> Recorded:
     async with httpx.AsyncClient(timeout=60) as client:
         reply = await client.post(url, json=pace.request_body(False), headers=chat.headers)
         reply.raise_for_status()
-        pieces: list[str] = []
         body = pace.request_body(True)
         async with client.stream("POST", url, json=body, headers=chat.headers) as streamed:
             streamed.raise_for_status()
