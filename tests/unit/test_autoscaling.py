@@ -24,10 +24,10 @@ from deployments.router.load_sync import LoadSync
 from deployments.router.metrics import REGISTRY
 from deployments.router.ports import BackendLoad
 from policy.load_scaling import LoadReport
-from tests.unit.test_router_flow import (
+from tests.fakes.clock import FakeClock
+from tests.fakes.router_harness import (
     APP,
     FakeBackend,
-    FakeClock,
     FakeDeployments,
     collect,
     job,

@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from policy.breaker import BreakerPolicy, BreakerState, CircuitBreaker
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import FakeClock
 
 
 def breaker(**policy: float) -> tuple[CircuitBreaker, FakeClock]:

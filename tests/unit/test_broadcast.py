@@ -4,31 +4,24 @@ from __future__ import annotations
 
 from autoscale.broadcast import STALE_AFTER_S, Broadcast
 from core.wire import PlacementView
+from tests.fakes.clock import FakeClock
 
 BACKENDS = ("reasoning@local", "reasoning@cloud", "coding@local")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def starting(clock: Clock) -> Broadcast:
+def starting(clock: FakeClock) -> Broadcast:
     homes = {"reasoning": "reasoning@local", "coding": "coding@local"}
     return Broadcast.starting(homes, BACKENDS, clock, version=7)
 
 
 def test_every_backend_a_role_is_not_placed_on_starts_parked() -> None:
-    view = starting(Clock()).view
+    view = starting(FakeClock()).view
     assert view.version == 7
     assert view.parked == {"reasoning@cloud"}
 
 
 def test_a_move_places_the_target_parks_the_source_and_needs_every_live_replica() -> None:
-    clock = Clock()
+    clock = FakeClock()
     broadcast = starting(clock)
     broadcast.report("router-a", 7, {})
     broadcast.report("router-b", 7, {})
@@ -46,7 +39,7 @@ def test_a_move_places_the_target_parks_the_source_and_needs_every_live_replica(
 
 
 def test_a_replica_silent_past_the_stale_time_holds_nothing_up() -> None:
-    clock = Clock()
+    clock = FakeClock()
     broadcast = starting(clock)
     broadcast.report("gone", 7, {"reasoning@local": 3})
     version = broadcast.move("reasoning", "reasoning@local", "reasoning@cloud")
@@ -61,7 +54,7 @@ def test_a_replica_silent_past_the_stale_time_holds_nothing_up() -> None:
 
 
 def test_the_source_drains_by_the_latest_report_of_each_replica() -> None:
-    broadcast = starting(Clock())
+    broadcast = starting(FakeClock())
     version = broadcast.move("reasoning", "reasoning@local", "reasoning@cloud")
     broadcast.report("router-a", version, {"reasoning@local": 2, "coding@local": 5})
     broadcast.report("router-b", version, {"reasoning@local": 1})
@@ -73,7 +66,7 @@ def test_the_source_drains_by_the_latest_report_of_each_replica() -> None:
 
 
 def test_moving_back_unparks_the_home_and_parks_the_other_pool() -> None:
-    broadcast = starting(Clock())
+    broadcast = starting(FakeClock())
     broadcast.move("reasoning", "reasoning@local", "reasoning@cloud")
     broadcast.move("reasoning", "reasoning@cloud", "reasoning@local")
     assert broadcast.view.placements["reasoning"] == "reasoning@local"
@@ -81,7 +74,7 @@ def test_moving_back_unparks_the_home_and_parks_the_other_pool() -> None:
 
 
 def test_records_are_shown_without_a_new_version_and_only_the_latest_kept() -> None:
-    broadcast = starting(Clock())
+    broadcast = starting(FakeClock())
     broadcast.moves_kept = 2
     for n in range(3):
         broadcast.record({"n": n})
@@ -90,7 +83,7 @@ def test_records_are_shown_without_a_new_version_and_only_the_latest_kept() -> N
 
 
 def test_the_view_survives_its_trip_through_json() -> None:
-    broadcast = starting(Clock())
+    broadcast = starting(FakeClock())
     broadcast.move("reasoning", "reasoning@local", "reasoning@cloud")
     broadcast.record({"kind": "offload"})
     assert PlacementView.from_json(broadcast.view.to_json()) == broadcast.view

@@ -14,6 +14,7 @@ from autoscale.probe import NodeSnapshot
 from autoscale.provisioners import ProvisionFailed, ProvisionRequest, ProvisionResult
 from autoscale.vram import NodeReading
 from core.config import ClusterConfig, load_config
+from tests.fakes.clock import FakeClock
 
 CONFIG_YAML = """
 pools:
@@ -43,21 +44,6 @@ def config(tmp_path: Path, extra: str = "") -> ClusterConfig:
     path = tmp_path / "cluster.yaml"
     path.write_text(CONFIG_YAML + extra)
     return load_config(path, environ={})
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return 1_800_000_000.0 + self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 def node(node_id: str, pool: str, alive: bool = True, reading: bool = True) -> NodeSnapshot:
@@ -112,10 +98,10 @@ class Sink:
 
 def manager(
     cfg: ClusterConfig, behaviour: str = "join"
-) -> tuple[ClusterManager, Nodes, Provisioner, Clock, Sink]:
+) -> tuple[ClusterManager, Nodes, Provisioner, FakeClock, Sink]:
     nodes = Nodes({"head": node("head", "local"), "c1": node("c1", "cloud")})
     provisioner = Provisioner(nodes, behaviour)
-    clock, sink = Clock(), Sink()
+    clock, sink = FakeClock(0.0, advance=True), Sink()
     ports = ManagerPorts(
         nodes=nodes,
         provisioners={"local": provisioner, "cloud": provisioner},
@@ -126,7 +112,7 @@ def manager(
     return ClusterManager(cfg, "app", ports), nodes, provisioner, clock, sink
 
 
-async def rounds(mgr: ClusterManager, clock: Clock, seconds: float, step: float = 5) -> None:
+async def rounds(mgr: ClusterManager, clock: FakeClock, seconds: float, step: float = 5) -> None:
     end = clock.now + seconds
     while clock.now < end:
         await mgr.run_once()

@@ -16,7 +16,7 @@ from core.types import PriorityClass
 from deployments.fallback.engine import ChatParams, CompletionParams, Finish, Piece
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.fallback.turns import PriorityTurns, TurnRules
-from tests.unit.test_router_flow import make_config
+from tests.fakes.router_harness import make_config
 
 
 async def _served_in_order(turns: PriorityTurns, arrivals: list[tuple[str, int]]) -> list[str]:

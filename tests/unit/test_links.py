@@ -7,21 +7,14 @@ from policy.breaker import BreakerPolicy, BreakerState, CircuitBreaker
 from policy.kv_pressure import KvPolicy, KvPressure
 from policy.link_choice import LinkView
 from policy.links import Health, LinkFacts, LinkStatus, link_status
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import FakeClock
 
 
 class Link:
     """What the router keeps per link, as far as its state goes."""
 
     def __init__(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock(100.0)
         self.breaker = CircuitBreaker(BreakerPolicy(cooldown_s=10.0), self.clock)
         self.kv = KvPressure(KvPolicy(high=0.9, stale_after_s=5.0))
         self.facts = LinkFacts()

@@ -5,7 +5,7 @@ stand in for the probes, Serve, the replica store, the saved state and one route
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from autoscale.ports import DeploymentHealth, PlacerPorts
 from autoscale.saved import SavedPlacements
 from core.config import ClusterConfig, parse_config
 from core.types import GIB
+from tests.fakes.clock import FakeClock
 
 LOCAL, CLOUD = "model:reasoning@local", "model:reasoning@cloud"
 STARTUP_S = 40.0  # how long a fake deployment takes to be RUNNING and HEALTHY once asked for
@@ -52,26 +53,6 @@ CONFIG: ClusterConfig = parse_config(
     base_dir=Path("."),
     environ={},
 )
-
-
-class FakeClock:
-    """Turns only when the placer sleeps; every turn lets the router replicas sync first."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.on_tick: list[Callable[[], Any]] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return 1_800_000_000.0 + self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        for tick in self.on_tick:
-            await tick()
-        await asyncio.sleep(0)
 
 
 @dataclass
@@ -185,7 +166,7 @@ class FakePools:
 
 
 def rig(broken: frozenset[str] = frozenset(), pools: FakePools | None = None) -> Rig:
-    clock = FakeClock()
+    clock = FakeClock(0.0, advance=True)
     vram = FakeVram(clock, [(0, {"local": 20, "cloud": 40})])
     cluster = FakeCluster(clock, broken)
     store = FakeStore()

@@ -19,8 +19,7 @@ from core.wire import ChatJob, Opening, Refusal, Routed
 from deployments.router.faults import stream_error_event
 from deployments.router.whole_by_stream import whole_through_stream
 from policy.slot_leases import SlotLedger
-from tests.unit.test_reload import changed
-from tests.unit.test_router_flow import (
+from tests.fakes.router_harness import (
     FakeBackend,
     chunks_of,
     collect,
@@ -31,6 +30,7 @@ from tests.unit.test_router_flow import (
     sse,
     two,
 )
+from tests.unit.test_reload import changed
 from tests.unit.test_slot_leases import LedgerSlots
 
 PREEMPT = {

@@ -35,7 +35,7 @@ from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.live_config import LiveConfigSync, Publication
 from tests.fakes import serve_handle
 from tests.fakes.http_request import keyed_request
-from tests.unit.test_router_flow import (
+from tests.fakes.router_harness import (
     FakeBackend,
     collect,
     dead,

@@ -23,17 +23,10 @@ from deployments.ingress.responses.keeper import LocalKeeper, ResponseKeeper
 from deployments.ingress.responses.store import ResponseStore, StoredResponse
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from tests.fakes import serve_handle
+from tests.fakes.clock import FakeClock
 from tests.fakes.http_request import keyed_request, response_text
 
 DAY = 24 * 3600.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def stored(rid: str, owner: str = "a") -> StoredResponse:
@@ -42,7 +35,7 @@ def stored(rid: str, owner: str = "a") -> StoredResponse:
 
 
 def test_a_response_is_found_by_its_owner_alone_until_it_expires(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock()
     store = ResponseStore(tmp_path / "r" / "db.sqlite3", "app", clock)
     kept = store.put(stored("resp_1"), DAY)
     assert kept is not None
@@ -66,7 +59,7 @@ def test_a_response_is_found_by_its_owner_alone_until_it_expires(tmp_path: Path)
 def test_responses_outlive_the_store_that_wrote_them_and_apps_do_not_share(
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock()
     file = tmp_path / "db.sqlite3"
     first = ResponseStore(file, "app", clock)
     first.put(stored("resp_1"), DAY)
@@ -78,7 +71,7 @@ def test_responses_outlive_the_store_that_wrote_them_and_apps_do_not_share(
 def test_the_keeper_purges_expired_responses_as_it_puts_at_most_once_a_minute(
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock()
     local = LocalKeeper(ResponseKeeper("app", str(tmp_path / "db.sqlite3"), clock))
     assert asyncio.run(local.put(stored("resp_1"), 10.0))
     clock.now += 11

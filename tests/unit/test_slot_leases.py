@@ -35,10 +35,9 @@ from policy.slot_leases import (
     fallback_share,
     targets,
 )
-from tests.unit.test_reload import changed
-from tests.unit.test_router_flow import (
+from tests.fakes.clock import FakeClock
+from tests.fakes.router_harness import (
     FakeBackend,
-    FakeClock,
     FakeStream,
     collect,
     job,
@@ -47,6 +46,7 @@ from tests.unit.test_router_flow import (
     ok,
     two,
 )
+from tests.unit.test_reload import changed
 
 USER, AGENT, BACKGROUND = PriorityClass.USER, PriorityClass.AGENT, PriorityClass.BACKGROUND
 

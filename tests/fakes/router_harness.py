@@ -1,0 +1,283 @@
+"""The router's fakes for tests without Ray: every port of `deployments.router.ports` scripted
+(backends answer from a script, Serve's status is a dict, the clock is turned by hand), a small
+config, a job, and helpers that read what the router answered. Shared by the router's unit
+tests (tests/unit/test_router_flow.py and the flow tests beside it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ray.exceptions import RayError
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingCompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+)
+
+from core.config import ClusterConfig, parse_config
+from core.types import PriorityClass, Role
+from core.wire import ChatJob, Opening, PlacementView, Routed, ScalingNews
+from deployments.router import Router, RouterPorts
+from deployments.router.metrics import REGISTRY
+from deployments.router.ports import DeploymentFacts, DeploymentKey
+from policy.context.tokens import CharEstimateCounter
+from policy.engine_counters import EngineCounters
+from tests.fakes.clock import FakeClock
+
+Behaviour = Callable[[int], list[Any]]  # call number -> items (an Exception item is raised)
+APP = "gateway"
+
+
+class FakeStream:
+    def __init__(self, owner: FakeBackend, items: list[Any]) -> None:
+        self._owner = owner
+        self._items = list(items)
+        self._done = False
+        self.cancelled = False
+        owner.running += 1
+        owner.max_running = max(owner.max_running, owner.running)
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.sleep(self._owner.step_s)
+        if self.cancelled or not self._items:
+            self._finish()
+            raise StopAsyncIteration
+        item = self._items.pop(0)
+        if isinstance(item, Exception):
+            self._finish()
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._owner.running -= 1
+
+
+class FakeBackend:
+    """A backend port answering from `behaviour`; healthy to probes, no KV reading by default."""
+
+    def __init__(
+        self, behaviour: Behaviour, step_s: float = 0.0, kv_usage: float | None = None
+    ) -> None:
+        self.behaviour = behaviour
+        self.step_s = step_s
+        self.kv_usage = kv_usage
+        self.healthy = True
+        self.deployment: DeploymentKey = (APP, "unnamed")
+        self.calls = 0
+        self.probes = 0
+        self.running = 0
+        self.max_running = 0
+        self.streams: list[FakeStream] = []
+        self.requests: list[Any] = []
+        self.completion_calls = 0
+        self.embedding_calls = 0
+        self.counter_readings: list[tuple[str, EngineCounters]] = []
+        self.counter_calls = 0
+        self.routable: int | None = None  # Serve's handle's replica count; None: it cannot tell
+
+    stream_type: type[FakeStream] = FakeStream
+
+    def chat(self, request: ChatCompletionRequest) -> FakeStream:
+        self.calls += 1
+        self.requests.append(request)
+        stream = self.stream_type(self, self.behaviour(self.calls))
+        self.streams.append(stream)
+        return stream
+
+    def completions(self, request: CompletionRequest) -> FakeStream:
+        self.completion_calls += 1
+        return self.chat(request)  # the same script answers every kind
+
+    def embeddings(self, request: EmbeddingCompletionRequest) -> FakeStream:
+        self.embedding_calls += 1
+        return self.chat(request)
+
+    def routable_replicas(self) -> int | None:
+        return self.routable
+
+    async def check_health(self) -> None:
+        self.probes += 1
+        if not self.healthy:
+            raise RuntimeError("unhealthy")
+
+    async def kv_cache_usage(self) -> float | None:
+        return self.kv_usage
+
+    async def engine_counters(self) -> tuple[str, EngineCounters] | None:
+        """The next of `counter_readings` (the last one again once they run out)."""
+        self.counter_calls += 1
+        if not self.counter_readings:
+            return None
+        if len(self.counter_readings) > 1:
+            return self.counter_readings.pop(0)
+        return self.counter_readings[0]
+
+
+class FakeDeployments:
+    """Serve's status: every deployment HEALTHY with one RUNNING replica unless set otherwise."""
+
+    def __init__(self) -> None:
+        self.facts: dict[DeploymentKey, DeploymentFacts] = {}
+        self.error: Exception | None = None
+
+    def set(self, backend: FakeBackend, running: int, status: str = "HEALTHY") -> None:
+        self.facts[backend.deployment] = DeploymentFacts(status, running)
+
+    async def read(self) -> Mapping[DeploymentKey, DeploymentFacts]:
+        if self.error is not None:
+            raise self.error
+        return dict(self.facts)
+
+
+class FakePlacement:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def sync(self, version: int, held: Mapping[str, int]) -> PlacementView | None:
+        raise self.error
+
+    async def start(self, config: ClusterConfig) -> None:
+        pass
+
+
+def make_router(
+    config: ClusterConfig,
+    backends: Mapping[str, FakeBackend],
+    *,
+    watch: bool = False,
+    deployments: FakeDeployments | None = None,
+    placement: FakePlacement | None = None,
+    clock: FakeClock | None = None,
+    counters: Mapping[str, Any] | None = None,
+    scaled: Callable[[str], ScalingNews | None] | None = None,
+    connect: Callable[[DeploymentKey, frozenset[str]], FakeBackend] | None = None,
+    slots: Any = None,
+) -> Router:
+    deployments = deployments or FakeDeployments()
+    for name, backend in backends.items():
+        backend.deployment = (APP, name)
+        deployments.set(backend, running=1)
+    ports = RouterPorts(
+        backends=backends,
+        deployments=deployments,
+        placement=placement,
+        counters={t.counter_key: CharEstimateCounter() for t in config.targets.values()}
+        | dict(counters or {}),
+        clock=clock or FakeClock(),
+        scaled=scaled or (lambda _deployment: None),
+        connect=connect,
+        slots=slots,
+    )
+    return Router(config, ports, watch=watch)
+
+
+def two(coding: FakeBackend, orchestrator: FakeBackend) -> dict[str, FakeBackend]:
+    return {"coding@local": coding, "orchestrator@local": orchestrator}
+
+
+def ok(_: int) -> list[Any]:
+    return [['data: {"x": 1}\n\n'], ["data: [DONE]\n\n"]]
+
+
+def dead(_: int) -> list[Any]:
+    return [RayError("replica died")]
+
+
+def engine_error(code: int, kind: str = "x") -> Behaviour:
+    error = ErrorResponse(error=ErrorInfo(message="boom", type=kind, code=code))
+    return lambda _: [error]
+
+
+def make_config(
+    cap: int = 4,
+    max_queue: int = 8,
+    queue_timeout_s: float = 5.0,
+    fallback_window: int = 2048,
+    tools_on: tuple[str, ...] = (),
+    router: Mapping[str, Any] | None = None,
+) -> ClusterConfig:
+    tools = {"parser": "hermes"}
+    raw: dict[str, Any] = {
+        "pools": [{"name": "local", "kind": "local"}],
+        "models": [
+            {
+                "role": role,
+                "source": f"example/{role}",  # never loaded: the tests pass their own counters
+                "context_window": 4096,
+                "pools": ["local"],
+                "max_concurrency": cap,
+                "tools": tools if role in tools_on else None,
+            }
+            for role in ("orchestrator", "coding")
+        ],
+        "fallback": {
+            "source": "fallback.gguf",
+            "context_window": fallback_window,
+            "tools": tools if "cpu-fallback" in tools_on else None,
+        },
+        "chains": {"coding": ["coding@local", "orchestrator@local", "cpu-fallback"]},
+        "router": {
+            "breaker_failures": 3,
+            "breaker_cooldown_s": 10,
+            "max_queue": max_queue,
+            "queue_timeout_s": queue_timeout_s,
+            "first_token_timeout_s": 1.0,
+            **(router or {}),
+        },
+    }
+    return parse_config(raw, base_dir=Path("."), environ={})
+
+
+def job(role: Role = Role.CODING, priority: PriorityClass = PriorityClass.USER) -> ChatJob:
+    request = ChatCompletionRequest(
+        model=role.value, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+    )
+    return ChatJob(request, role, priority, "tester")
+
+
+async def collect(router: Router, chat_job: ChatJob) -> list[Any]:
+    """The router's answer as a list: [Routed, first, more...] or [Refusal]."""
+    return flat([item async for item in router.chat(chat_job)])
+
+
+def flat(items: list[Any]) -> list[Any]:
+    """An `Opening` as the backend it names and its first item."""
+    out: list[Any] = []
+    for item in items:
+        out += [item.routed, item.first] if isinstance(item, Opening) else [item]
+    return [item for item in out if item is not None]
+
+
+async def served_by(router: Router, chat_job: ChatJob | None = None) -> str:
+    routed = (await collect(router, chat_job or job()))[0]
+    assert isinstance(routed, Routed), routed
+    return routed.backend
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def sse(ident: str, delta: dict[str, Any] | None = None, **extra: Any) -> str:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": None}]
+    chunk = {"id": ident, "object": "chat.completion.chunk", "created": 7, "model": "m"}
+    return f"data: {json.dumps({**chunk, 'choices': choices, **extra})}\n\n"
+
+
+def chunks_of(lines: list[Any]) -> list[dict[str, Any]]:
+    return [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: {")]
