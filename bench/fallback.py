@@ -37,7 +37,7 @@ from bench import stack
 from cluster.backends import build_fallback
 from core.types import FALLBACK_BACKEND
 from deployments.fallback.engine import ChatParams, Piece
-from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+from deployments.fallback.llama_cpp_python_engine import LlamaCppEngine
 from deployments.fallback.llama_server_engine import LlamaServerEngine
 from deployments.fallback.replica import llama_server_binary
 

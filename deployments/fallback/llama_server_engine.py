@@ -6,7 +6,8 @@ the same portable flags (no AVX-512, no AMX). It decodes `parallel` sequences at
 replica sends it at most that many and keeps the rest in its own queue, in priority order
 (llama-server's queue is first come, first served).
 
-What the Python server (llama_server.py) did and this one keeps, with llama-server's endpoints:
+What the Python server (llama_cpp_python_server.py) did and this one keeps, with llama-server's
+endpoints:
 - exact counts: the prompt is rendered (`/apply-template`, with tools) and tokenized here
   (`/tokenize`, the BOS as `/completion` would add it), and sent as token ids: the prompt's
   count is ours, the answer's is llama-server's `tokens_predicted`, less the end token or the
@@ -36,7 +37,7 @@ from deployments.fallback.engine import (
     Piece,
     PromptTooLong,
 )
-from deployments.fallback.llama_server import loosened_schema
+from deployments.fallback.llama_cpp_python_server import loosened_schema
 from deployments.fallback.supervised_engine import SupervisedEngine
 from deployments.fallback.tool_calls import CALL_CLOSE, CALL_OPEN
 

@@ -160,7 +160,7 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
             chat_template=settings.chat_template,
             prompt_cache_mib=settings.prompt_cache_mib,
         )
-    from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+    from deployments.fallback.llama_cpp_python_engine import LlamaCppEngine
 
     return LlamaCppEngine(
         model_path=settings.source,

@@ -81,8 +81,9 @@ def _running(process: psutil.Process) -> bool:
 
 def fallback_engines(pid: int) -> list[psutil.Process]:
     """The fallback replica's engine child: llama.cpp's `llama-server` where make install built
-    it (the e2e config's `auto`), else the Python `deployments.fallback.llama_server`."""
-    return [p for p in engine_processes(pid) if re.search(r"llama[-_]server", _title(p))]
+    it (the e2e config's `auto`), else the Python one (`llama_cpp_python_server`)."""
+    titles = r"llama-server|llama_cpp_python_server"
+    return [p for p in engine_processes(pid) if re.search(titles, _title(p))]
 
 
 def _title(process: psutil.Process) -> str:

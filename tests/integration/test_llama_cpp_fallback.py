@@ -22,7 +22,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 
 from deployments.fallback.engine import ChatParams, Finish, Piece
-from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+from deployments.fallback.llama_cpp_python_engine import LlamaCppEngine
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from policy.context.tokens import ChatTemplateCounter
 
@@ -208,7 +208,7 @@ def _text(pieces: list[Piece | Finish]) -> str:
 
 REPLICA_SCRIPT = """
 import asyncio, sys
-from deployments.fallback.llama_cpp_engine import LlamaCppEngine
+from deployments.fallback.llama_cpp_python_engine import LlamaCppEngine
 
 async def main():
     engine = LlamaCppEngine(model_path=sys.argv[1], context_window=256, threads=1)

@@ -37,7 +37,12 @@ SHUTDOWN = (
     "import ray; from ray import serve; "
     "ray.init(address='auto', namespace='serve'); serve.shutdown()"
 )
-ENGINE_MARKERS = ("VLLM::", "EngineCore", "deployments.fallback.llama_server", "llama-server")
+ENGINE_MARKERS = (
+    "VLLM::",
+    "EngineCore",
+    "deployments.fallback.llama_cpp_python_server",
+    "llama-server",
+)
 TINY_ENGINE = "TINY::EngineCore"  # tests/fakes/tiny_engine_core.py
 
 

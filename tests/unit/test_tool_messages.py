@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import ApiError
 from deployments.fallback.engine import ChatParams
-from deployments.fallback.llama_server import MAX_GRAMMAR_BOUND, loosened_schema
+from deployments.fallback.llama_cpp_python_server import MAX_GRAMMAR_BOUND, loosened_schema
 from deployments.fallback.ollama import _Reader, chat_body
 from deployments.fallback.replica import choose_engine
 from deployments.fallback.tool_calls import read_calls

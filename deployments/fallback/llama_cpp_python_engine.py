@@ -1,5 +1,6 @@
-"""The llama.cpp engine: `llama_server` (the project's own server over the llama-cpp-python
-bindings, one sequence at a time) as a supervised child process, spoken to over loopback.
+"""The `llama_cpp` engine: `llama_cpp_python_server` (the project's own server over the
+llama-cpp-python bindings, one sequence at a time) as a supervised child process, spoken to over
+loopback.
 
 For nodes with neither an `ollama` binary nor llama.cpp's `llama-server`. Why a child process,
 and how a chat is resumed when it dies: `supervised_engine`.
@@ -47,7 +48,7 @@ class LlamaCppEngine(SupervisedEngine):
             return [
                 sys.executable,
                 "-m",
-                "deployments.fallback.llama_server",
+                "deployments.fallback.llama_cpp_python_server",
                 f"--model={model_path}",
                 f"--port={port}",
                 f"--n-ctx={context_window}",

@@ -1,5 +1,5 @@
 """llama.cpp as the fallback's engine server, run as a child process of the fallback replica:
-`python -m deployments.fallback.llama_server --model X.gguf --port P`.
+`python -m deployments.fallback.llama_cpp_python_server --model X.gguf --port P`.
 
 Why not llama-cpp-python's own OpenAI server: its streams carry no token counts, and the router
 bills and fits by exact counts. This server is the same library with a protocol shaped like
