@@ -3,6 +3,28 @@
 Ingress (HTTP, auth, schema) -> Router (admission, failover) -> one LLMServer deployment per
 `model@pool` backend, and the CPU fallback replica that ends every chain. With no `config`, the
 embedded local default (ray_configs/local.yaml).
+
+Beside the deployments, the app has detached Ray actors, one of each per app (by name, in the
+Serve namespace), that no deployment owns: the first replica to need one starts it
+(`get_if_exists`), Ray restarts it when it dies, and it outlives the app (`ray stop` ends
+it). Who starts each, and what it keeps:
+
+- SlotBroker (deployments/router/slot_broker.py): each router replica starts it
+  (`ensure_slot_broker`); the slots the routers share, in memory.
+- KeyLedger (deployments/keys/ledger.py): the ingress, on a keyed request
+  (`replica_key_ledger`); each key's usage, snapshotted to the GCS.
+- KeyRegistry (deployments/keys/registry.py): the ingress (`replica_registry`, below); the
+  run-time keys, in `gateway.keys_db`.
+- ResponseKeeper (deployments/ingress/responses/keeper.py): the ingress
+  (`replica_response_keeper`); stored responses, in `gateway.responses_db`.
+- BatchActor (deployments/batch/actor.py): the ingress (`replica_batch_actor`); files and
+  batches, in `batches.directory`.
+- Placer (autoscale/placer.py): each router replica (`ensure_placer`); placements, saved in
+  the GCS.
+- ClusterManager (autoscale/cluster_manager.py): each router replica
+  (`ensure_cluster_manager`); the pools' nodes and events.
+- VramProbe, one per node (autoscale/probe.py): the placer and the cluster manager
+  (`start_probes`); the node's VRAM readings.
 """
 
 from __future__ import annotations
