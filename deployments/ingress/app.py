@@ -32,12 +32,12 @@ from core.errors import ApiError, ErrorCode
 from core.types import Depth, PriorityClass
 from core.wire import ChatJob, Refusal, Reply, is_embedding
 from deployments.batch.actor import replica_batch_actor
-from deployments.batch.http import BatchApi
 from deployments.ingress import answers, metrics
 from deployments.ingress.anthropic.errors import anthropic_status
 from deployments.ingress.anthropic.http import anthropic_answer, anthropic_stream, authorization
 from deployments.ingress.anthropic.request import to_chat, to_counted
 from deployments.ingress.auth import PRIORITY_HEADER, Caller, KeyRing
+from deployments.ingress.batch_api import BatchApi
 from deployments.ingress.body import read_body
 from deployments.ingress.catalog import model_cards
 from deployments.ingress.error_response import install_error_handlers

@@ -1,6 +1,6 @@
 """OpenAI's Files and Batch API routes (/v1/files, /v1/batches) on the ingress's FastAPI app.
 
-Each hands its request to the replica's `BatchApi` (deployments/batch/http.py), which the
+Each hands its request to the replica's `BatchApi` (deployments/ingress/batch_api.py), which the
 ingress registers here (`use_batch_api`); batch lines come back to the ingress's own
 `batch_answer` through Serve's handle, at background priority.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from deployments.batch.http import BatchApi
+from deployments.ingress.batch_api import BatchApi
 
 __all__ = ["files_routes", "use_batch_api"]
 

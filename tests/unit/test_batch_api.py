@@ -20,10 +20,10 @@ from ray.serve._private.utils import ensure_serialization_context
 from core.config import BatchConfig
 from core.errors import ApiError
 from core.types import PriorityClass
-from deployments.batch.http import BatchApi
 from deployments.batch.service import BatchService
 from deployments.batch.store import BatchStore
 from deployments.ingress.auth import KeyRing
+from deployments.ingress.batch_api import BatchApi
 from deployments.ingress.error_response import error_response
 from deployments.ingress.files_routes import files_routes, use_batch_api
 from tests.unit.test_batch_service import FakeGateway, jsonl, line
