@@ -49,7 +49,7 @@ from deployments.ingress.app import app as ingress_app
 from deployments.ingress.front_options import front_actor_options
 from deployments.ingress.key_routes import replica_registry
 from deployments.log_options import serve_logging
-from deployments.router import RouterDeployment
+from deployments.router.router import RouterDeployment
 
 
 def build_app(config: ClusterConfig) -> Application:

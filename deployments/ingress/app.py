@@ -96,7 +96,7 @@ class Ingress:
         build of the app's token, whose reloads it applies (deployments/live_config.py).
         `responses`: the stored responses' keeper (the app's actor unless given)."""
         if router is None:
-            from deployments.router import ServeRouter  # only where the router runs here
+            from deployments.router.router import ServeRouter  # only where the router runs here
 
             router = InProcessRouter(ServeRouter(config, backends or {}))
         assert router is not None

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the ingress imports this module whether or not it runs a Router
-    from deployments.router import Router
+    from deployments.router.router import Router
 
 
 class _Unary:

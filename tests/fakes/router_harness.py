@@ -23,9 +23,9 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from core.config import ClusterConfig, parse_config
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Routed, ScalingNews
-from deployments.router import Router, RouterPorts
 from deployments.router.metrics import REGISTRY
-from deployments.router.ports import DeploymentFacts, DeploymentKey
+from deployments.router.ports import DeploymentFacts, DeploymentKey, RouterPorts
+from deployments.router.router import Router
 from policy.context.tokens import CharEstimateCounter
 from policy.engine_counters import EngineCounters
 from tests.fakes.clock import FakeClock

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from ray.serve.exceptions import RayServeException
 
-from deployments.router import backend_state, overall_status, stream_error_event
+from deployments.router.faults import stream_error_event
+from deployments.router.report import backend_state, overall_status
 from deployments.router.serve_ports import ServeBackend
 from policy.link_choice import LinkView, choose_link
 

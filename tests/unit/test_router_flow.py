@@ -25,8 +25,8 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from core.config import ClusterConfig, parse_config
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed
-from deployments.router import Router
 from deployments.router.in_process import InProcessRouter
+from deployments.router.router import Router
 from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
 from policy.engine_counters import EngineCounters
 from tests.fakes.clock import FakeClock
