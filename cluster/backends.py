@@ -20,9 +20,9 @@ from deployments.engine.adapters import ADAPTERS_ENV
 from deployments.engine.llm_server import ObservedLLMServer
 from deployments.engine.node_init import node_init_config
 from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
-from deployments.engine.replica_choice import ROUTER_PATH
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.log_options import serve_logging
+from deployments.router.replica_choice import ROUTER_PATH
 from policy.cpu_dtype import CPU_DTYPE_ENV
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many

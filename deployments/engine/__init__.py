@@ -1,4 +1,5 @@
 """What runs with the engines: our LLMServer (`llm_server.py`), the parent-death hook that takes
 engine processes down with their replica (`parent_death.py`, imported at every interpreter
-start of an engine process: keep this package light), quiet health polls, and the choice of a
-backend's replica by session and prefix (`replica_choice.py`)."""
+start of an engine process: keep this package light) and quiet health polls. The choice of a
+backend's replica by session and prefix runs where the handle is, in the router
+(deployments/router/replica_choice.py)."""

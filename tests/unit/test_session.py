@@ -1,6 +1,6 @@
 """A conversation's session: `X-Session-Id`, else OpenAI's `user`, rides to the backend's
 request router as Serve's handle session (deployments/ingress/jobs.py,
-deployments/engine/replica_choice.py)."""
+deployments/router/replica_choice.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 from core.errors import ApiError
 from core.types import PriorityClass, Role
 from core.wire import ChatJob
-from deployments.engine.replica_choice import MAX_PREFIX_CHARS, ROUTER_PATH, SessionPrefixRouter
 from deployments.ingress.jobs import with_session
+from deployments.router.replica_choice import MAX_PREFIX_CHARS, ROUTER_PATH, SessionPrefixRouter
 from deployments.router.serve_ports import ServeBackend
 from policy.replica_affinity import session_ranking
 

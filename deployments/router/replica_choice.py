@@ -23,9 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+
+# The router's module, not ray.serve.llm's public re-export of it: ray.serve.llm's package
+# imports vLLM (and torch), and this runs in the router's process.
+from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
+    PrefixCacheAffinityRouter,
+)
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import PrefixTree
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
-from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
 from policy.replica_affinity import keeps_session, session_ranking
 
