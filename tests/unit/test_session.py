@@ -12,8 +12,11 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     EmbeddingCompletionRequest,
 )
+from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
+    PrefixCacheAffinityRouter,
+)
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
-from ray.serve.llm.request_router import PrefixCacheAffinityRouter
+from ray.serve.llm import request_router
 
 from core.errors import ApiError
 from core.types import PriorityClass, Role
@@ -49,6 +52,8 @@ def test_the_configured_router_is_ray_serve_llms_prefix_router() -> None:
     module, _, name = ROUTER_PATH.rpartition(".")
     assert (module, name) == (SessionPrefixRouter.__module__, SessionPrefixRouter.__name__)
     assert issubclass(SessionPrefixRouter, PrefixCacheAffinityRouter)
+    # the very class Ray Serve LLM publishes, less its public name (whose package imports vLLM)
+    assert request_router.PrefixCacheAffinityRouter.__bases__ == (PrefixCacheAffinityRouter,)
 
 
 class RecordingHandle:
