@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +188,19 @@ async def eventually(check: Callable[[], bool], within_s: float = 30.0) -> None:
         await asyncio.sleep(0.001)
 
 
+async def eventually_async(check: Callable[[], Awaitable[bool]], within_s: float = 30.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.001)
+
+
+async def queued(router: Any, backend: str, count: int) -> bool:
+    """Whether `count` jobs wait in `backend`'s queue at `router`."""
+    status = await router.status()
+    return bool(status["backends"][backend]["queue_depth"] == count)
+
+
 class HeldStream(FakeStream):
     """Ends only once its backend's `release` is set."""
 
@@ -239,6 +252,9 @@ def test_a_user_waiting_at_one_router_gets_the_slots_another_leaves_unused() -> 
         # failed beside a loaded machine's other sessions).
         await eventually(lambda: busy_coding.calls == 2)
         assert busy_coding.running == 2
+        # Posted before the other two wait in b's queue, b's report asks for nothing more and
+        # no later post comes (1 in 12 runs here hung so, 2026-12-04).
+        await eventually_async(lambda: queued(busy, "coding@local", 2))
         for _ in range(2):  # a gives up the slots it leaves unused; b runs under them
             await idle.post_slots_once()
             await busy.post_slots_once()
