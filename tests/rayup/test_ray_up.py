@@ -33,7 +33,14 @@ CLUSTER_YAML = ROOT / "ray_configs" / "cluster.local.yaml"
 CONFIG = Path(__file__).with_name("rayup.yaml")
 BIN = Path(sys.executable).parent
 PORT = 8000  # cluster.local.yaml's `serve start`
-RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "VLLM::", "EngineCore", "llama_server")
+RAY_PROCESS_MARKERS = (
+    "raylet",
+    "gcs_server",
+    "VLLM::",
+    "EngineCore",
+    "llama_cpp_python_server",  # the fallback's engine over llama-cpp-python
+    "llama-server",  # llama.cpp's own
+)
 CLI_TIMEOUT_S = 600
 
 

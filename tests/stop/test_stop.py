@@ -122,7 +122,8 @@ def wait_serving(
         pytest.fail(f"the app did not serve in time:\n{tail(log)}")
     engines = engine_processes()
     titles = " ".join(" ".join(p.cmdline()) for p in engines)
-    assert "llama_server" in titles or "llama-server" in titles, titles
+    # The fallback's engine: our server over llama-cpp-python, or llama.cpp's own llama-server.
+    assert "llama_cpp_python_server" in titles or "llama-server" in titles, titles
     assert engine in titles, titles
     return engines
 
