@@ -4,7 +4,9 @@
 and the import rule), inner to outer: core (vocabulary, config, topology, wire, errors), policy
 (pure decisions), deployments and autoscale (adapters), cluster and bench (composition root and
 tools). An import runs against the layering when an inner package imports an outer one, or a
-pure package (core, policy) imports Ray, Serve or an HTTP framework.
+pure package (core, policy) imports Ray, Serve or an HTTP framework, or when a module of the
+gateway's processes (everything under core, policy, autoscale and deployments except
+deployments/engine) imports the engine: vLLM, torch, or the ray.llm modules that load them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 RANKS = {"core": 1, "policy": 2, "deployments": 3, "autoscale": 3, "cluster": 4, "bench": 4}
 PURE = {"core", "policy"}
 FRAMEWORKS = {"ray", "fastapi", "starlette", "uvicorn", "httpx", "vllm", "grpc", "llama_cpp"}
+# Modules that load vLLM or torch. ray.llm's routing policies and the rest of ray.llm's
+# internals that import neither are allowed (deployments/router/replica_choice.py).
+ENGINE_MODULES = (
+    "vllm",
+    "torch",
+    "ray.serve.llm",
+    "ray.llm._internal.serve.core.configs",
+    "ray.llm._internal.serve.core.ingress",
+    "ray.llm._internal.serve.engines",
+)
+ENGINE_HOME = "deployments.engine"  # the one package of the gateway that may load the engine
 
 
 def modules() -> list[Path]:
@@ -40,9 +53,20 @@ def imported(tree: ast.AST, module: str) -> list[str]:
     return names
 
 
+def loads_the_engine(module: str, target: str) -> bool:
+    """A module of the gateway's processes importing vLLM, torch or what loads them."""
+    if module.split(".")[0] not in PURE | {"deployments", "autoscale"}:
+        return False
+    if module == ENGINE_HOME or module.startswith(ENGINE_HOME + "."):
+        return False
+    return any(target == m or target.startswith(m + ".") for m in ENGINE_MODULES)
+
+
 def against_layering(module: str, target: str) -> bool:
     top, target_top = module.split(".")[0], target.split(".")[0]
     if top in PURE and target_top in FRAMEWORKS:
+        return True
+    if loads_the_engine(module, target):
         return True
     return target_top in RANKS and RANKS[target_top] > RANKS[top]
 

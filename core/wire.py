@@ -2,8 +2,9 @@
 
 Ingress -> router: a `ChatJob`; router -> ingress: a `Reply`, the `Opening` of the answer (where
 it is served and its first item; a stream's other batches follow) or a `Refusal`.
-Router -> engine: vLLM's own request, carrying the prompt count the router fitted it with
-(`with_prompt_count`), so the engine's replica never tokenizes the prompt a second time.
+Router -> engine: the job's request (core/requests.py) carrying the prompt count the router
+fitted it with; engine -> router: its answer as plain data (core/answers.py). No vLLM class
+crosses a handle: the gateway's processes never import vLLM or torch.
 Placement actor -> routers: a `PlacementView`, pulled every `SYNC_INTERVAL_S`
 (autoscale/broadcast.py). Serve's scaling policy -> routers: `ScalingNews`.
 """
@@ -12,74 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel
-
+from core.answers import Item
+from core.requests import Request
 from core.types import PriorityClass
 
 __all__ = [
-    "PROMPT_COUNT_FIELD",
     "SYNC_INTERVAL_S",
     "ChatJob",
     "Opening",
     "PlacementView",
-    "PromptCount",
     "Refusal",
     "Reply",
     "Routed",
     "ScalingNews",
-    "is_completion",
-    "is_embedding",
-    "take_prompt_count",
-    "with_prompt_count",
 ]
-
-# An extra field on vLLM's request (its schema allows extras); taken off before vLLM sees it.
-PROMPT_COUNT_FIELD = "gps_prompt_count"
-Request = TypeVar("Request", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class PromptCount:
-    """The prompt's tokens as the router fitted it: exact, or an upper bound that fit."""
-
-    tokens: int
-    exact: bool
-
-
-def with_prompt_count(request: Request, count: PromptCount, **changes: Any) -> Request:
-    """A copy carrying the count, with any other field `changes` made in the same copy."""
-    return request.model_copy(update={**changes, PROMPT_COUNT_FIELD: count})
-
-
-def take_prompt_count(request: Request) -> tuple[Request, PromptCount | None]:
-    """The request without the carried count (a copy), and the count if one was carried."""
-    extra = getattr(request, "__pydantic_extra__", None) or {}
-    if PROMPT_COUNT_FIELD not in extra:
-        return request, None
-    bare = request.model_copy()
-    count = (bare.__pydantic_extra__ or {}).pop(PROMPT_COUNT_FIELD)
-    return bare, count if isinstance(count, PromptCount) else None
-
-
-def is_completion(request: Any) -> bool:
-    """Whether a job's request is a `/v1/completions` one (a prompt), not a chat."""
-    return _has(request, "prompt") and not _has(request, "messages")
-
-
-def is_embedding(request: Any) -> bool:
-    """Whether a job's request is a `/v1/embeddings` one (inputs to turn into vectors)."""
-    return _has(request, "input") and not _has(request, "messages")
-
-
-def _has(request: Any, name: str) -> bool:
-    """`hasattr`, without its cost on a pydantic model that lacks `name` (its `__getattr__`
-    raises, and these run several times per request): a field, or an extra the body sent."""
-    fields = getattr(type(request), "model_fields", None)
-    if not isinstance(fields, dict):
-        return hasattr(request, name)
-    return name in fields or name in (getattr(request, "__pydantic_extra__", None) or {})
 
 
 @dataclass(frozen=True)
@@ -87,8 +36,7 @@ class ChatJob:
     """A validated chat, completions or embeddings request, authenticated and resolved to the
     model (by name) whose chain serves it."""
 
-    # ray.serve.llm's ChatCompletionRequest, CompletionRequest or EmbeddingCompletionRequest
-    request: Any
+    request: Request
     model: str
     priority: PriorityClass
     caller: str
@@ -138,7 +86,7 @@ class Opening:
     client's mistake). The router's reply to a job is an `Opening` or a `Refusal`."""
 
     routed: Routed
-    first: Any
+    first: Item | None  # None only where an engine's answer ended before its first item
 
 
 Reply = Opening | Refusal

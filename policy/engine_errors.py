@@ -15,10 +15,10 @@ imported; running out of memory or an engine's death (policy.oom) is always the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from core.answers import EngineError
 from policy.oom import OOM_CODE, error_kind
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "STATUS_BY_TYPE",
     "EngineError",
     "Fault",
+    "error_code",
     "exception_fault",
     "exception_status",
     "leading_error",
@@ -58,23 +59,13 @@ STATUS_BY_TYPE = (
 BACKEND_4XX = frozenset({404, 408, 409, 429})
 
 
-@dataclass(frozen=True)
-class EngineError:
-    """An engine's error, from an ErrorResponse or an SSE error event."""
-
-    code: int | None
-    kind: str  # the error's `type`, e.g. BadRequestError, or one of our replicas' codes
-    message: str
-    param: str | None = None
-
-
 def exception_status(error: BaseException) -> int:
     """The HTTP status vLLM's own server would answer an exception with."""
     names = {cls.__name__ for cls in type(error).__mro__}
     if "GracefulHTTPError" in names:
-        return _code(getattr(error, "http_status", None)) or 503
+        return error_code(getattr(error, "http_status", None)) or 503
     if "GenerationError" in names:
-        return _code(getattr(error, "status_code", None)) or 500
+        return error_code(getattr(error, "status_code", None)) or 500
     return next((status for name, status in STATUS_BY_TYPE if name in names), 500)
 
 
@@ -92,12 +83,11 @@ def response_fault(error: EngineError) -> Fault:
 
 
 def leading_error(item: Any) -> EngineError | None:
-    """The error an engine's first item is, if it is one: an ErrorResponse (whole answers and
-    lists of them), or a batch of SSE lines that opens with an error event."""
+    """The error an engine's first item is, if it is one: an EngineError (alone, or first of a
+    batch), or a batch of SSE lines that opens with an error event."""
     first = item[0] if isinstance(item, list) and item else item
-    info = getattr(first, "error", None)  # an ErrorResponse
-    if info is not None and hasattr(info, "message"):
-        return EngineError(_code(info.code), str(info.type), str(info.message), info.param)
+    if isinstance(first, EngineError):
+        return first
     return sse_error(first) if isinstance(first, str) else None
 
 
@@ -114,7 +104,7 @@ def sse_error(line: str) -> EngineError | None:
         return None
     param = info.get("param")
     return EngineError(
-        _code(info.get("code")),
+        error_code(info.get("code")),
         str(info.get("type", "")),
         str(info.get("message", "")),
         param if isinstance(param, str) else None,
@@ -140,7 +130,7 @@ def readable_message(message: str) -> str:
     return message
 
 
-def _code(value: Any) -> int | None:
+def error_code(value: Any) -> int | None:
     """An HTTP status from an error's `code`, which vLLM sends as an int (or a numeric string)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return int(value)  # HTTPStatus too

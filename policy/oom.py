@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.answers import EngineError
 from core.errors import ErrorCode
 
 __all__ = [
@@ -57,7 +58,7 @@ def error_kind(error: BaseException) -> str | None:
 
 
 def item_kind(item: Any) -> str | None:
-    """The same verdict for what an LLMServer yields: an error response, or SSE lines."""
+    """The same verdict for an engine's answer (core/answers.py): an error, or SSE lines."""
     parts = item if isinstance(item, list) else [item]
     for part in parts:
         message = _error_message(part)
@@ -67,9 +68,8 @@ def item_kind(item: Any) -> str | None:
 
 
 def _error_message(part: Any) -> str | None:
-    error = getattr(part, "error", None)  # an ErrorResponse
-    if error is not None and hasattr(error, "message"):
-        return f"{getattr(error, 'type', '')}: {error.message}"
+    if isinstance(part, EngineError):
+        return f"{part.kind}: {part.message}"
     if isinstance(part, str) and part.startswith("data: {") and '"error"' in part:
         try:
             body = json.loads(part[len("data: ") :])

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from core.requests import ChatRequest, Request
+
 __all__ = [
     "DATA",
     "DONE",
@@ -109,32 +111,29 @@ class StreamTape:
         )
 
 
-def continuable(request: Any) -> bool:
+def continuable(request: Request) -> bool:
     """Whether a cut answer to this request can be continued as plain text: a chat (not a
     completion, whose prompt has no assistant turn to continue), not under a grammar (a JSON
     format, vLLM's `structured_outputs`, a forced tool call), which would start over on the next
     link."""
-    if not hasattr(request, "messages"):
+    if not isinstance(request, ChatRequest):
         return False
-    fmt = getattr(request, "response_format", None)
-    kind = fmt.get("type") if isinstance(fmt, dict) else getattr(fmt, "type", None)
-    choice = getattr(request, "tool_choice", None)
-    grammar = getattr(request, "structured_outputs", None)
+    kind = (request.response_format or {}).get("type")
+    choice = request.tool_choice
+    grammar = request.structured_outputs
     return kind in (None, "text") and choice in (None, "none", "auto") and grammar is None
 
 
-def continuation_request(request: Any, partial: Partial, max_tokens: int) -> Any:
+def continuation_request(request: ChatRequest, partial: Partial, max_tokens: int) -> ChatRequest:
     """The same request, asking the next link to continue the partial answer."""
     messages = [*request.messages, {"role": "assistant", "content": partial.text}]
     left = max(1, max_tokens - partial.completion_tokens)
-    return request.model_copy(
-        update={
-            "messages": messages,
-            "continue_final_message": True,
-            "add_generation_prompt": False,
-            "max_tokens": left,
-            "max_completion_tokens": left,
-        }
+    return request.changed(
+        messages=messages,
+        continue_final_message=True,
+        add_generation_prompt=False,
+        max_tokens=left,
+        max_completion_tokens=left,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core.requests import ChatRequest, Request
 from policy.stream_migration import (
     MIGRATED,
     RESUMED,
@@ -41,14 +42,15 @@ WHOLE_ONLY_FIELDS = (
 )
 
 
-def streams_as_whole(request: Any) -> bool:
+def streams_as_whole(request: Request) -> bool:
     """Whether a whole chat can be generated as a stream and put together again exactly: plain
     text that can be continued (no tool calls, no grammar), one choice, nothing but its text,
     finish_reason and usage asked for."""
+    if not isinstance(request, ChatRequest) or not continuable(request):
+        return False
     return (
-        not getattr(request, "stream", False)
-        and continuable(request)
-        and (getattr(request, "n", None) or 1) == 1
+        not request.stream
+        and (request.n or 1) == 1
         and not any(getattr(request, name, None) for name in WHOLE_ONLY_FIELDS)
     )
 

@@ -25,15 +25,18 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from pydantic import ValidationError
 from ray import serve
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 from ray.serve.llm import LLMServer
 
-from core.errors import ErrorCode
-from core.wire import PromptCount, is_embedding, take_prompt_count
+from core.answers import EngineError, Item
+from core.errors import ErrorCode, invalid_fields
+from core.requests import PromptCount, Request
 from deployments.engine.adapters import ConfiguredAdapterLoader
+from deployments.engine.answers import plain
 from deployments.engine.cpu_features import node_has_native_bf16
 from deployments.engine.quiet_polls import quiet_polls
+from deployments.engine.requests import vllm_request
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
 from policy.cpu_dtype import CPU_DTYPE_ENV, configured_dtype, cpu_serving_dtype
 from policy.engine_errors import Fault, exception_fault, leading_error, response_fault
@@ -45,18 +48,16 @@ logger = logging.getLogger("ray.serve")
 CLIENT_ERROR_TYPE = "invalid_request_error"  # OpenAI's type for a 400
 
 
-def oom_response(message: str) -> ErrorResponse:
-    return ErrorResponse(error=ErrorInfo(message=message, type=OOM_CODE, code=503))
+def oom_response(message: str) -> EngineError:
+    return EngineError(503, OOM_CODE, message)
 
 
-def client_error(message: str, param: str | None = None) -> ErrorResponse:
+def client_error(message: str, param: str | None = None) -> EngineError:
     """A request the engine rejected: 400, which the router neither fails over on nor counts."""
-    return ErrorResponse(
-        error=ErrorInfo(message=message, type=CLIENT_ERROR_TYPE, code=400, param=param)
-    )
+    return EngineError(400, CLIENT_ERROR_TYPE, message, param)
 
 
-def judged(item: Any) -> Any:
+def judged(item: Item) -> Item:
     """The engine's first item; if it is an error, answered by whose fault it is: a client's
     as 400, a backend's as 5xx (so the router fails over, even from a stream that opened with
     an error event after HTTP 200, or from a 4xx that is not about the request)."""
@@ -67,11 +68,20 @@ def judged(item: Any) -> Any:
         response = client_error(error.message, error.param)
     else:
         code = error.code if error.code is not None and error.code >= 500 else 502
-        info = ErrorInfo(
-            message=error.message, type=error.kind or ErrorCode.BACKEND_ERROR, code=code
-        )
-        response = ErrorResponse(error=info)
+        response = EngineError(code, error.kind or ErrorCode.BACKEND_ERROR, error.message)
     return [response] if isinstance(item, list) else response
+
+
+def refused(error: Exception) -> EngineError:
+    """A body vLLM's own request classes refused, as the client's 400. The edge checks vLLM's
+    schema first (policy/request/engine_schema), so this is a validator the schema cannot
+    say (a cross-field rule): logged, for a rule of the gateway's own."""
+    logger.warning("request refused by vLLM's schema, not the gateway's: %r", error)
+    if isinstance(error, ValidationError):
+        api = invalid_fields(error)
+        return client_error(api.message, api.param)
+    param = getattr(error, "parameter", None)
+    return client_error(f"Invalid request: {error}", param if isinstance(param, str) else None)
 
 
 class _EngineStats:
@@ -183,35 +193,45 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             "prefix_hits": stats.prefix_hits,
         }
 
-    async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+    async def chat(self, request: Request, raw_request_info: Any = None) -> AsyncIterator[Item]:
         async for item in self._served(super().chat, request, raw_request_info):
             yield item
 
-    async def completions(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+    async def completions(
+        self, request: Request, raw_request_info: Any = None
+    ) -> AsyncIterator[Item]:
         async for item in self._served(super().completions, request, raw_request_info):
             yield item
 
-    async def embeddings(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+    async def embeddings(
+        self, request: Request, raw_request_info: Any = None
+    ) -> AsyncIterator[Item]:
         async for item in self._served(super().embeddings, request, raw_request_info):
             yield item
 
     async def _served(
-        self, serve: Callable[..., Awaitable[Any]], request: Any, raw_request_info: Any
-    ) -> AsyncIterator[Any]:
-        """A chat, completion or embedding through the guard, its errors judged and its failures
-        contained (the module's docstring)."""
+        self, serve: Callable[..., Awaitable[Any]], sent: Request, raw_request_info: Any
+    ) -> AsyncIterator[Item]:
+        """A chat, completion or embedding (ours, read as vLLM's) through the guard, its answer
+        as plain data, its errors judged and its failures contained (the module's docstring)."""
         if self._failure is not None:
             yield oom_response(f"This replica is being replaced: {self._failure}")
             return
         started = False  # once the answer has begun, a failure is the stream's, not the request's
-        request, count = take_prompt_count(request)
+        count = getattr(sent, "counted", None)
+        try:
+            request = vllm_request(sent)
+        except Exception as error:  # noqa: BLE001 - pydantic's, and vLLM validators' own
+            yield refused(error)
+            return
         try:
             refusal = await self._guard(request, count)  # its template may reject the messages
             if refusal is not None:
                 yield refusal
                 return
             stream = await serve(request, raw_request_info)
-            async for item in stream:
+            async for engine_item in stream:
+                item = plain(engine_item)
                 kind = item_kind(item)
                 if kind is not None:
                     yield self._contain(kind, "the engine reported it")
@@ -243,7 +263,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         messages = [dict(m) for m in request.messages]
         return await asyncio.to_thread(self._counter.count_prompt, messages)
 
-    def _contain(self, kind: str, detail: str) -> ErrorResponse:
+    def _contain(self, kind: str, detail: str) -> EngineError:
         """Answer with the controlled code and mark the replica for replacement."""
         what = "ran out of memory" if kind == "oom" else "engine died"
         if self._failure is None:
@@ -251,7 +271,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             logger.error("replica %s: %s; refusing work until Serve replaces it", what, detail)
         return oom_response(f"The backend {what}; the request can be retried elsewhere.")
 
-    async def _guard(self, request: Any, count: PromptCount | None) -> ErrorResponse | None:
+    async def _guard(self, request: Any, count: PromptCount | None) -> EngineError | None:
         """Refuse what the KV cache has no room for now, by the count the router fitted the
         prompt with; only a bound that does not prove it fits is counted here, exactly."""
         if self._stats is None or self._capacity is None or count is None:
@@ -289,9 +309,9 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
 
 
 def _output_bound(request: Any) -> int:
-    """The most tokens a request may generate: none for an embedding (whatever its body
-    carried), else its max_completion_tokens or max_tokens."""
-    if is_embedding(request):
+    """The most tokens a request (vLLM's) may generate: none for an embedding (whatever its
+    body carried), else its max_completion_tokens or max_tokens."""
+    if hasattr(request, "input") and not hasattr(request, "messages"):  # an embedding
         return 0
-    bound = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    bound = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", 0)
     return int(bound or 0)

@@ -1,5 +1,7 @@
-"""The fallback's answers in the shapes a ray.serve.llm LLMServer gives: the router and the
-ingress handle them exactly as they handle a vLLM replica's."""
+"""The fallback's answers as a vLLM replica gives them (core/answers.py): SSE lines of OpenAI's
+chunks, whole answers as OpenAI's JSON, errors as EngineError; the router and the ingress handle
+them exactly as they handle a vLLM replica's. Written here with orjson: vLLM's response classes
+would load vLLM and torch into the fallback's process."""
 
 from __future__ import annotations
 
@@ -7,26 +9,20 @@ import time
 import uuid
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatCompletionStreamResponse,
-    CompletionRequest,
-    CompletionResponse,
-    CompletionStreamResponse,
-    ErrorInfo,
-    ErrorResponse,
-)
+import orjson
 
+from core.answers import EngineError, WholeAnswer
+from core.requests import ChatRequest, CompletionRequest
 from deployments.fallback.engine import ChatParams, CompletionParams, Finish
 from deployments.fallback.tool_calls import ReadCalls, read_calls
 from policy.context.tokens import template_message
 from policy.request.completion import single_prompt
+from policy.request.rendered import rendered_tools
 
 DONE = "data: [DONE]\n\n"
 
 
-def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> ChatParams:
+def chat_params(request: ChatRequest, default_max_tokens: int) -> ChatParams:
     """What the engines need of an OpenAI request (the router has fitted and clamped it)."""
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
     stop = (
@@ -36,10 +32,7 @@ def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> Chat
     continue_text = ""
     # vLLM's way to continue a partial answer (mid-stream failover sends one): the last
     # message is the assistant's text so far, which the engine goes on from.
-    if (
-        getattr(request, "continue_final_message", False)
-        and messages[-1].get("role") == "assistant"
-    ):
+    if request.continue_final_message and messages[-1].get("role") == "assistant":
         continue_text = str(messages.pop()["content"])
     choice = request.tool_choice
     return ChatParams(
@@ -50,8 +43,8 @@ def chat_params(request: ChatCompletionRequest, default_max_tokens: int) -> Chat
         stop=[str(s) for s in stop],
         seed=request.seed,
         continue_text=continue_text,
-        tools=[tool.model_dump() for tool in request.tools] if request.tools else None,
-        tool_choice=choice.model_dump() if hasattr(choice, "model_dump") else choice,
+        tools=rendered_tools(request.tools) if request.tools else None,
+        tool_choice=choice,
     )
 
 
@@ -78,8 +71,12 @@ def _plain(original: Any) -> dict[str, Any]:
     return template_message(dict(original))
 
 
-def error_response(status: int, kind: str, message: str) -> ErrorResponse:
-    return ErrorResponse(error=ErrorInfo(message=message, type=kind, code=status))
+def error_response(status: int, kind: str, message: str) -> EngineError:
+    return EngineError(status, kind, message)
+
+
+def _sse(chunk: dict[str, Any]) -> str:
+    return f"data: {orjson.dumps(chunk).decode()}\n\n"
 
 
 class ChatShaper:
@@ -92,10 +89,16 @@ class ChatShaper:
         self._created = int(time.time())
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
-        chunk = ChatCompletionStreamResponse(
-            id=self._id, created=self._created, model=self._model, choices=choices, **extra
+        return _sse(
+            {
+                "id": self._id,
+                "object": "chat.completion.chunk",
+                "created": self._created,
+                "model": self._model,
+                "choices": choices,
+                **extra,
+            }
         )
-        return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
 
     def opening(self, text: str) -> list[str]:
         """The role chunk and the first text, sent together once the engine has answered."""
@@ -124,7 +127,7 @@ class ChatShaper:
 
     def whole(
         self, text: str, finish: Finish, tools: bool = False, named: bool = False
-    ) -> ChatCompletionResponse:
+    ) -> WholeAnswer:
         """The answer; with `tools`, its calls read out of the text (`named`: a call the
         request forced by name, which OpenAI ends with `stop`)."""
         read = read_calls(text) if tools else ReadCalls(text, [])
@@ -133,14 +136,21 @@ class ChatShaper:
             message["tool_calls"] = read.calls
         elif read.content is None:
             message["content"] = ""
-        return ChatCompletionResponse(
-            id=self._id,
-            created=self._created,
-            model=self._model,
-            choices=[
-                {"index": 0, "message": message, "finish_reason": _reason(finish, read, named)}
-            ],
-            usage=_usage(finish),
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": _reason(finish, read, named),
+        }
+        return WholeAnswer(
+            {
+                "id": self._id,
+                "object": "chat.completion",
+                "created": self._created,
+                "model": self._model,
+                "choices": [choice],
+                "usage": _usage(finish),
+            }
         )
 
 
@@ -153,36 +163,27 @@ class CompletionShaper:
         self._id = f"cmpl-{uuid.uuid4().hex}"
         self._created = int(time.time())
 
+    def _head(self) -> dict[str, Any]:
+        return {
+            "id": self._id,
+            "object": "text_completion",
+            "created": self._created,
+            "model": self._model,
+        }
+
     def text(self, text: str, reason: str | None = None) -> str:
-        chunk = CompletionStreamResponse(
-            id=self._id,
-            created=self._created,
-            model=self._model,
-            choices=[{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
-        )
-        return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return _sse({**self._head(), "choices": [choice]})
 
     def closing(self, finish: Finish) -> list[str]:
         lines = [self.text("", finish.reason)]
         if self._include_usage:
-            chunk = CompletionStreamResponse(
-                id=self._id,
-                created=self._created,
-                model=self._model,
-                choices=[],
-                usage=_usage(finish),
-            )
-            lines.append(f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n")
+            lines.append(_sse({**self._head(), "choices": [], "usage": _usage(finish)}))
         return [*lines, DONE]
 
-    def whole(self, text: str, finish: Finish) -> CompletionResponse:
-        return CompletionResponse(
-            id=self._id,
-            created=self._created,
-            model=self._model,
-            choices=[{"index": 0, "text": text, "logprobs": None, "finish_reason": finish.reason}],
-            usage=_usage(finish),
-        )
+    def whole(self, text: str, finish: Finish) -> WholeAnswer:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish.reason}
+        return WholeAnswer({**self._head(), "choices": [choice], "usage": _usage(finish)})
 
 
 def _reason(finish: Finish, read: ReadCalls, named: bool) -> str:

@@ -1,7 +1,8 @@
 """The CPU fallback replica: a Serve deployment with no GPU, at the end of every chain.
 
-It answers `chat` in the shapes a ray.serve.llm LLMServer does, so the router drives it as any
-other link. Nothing is sent until the engine has produced its first piece: a failure before
+It takes the gateway's requests (core/requests.py) and answers in the plain data a vLLM replica
+does (core/answers.py), so the router drives it as any other link. Nothing is sent until the
+engine has produced its first piece: a failure before
 that is a 503 the router fails over on; a failure after it ends the stream with an error event.
 The engine is chosen on the node the replica runs on: `auto` takes Ollama where its binary is
 on PATH, llama.cpp otherwise; either runs as a supervised child process (`supervisor`), so a
@@ -23,15 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorResponse,
-)
-
+from core.answers import EngineError, Item
 from core.config import ClusterConfig, RouterConfig
 from core.errors import ErrorCode
+from core.requests import ChatRequest, CompletionRequest
 from deployments.engine.quiet_polls import quiet_polls
 from deployments.fallback.engine import (
     FallbackEngine,
@@ -173,7 +169,7 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
 
 async def _first_piece(
     pieces: AsyncGenerator[Piece | Finish, None],
-) -> Piece | Finish | ErrorResponse:
+) -> Piece | Finish | EngineError:
     """The engine's first piece, or the error to answer with: the request's (400) or, with
     nothing sent yet, the engine's (503, which the router fails over on)."""
     try:
@@ -226,7 +222,7 @@ class CpuFallback:
         """Which engine serves (ollama or llama_cpp)."""
         return self._engine.name
 
-    async def chat(self, request: ChatCompletionRequest) -> AsyncIterator[Any]:
+    async def chat(self, request: ChatRequest) -> AsyncIterator[Item]:
         if (request.n or 1) > 1:
             yield error_response(
                 400, ErrorCode.INVALID_REQUEST, "The CPU fallback answers n=1 only."
@@ -237,19 +233,18 @@ class CpuFallback:
             async for item in items:
                 yield item
 
-    async def _chat(self, request: ChatCompletionRequest) -> AsyncGenerator[Any, None]:
+    async def _chat(self, request: ChatRequest) -> AsyncGenerator[Any, None]:
         default_max = max(1, self._settings.context_window // 4)
         pieces = self._engine.chat(chat_params(request, default_max))
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        shaper = ChatShaper(self._settings.model_id, include_usage)
+        shaper = ChatShaper(self._settings.model_id, request.include_usage)
         try:
             first = await _first_piece(pieces)
-            if isinstance(first, ErrorResponse):
+            if isinstance(first, EngineError):
                 yield first
             elif calls_tools(request):  # calls are read from the whole text, then sent
                 answer = await self._collect(first, pieces)
-                named = isinstance(request.tool_choice, BaseModel | dict)
-                if isinstance(answer, ErrorResponse):
+                named = isinstance(request.tool_choice, dict)
+                if isinstance(answer, EngineError):
                     yield answer
                 else:
                     text, finish = answer
@@ -263,7 +258,7 @@ class CpuFallback:
                     yield item
             else:
                 answer = await self._collect(first, pieces)
-                yield answer if isinstance(answer, ErrorResponse) else shaper.whole(*answer)
+                yield answer if isinstance(answer, EngineError) else shaper.whole(*answer)
         finally:
             await pieces.aclose()  # a client that left stops the engine now, not at collection
 
@@ -283,18 +278,17 @@ class CpuFallback:
 
     async def _completions(self, request: CompletionRequest) -> AsyncGenerator[Any, None]:
         pieces = self._engine.complete(completion_params(request, COMPLETION_DEFAULT_MAX_TOKENS))
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        shaper = CompletionShaper(self._settings.model_id, include_usage)
+        shaper = CompletionShaper(self._settings.model_id, request.include_usage)
         try:
             first = await _first_piece(pieces)
-            if isinstance(first, ErrorResponse):
+            if isinstance(first, EngineError):
                 yield first
             elif request.stream:
                 async for lines in self._stream_completion(first, pieces, shaper):
                     yield lines
             else:
                 answer = await self._collect(first, pieces)
-                yield answer if isinstance(answer, ErrorResponse) else shaper.whole(*answer)
+                yield answer if isinstance(answer, EngineError) else shaper.whole(*answer)
         finally:
             await pieces.aclose()
 
@@ -337,7 +331,7 @@ class CpuFallback:
 
     async def _collect(
         self, first: Piece | Finish, pieces: AsyncGenerator[Piece | Finish, None]
-    ) -> tuple[str, Finish] | ErrorResponse:
+    ) -> tuple[str, Finish] | EngineError:
         """The whole text and its Finish, or the error that ended it before any was sent."""
         text: list[str] = []
         item: Piece | Finish = first

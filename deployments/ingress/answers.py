@@ -8,19 +8,19 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.handle import DeploymentResponseGenerator
 
+from core.answers import EngineError
 from core.errors import ApiError, ErrorCode
 from core.types import PriorityClass
 from core.wire import Refusal, Routed
 from deployments.ingress import metrics
 from deployments.keys.stream_usage import StreamUsage
 from policy.depth import DepthDecision
-from policy.engine_errors import EngineError, Fault, readable_message, response_fault
+from policy.engine_errors import Fault, readable_message, response_fault
 from policy.oom import OOM_CODE
 
-__all__ = ["engine_error", "refusal_error", "relay_sse", "routing_headers", "wants_usage"]
+__all__ = ["engine_error", "refusal_error", "relay_sse", "routing_headers"]
 
 # How the router's and our own SSE error events begin (deployments/router/faults.py).
 _ERROR_EVENT = 'data: {"error"'
@@ -59,23 +59,22 @@ def refusal_error(refusal: Refusal) -> ApiError:
     return ApiError(refusal.status, refusal.code, refusal.message, headers=headers)
 
 
-def engine_error(response: ErrorResponse) -> ApiError:
-    info = response.error
-    error = EngineError(info.code, info.type, info.message, info.param)
+def engine_error(error: EngineError) -> ApiError:
+    code: str
     if response_fault(error) is Fault.CLIENT:  # whatever an engine rejects as invalid: 400
-        if "context length" in info.message.lower():
+        if "context length" in error.message.lower():
             code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
         else:
-            code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.INVALID_REQUEST
-        return ApiError(400, code, readable_message(info.message), param=info.param)
-    status = info.code if isinstance(info.code, int) and info.code >= 500 else 502
-    code = info.type if info.type in PASSED_THROUGH_CODES else ErrorCode.BACKEND_ERROR
-    return ApiError(status, code, info.message)
+            code = error.kind if error.kind in PASSED_THROUGH_CODES else ErrorCode.INVALID_REQUEST
+        return ApiError(400, code, readable_message(error.message), param=error.param)
+    status = error.code if error.code is not None and error.code >= 500 else 502
+    code = error.kind if error.kind in PASSED_THROUGH_CODES else ErrorCode.BACKEND_ERROR
+    return ApiError(status, code, error.message)
 
 
 def _sse_text(part: Any, usage: StreamUsage) -> str:
     """An SSE line as is; an engine error after the stream began becomes an SSE error event."""
-    if isinstance(part, ErrorResponse):
+    if isinstance(part, EngineError):
         error = engine_error(part)
         return f"data: {json.dumps(error.body())}\n\n"
     return usage.filter(str(part))
@@ -96,7 +95,7 @@ async def relay_sse(
         while True:
             text = "".join(_sse_text(part, usage) for part in item)
             done = done or text.rstrip().endswith("data: [DONE]")
-            if any(isinstance(part, ErrorResponse) for part in item) or _ERROR_EVENT in text:
+            if any(isinstance(part, EngineError) for part in item) or _ERROR_EVENT in text:
                 timing.failed()
             timing.relayed(len(item))
             yield text
@@ -111,8 +110,3 @@ async def relay_sse(
             stream.cancel()
         finally:
             ended()
-
-
-def wants_usage(request: Any) -> bool:
-    options = request.stream_options
-    return bool(options and options.include_usage)

@@ -22,15 +22,15 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from ray.exceptions import ActorDiedError
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from vllm.entrypoints.generate.base.protocol import StreamOptions
 
+from core.answers import EngineError, WholeAnswer
 from core.config import ClusterConfig
 from core.errors import ApiError, ErrorCode
+from core.requests import EmbeddingRequest
 from core.types import Depth, PriorityClass
-from core.wire import ChatJob, Refusal, Reply, is_embedding
+from core.wire import ChatJob, Refusal, Reply
 from deployments.batch.actor import replica_batch_actor
 from deployments.ingress import answers, metrics
 from deployments.ingress.anthropic.errors import anthropic_status
@@ -50,6 +50,7 @@ from deployments.ingress.responses.http import responses_answer
 from deployments.ingress.responses.keeper import ResponseKeeperClient, replica_response_keeper
 from deployments.ingress.responses.request import to_chat as to_response_chat
 from deployments.ingress.responses.store import StoredResponse
+from deployments.ingress.translated import json_text
 from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
@@ -375,7 +376,7 @@ class Ingress:
             chat, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER)
         )
         job = with_session(job, headers.get(SESSION_HEADER))
-        if not getattr(job.request, "stream", False):
+        if isinstance(job.request, EmbeddingRequest) or not job.request.stream:
             return anthropic_answer(await self._metered(job, depth, started), payload["model"])
         # A stream that waits in a queue is begun and pinged, as Anthropic's own.
         answer = asyncio.ensure_future(self._metered(job, depth, started))
@@ -458,20 +459,18 @@ class Ingress:
     async def _metered(self, job: ChatJob, depth: DepthDecision | None, started: float) -> Response:
         """The job answered under its key's limits, its usage counted however it ends."""
         usage = None
-        streamed = not is_embedding(job.request) and bool(job.request.stream)
-        if streamed:
-            usage = StreamUsage(answers.wants_usage(job.request))
+        request = job.request
+        streamed = not isinstance(request, EmbeddingRequest) and bool(request.stream)
+        if streamed and not isinstance(request, EmbeddingRequest):
+            usage = StreamUsage(request.include_usage)
+            # The engine's count for the key and the metrics, not an estimate.
+            job = replace(job, request=request.with_usage())
         try:
             admission = await self._metering.admit(job.caller)
         except ApiError as error:  # over the key's limits: counted, under no backend
             seconds = time.perf_counter() - started
             metrics.observe_answer(metrics.NO_BACKEND, job.priority.value, error.status, seconds)
             raise
-        if streamed:  # the engine's count for the key and the metrics, not an estimate
-            asked = job.request.stream_options
-            kept = asked.model_dump(exclude_none=True) if asked is not None else {}
-            options = StreamOptions(**{**kept, "include_usage": True})
-            job = replace(job, request=job.request.model_copy(update={"stream_options": options}))
         served = _Served()
         try:
             return await self._answer(job, admission, usage, depth, started, served)
@@ -515,7 +514,7 @@ class Ingress:
         metrics.observe_routing(routed, depth.depth.value if depth else None)
         # Streaming answers come in batches (lists); an engine error may be the first item of one.
         leading = first[0] if isinstance(first, list) and first else first
-        if isinstance(leading, ErrorResponse):
+        if isinstance(leading, EngineError):
             raise answers.engine_error(leading)
         headers = {
             **answers.routing_headers(routed, job.priority, depth),
@@ -523,12 +522,13 @@ class Ingress:
             OVERHEAD_HEADER: milliseconds(time.perf_counter() - started - routed.engine_wait_s),
         }
         if stream is None or usage is None or not isinstance(first, list):  # a whole response
-            counted = getattr(first, "usage", None)
-            prompt = getattr(counted, "prompt_tokens", 0) or 0
-            completion = getattr(counted, "completion_tokens", 0) or 0
+            if not isinstance(first, WholeAnswer):
+                raise TypeError(f"an engine answered with {type(first).__name__}, not an answer")
+            counted = first.usage()
+            prompt, completion = counted.prompt_tokens, counted.completion_tokens
             self._metering.settle(admission, prompt, completion)
             metrics.observe_tokens(routed.backend, prompt, completion)
-            body = first.model_dump_json()
+            body = json_text(first.body)
             seconds = time.perf_counter() - started
             metrics.observe_answer(routed.backend, job.priority.value, 200, seconds)
             return Response(body, media_type="application/json", headers=headers)

@@ -1,24 +1,20 @@
 """A request's job: the model it goes to (by name, alias or role; for `auto` the depth router's
-choice), its priority class, and its body as vLLM's request type, every mistake in it a 400 (or
-403, 404) with OpenAI error JSON. The same for HTTP requests and batch lines
+choice), its priority class, and its body as the gateway's own request type (core/requests.py),
+checked against vLLM's own schema as well as ours, every mistake in it a 400 (or 403, 404) with
+OpenAI error JSON. The same for HTTP requests and batch lines
 (deployments/ingress/app.py)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingCompletionRequest,
-)
-from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
+from pydantic import BaseModel, ValidationError
 
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode, invalid_fields
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.types import Depth, Role
 from core.wire import ChatJob
 from deployments.ingress.auth import Caller, claimed_priority
@@ -31,6 +27,7 @@ from policy.request import (
     check_embedding_request,
     check_tool_support,
 )
+from policy.request.engine_schema import check_engine_schema
 
 logger = logging.getLogger("ray.serve")
 
@@ -53,7 +50,7 @@ def with_session(job: ChatJob, header: str | None) -> ChatJob:
             f"X-Session-Id must be 1 to {MAX_SESSION_CHARS} printable characters.",
             param="X-Session-Id",
         )
-    return replace(job, request=job.request.model_copy(update={"user": header}))
+    return replace(job, request=job.request.changed(user=header))
 
 
 class Jobs:
@@ -168,24 +165,10 @@ class Jobs:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, str(error), param="X-Depth") from None
 
 
-def validate_chat(payload: dict[str, Any], limits: GatewayConfig) -> Any:
-    """The request as vLLM's ChatCompletionRequest, or ApiError 400: never another exception."""
+def validate_chat(payload: dict[str, Any], limits: GatewayConfig) -> ChatRequest:
+    """The request as our ChatRequest, or ApiError 400: never another exception."""
     check_chat_request(payload, max_messages=limits.max_messages)
-    try:
-        request = ChatCompletionRequest.model_validate(payload)
-        # Pydantic leaves lazy iterators in message content that Ray cannot pickle.
-        return _sanitize_chat_completion_request(request)
-    except ValidationError as error:
-        raise invalid_fields(error) from None
-    except Exception as error:  # noqa: BLE001
-        # vLLM's validators raise what pydantic does not wrap (VLLMValidationError, KeyError)
-        # and the sanitizer a plain ValueError: all about the body, none a backend's fault.
-        # Our own checks should have caught it first, so it is logged for a new rule.
-        logger.warning("request refused by vLLM's schema, not ours: %r", error)
-        param = getattr(error, "parameter", None)
-        raise ApiError(
-            400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}", param=param
-        ) from None
+    return _as_request(ChatRequest, payload, "chat")
 
 
 def _latest_user_text(payload: dict[str, Any]) -> str:
@@ -219,26 +202,29 @@ def _check_kind(name: str, model: str | None, vectors: bool, config: ClusterConf
         raise ApiError(400, ErrorCode.INVALID_REQUEST, message, param="model")
 
 
-def _validate_embedding(payload: dict[str, Any]) -> Any:
-    """The request as vLLM's EmbeddingCompletionRequest, or ApiError 400."""
+def _validate_embedding(payload: dict[str, Any]) -> EmbeddingRequest:
+    """The request as our EmbeddingRequest, or ApiError 400."""
     check_embedding_request(payload)
-    return _as_vllm(EmbeddingCompletionRequest, payload, "embedding")
+    return _as_request(EmbeddingRequest, payload, "embedding")
 
 
-def _validate_completion(payload: dict[str, Any]) -> Any:
-    """The request as vLLM's CompletionRequest, or ApiError 400: never another exception."""
+def _validate_completion(payload: dict[str, Any]) -> CompletionRequest:
+    """The request as our CompletionRequest, or ApiError 400: never another exception."""
     check_completion_request(payload)
-    return _as_vllm(CompletionRequest, payload, "completion")
+    return _as_request(CompletionRequest, payload, "completion")
 
 
-def _as_vllm(model: Any, payload: dict[str, Any], kind: str) -> Any:
+Kind = TypeVar("Kind", bound=BaseModel)
+
+
+def _as_request(model: type[Kind], payload: dict[str, Any], kind: str) -> Kind:
+    """The body checked against vLLM's schema (which its replica applies again: what the edge
+    lets through, the engine must not refuse after admission), then read as our type."""
+    check_engine_schema(kind, payload)
     try:
         return model.model_validate(payload)
     except ValidationError as error:
         raise invalid_fields(error) from None
-    except Exception as error:  # noqa: BLE001 - as for chats: the body's fault, logged for a rule
-        logger.warning("%s refused by vLLM's schema, not ours: %r", kind, error)
-        raise ApiError(400, ErrorCode.INVALID_REQUEST, f"Invalid request: {error}") from None
 
 
 def _has_image_parts(payload: dict[str, Any]) -> bool:

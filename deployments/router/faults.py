@@ -9,11 +9,11 @@ from typing import Any
 
 from grpc.aio import AioRpcError
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
 from ray.serve.exceptions import RayServeException
 
+from core.answers import EngineError
 from core.errors import ErrorCode
-from policy.engine_errors import EngineError, sse_error
+from policy.engine_errors import sse_error
 from policy.stream_migration import Partial, StreamTape
 
 # Faults: the backend's, never the client's. Our own cancellation is neither. Handles on Serve's
@@ -68,23 +68,22 @@ def stream_error_event(message: str) -> list[str]:
     return [f"data: {json.dumps(error)}\n\n", "data: [DONE]\n\n"]
 
 
-def engine_error(item: Any) -> ErrorResponse | None:
+def engine_error(item: Any) -> EngineError | None:
     """The engine's error in a response item (a whole response or a batch of SSE lines)."""
     leading = item[0] if isinstance(item, list) and item else item
-    return leading if isinstance(leading, ErrorResponse) else None
+    return leading if isinstance(leading, EngineError) else None
 
 
-def is_server_error(error: ErrorResponse) -> bool:
-    code = error.error.code
-    return not isinstance(code, int) or code >= 500
+def is_server_error(error: EngineError) -> bool:
+    return error.code is None or error.code >= 500
 
 
-def split_at_server_error(item: Any) -> tuple[list[Any], ErrorResponse | EngineError | None]:
-    """A batch of SSE lines cut at its first server error (an ErrorResponse, or vLLM's
+def split_at_server_error(item: Any) -> tuple[list[Any], EngineError | None]:
+    """A batch of SSE lines cut at its first server error (an EngineError, or vLLM's
     `data: {"error": ...}` line with a 5xx or no code): the parts before it, and the error."""
     parts = item if isinstance(item, list) else [item]
     for index, part in enumerate(parts):
-        if isinstance(part, ErrorResponse) and is_server_error(part):
+        if isinstance(part, EngineError) and is_server_error(part):
             return parts[:index], part
         error = sse_error(part) if isinstance(part, str) else None
         if error is not None and (error.code is None or error.code >= 500):
@@ -92,9 +91,7 @@ def split_at_server_error(item: Any) -> tuple[list[Any], ErrorResponse | EngineE
     return parts, None
 
 
-def error_text(error: ErrorResponse | EngineError) -> str:
-    if isinstance(error, ErrorResponse):
-        return f"engine error {error.error.code}: {error.error.message}"
+def error_text(error: EngineError) -> str:
     return f"engine error {error.code}: {error.message}"
 
 

@@ -18,14 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
-
 from core.clock import Clock
 from core.config import ClusterConfig
 from core.errors import ApiError, ErrorCode
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest, Request
 from core.topology import Target
 from core.types import PriorityClass
-from core.wire import ChatJob, Refusal, is_completion, is_embedding
+from core.wire import ChatJob, Refusal
 from deployments.router import metrics
 from deployments.router.faults import (
     BackendFault,
@@ -47,6 +46,7 @@ from policy.link_choice import choose_link
 from policy.model_access import by_pattern
 from policy.request.completion import single_prompt
 from policy.request.embedding import embedding_inputs
+from policy.request.rendered import rendered_tools
 from policy.request.tools import calls_tools
 from policy.stream_migration import (
     continuable,
@@ -139,6 +139,7 @@ class Flow:
                     if continuing is None:
                         yield stream_error_event(f"The backend {name} failed mid-response.")
                         return
+                    assert isinstance(original, ChatRequest)  # only a chat is continuable
                     request = continuation_request(original, continuing.partial, continuing.budget)
                     job = replace(job, request=request)
 
@@ -195,9 +196,7 @@ class Flow:
         model, whose chain is empty: a 503 (its retry meets the ingress's new names)."""
         if job.model in self._models:
             return job
-        asked = getattr(job.request, "model", None)
-        if not isinstance(asked, str):
-            return job
+        asked = job.request.model
         served = self._config.served_names
         model = served.get(asked) or served.get(
             by_pattern(asked, self._config.gateway.model_patterns) or ""
@@ -214,9 +213,9 @@ class Flow:
             return ()
         links = self._links  # a chain's name with no link is not deployed here: never chosen
         chain = tuple(name for name in self._placement.chain(job.model) if name in links)
-        embeds = is_embedding(job.request)  # vectors come from embedding backends only
+        embeds = isinstance(job.request, EmbeddingRequest)  # vectors: embedding backends only
         chain = tuple(name for name in chain if links[name].target.embeds == embeds)
-        if not embeds and calls_tools(job.request):  # a link that cannot take them: no failover
+        if calls_tools(job.request):  # a link that cannot take them: no failover
             chain = tuple(name for name in chain if links[name].target.tools)
         return chain
 
@@ -251,11 +250,12 @@ class Flow:
         self, job: ChatJob, target: Target, continues: bool
     ) -> Fit | PromptFit | EmbedFit | Refusal:
         try:
-            if is_embedding(job.request):
-                return await self._fit_inputs(job, target)
-            if is_completion(job.request):
-                return await self._fit_prompt(job, target)
-            fit = await self._fit(job, target, continues)
+            request = job.request
+            if isinstance(request, EmbeddingRequest):
+                return await self._fit_inputs(request, target)
+            if isinstance(request, CompletionRequest):
+                return await self._fit_prompt(request, job.context_share, target)
+            fit = await self._fit(request, job.context_share, target, continues)
             if fit.fitted and not job.truncate and not continues:
                 return _untruncated(target.context_window)
             return fit
@@ -265,11 +265,8 @@ class Flow:
             message = f"No backend of this model's chain can fill in the middle: {no_fim}."
             return Refusal(400, ErrorCode.FIM_NOT_SUPPORTED, message)
         except Exception as error:  # noqa: BLE001 - a chat template may raise anything on messages it rejects
-            what = (
-                "inputs cannot be read"
-                if is_embedding(job.request)
-                else "messages cannot be rendered"
-            )
+            embeds = isinstance(job.request, EmbeddingRequest)
+            what = "inputs cannot be read" if embeds else "messages cannot be rendered"
             return Refusal(400, ErrorCode.INVALID_REQUEST, f"The {what}: {error}")
 
     async def _slot(self, link: Link, job: ChatJob, since: float | None) -> int | Refusal:
@@ -299,23 +296,21 @@ class Flow:
         metrics.SEATS.labels(link.target.name, job.priority.value).inc()
         return ticket
 
-    async def _fit(self, job: ChatJob, target: Target, continues: bool) -> Fit:
-        """Fit the job to the window of the link that will serve it (windows differ); a
-        continuation's answer so far may be cut to its newest part, like old turns."""
-        request = job.request
+    async def _fit(
+        self, request: ChatRequest, share: float, target: Target, continues: bool
+    ) -> Fit:
+        """Fit a chat to the window of the link that will serve it (windows differ; `share`:
+        the part of it the depth router gave the job); a continuation's answer so far may be
+        cut to its newest part, like old turns."""
         counter = self._counters[target.counter_key]
-        fit_args = {
-            "window": max(1, int(target.context_window * job.context_share)),
-            "requested_max_tokens": (
-                request.max_completion_tokens
-                if request.max_completion_tokens is not None
-                else request.max_tokens
-            ),
+        fit_args: dict[str, Any] = {
+            "window": max(1, int(target.context_window * share)),
+            "requested_max_tokens": request.output_bound,
             "counter": counter,
         }
         messages = [dict(m) for m in request.messages]
         if request.tools:  # the template lists them in the prompt (measured once per tool set)
-            fit_args["tools"] = [tool.model_dump() for tool in request.tools]  # as vLLM renders
+            fit_args["tools"] = rendered_tools(request.tools)  # as vLLM renders them
         else:
             quick = pass_through(messages, **fit_args)
             if quick is not None:  # most requests: proven to fit without tokenizing
@@ -327,23 +322,23 @@ class Flow:
             work = functools.partial(fit_messages, messages, **fit_args)
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
-    async def _fit_prompt(self, job: ChatJob, target: Target) -> PromptFit:
+    async def _fit_prompt(
+        self, request: CompletionRequest, share: float, target: Target
+    ) -> PromptFit:
         """A completion's prompt fitted to the window of the link that will serve it: its end
         (and a suffix) kept. Tokenizing happens off the event loop, as for chats."""
-        request = job.request
         work = functools.partial(
             fit_prompt,
             _prompt_of(request.prompt),
-            window=max(1, int(target.context_window * job.context_share)),
+            window=max(1, int(target.context_window * share)),
             requested_max_tokens=request.max_tokens,
             counter=self._counters[target.counter_key],
             suffix=request.suffix,
         )
         return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
 
-    async def _fit_inputs(self, job: ChatJob, target: Target) -> EmbedFit:
+    async def _fit_inputs(self, request: EmbeddingRequest, target: Target) -> EmbedFit:
         """An embeddings request's inputs counted against the link's window."""
-        request = job.request
         work = functools.partial(
             fit_inputs,
             embedding_inputs(request.input),
@@ -430,7 +425,7 @@ def _going_on(
     fault: MidStreamFault,
     name: str,
     continuing: Continuing | None,
-    original: ChatCompletionRequest,
+    original: Request,
     tried: list[str],
 ) -> Continuing | None:
     """The answer to go on with after `fault` on link `name` (a failure: on the next link; a
@@ -446,7 +441,7 @@ def _continuation(
     fault: MidStreamFault,
     name: str,
     continuing: Continuing | None,
-    original: ChatCompletionRequest,
+    original: Request,
     paused: bool = False,
 ) -> Continuing | None:
     """The answer to go on with (on the next link, or a paused one's again), or None where it

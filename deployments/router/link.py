@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ray.llm._internal.serve.core.configs.openai_api_models import ErrorResponse
-
+from core.answers import EngineError
 from core.config import ClusterConfig, RouterConfig
 from core.topology import Target
 from core.types import PriorityClass
@@ -293,14 +292,14 @@ class Link:
             self.facts = self.facts.replica_died(self.clock())
             self.breaker.trip("its only replica died")
 
-    def note_oom(self, error: ErrorResponse) -> None:
+    def note_oom(self, error: EngineError) -> None:
         """A replica out of memory refuses all work until Serve replaces it (llm_server.py);
         one that only lacked KV room now recovers by itself. Either way, stop sending there:
         the breaker opens at once, and a passed health probe closes it."""
-        if error.error.type != OOM_CODE:
+        if error.kind != OOM_CODE:
             return
         metrics.BACKEND_OOM.labels(self.target.name).inc()
-        self.breaker.trip(f"out of memory: {error.error.message}")
+        self.breaker.trip(f"out of memory: {error.message}")
 
     def pause_for(self, arriving: PriorityClass) -> None:
         """A job of class `arriving` started here: with `router.preempt` on, ask the running

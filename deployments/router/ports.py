@@ -10,14 +10,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingCompletionRequest,
-)
-
 from core.clock import Clock
 from core.config import ClusterConfig
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.wire import PlacementView, ScalingNews
 from policy.context.tokens import TokenCounter
 from policy.engine_counters import EngineCounters
@@ -40,11 +35,11 @@ class Backend(Protocol):
         """The Serve deployment behind it: ours, or one in another app."""
         ...
 
-    def chat(self, request: ChatCompletionRequest) -> ChatStream: ...
+    def chat(self, request: ChatRequest) -> ChatStream: ...
 
     def completions(self, request: CompletionRequest) -> ChatStream: ...
 
-    def embeddings(self, request: EmbeddingCompletionRequest) -> ChatStream: ...
+    def embeddings(self, request: EmbeddingRequest) -> ChatStream: ...
 
     def routable_replicas(self) -> int | None:
         """The replicas a request sent now would go to, as Serve's handle knows them (pushed by

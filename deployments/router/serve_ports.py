@@ -12,11 +12,6 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingCompletionRequest,
-)
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
@@ -26,6 +21,7 @@ from autoscale.serve_scaling import publish_load, read_scaled
 from autoscale.serve_status import serving_replicas
 from core.clock import SystemClock
 from core.config import ClusterConfig
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest, Request
 from core.wire import PlacementView
 from deployments.router.handle_replicas import routable_replicas
 from deployments.router.ports import (
@@ -52,7 +48,7 @@ class ServeBackend:
     def deployment(self) -> DeploymentKey:
         return (self._unary.app_name, self._unary.deployment_name)
 
-    def chat(self, request: ChatCompletionRequest) -> ChatStream:
+    def chat(self, request: ChatRequest) -> ChatStream:
         stream: ChatStream = self._streaming(request).chat.remote(request)
         return stream
 
@@ -60,20 +56,19 @@ class ServeBackend:
         stream: ChatStream = self._streaming(request).completions.remote(request)
         return stream
 
-    def embeddings(self, request: EmbeddingCompletionRequest) -> ChatStream:
+    def embeddings(self, request: EmbeddingRequest) -> ChatStream:
         stream: ChatStream = self._streaming(request).embeddings.remote(request)
         return stream
 
-    def _streaming(self, request: Any) -> DeploymentHandle:
+    def _streaming(self, request: Request) -> DeploymentHandle:
         """The streaming handle, with the request's session (its `user`) for the backend's
         request router to keep the conversation on one replica (deployments/replica_router),
         and for an adapter its name as Serve's multiplexed model id: Ray Serve LLM loads it
         there, and Serve prefers the replicas that have it loaded."""
         options: dict[str, str] = {}
-        session = getattr(request, "user", None)
-        if session:
-            options["session_id"] = session
-        if getattr(request, "model", None) in self._adapters:
+        if request.user:
+            options["session_id"] = request.user
+        if request.model in self._adapters:
             options["multiplexed_model_id"] = request.model
         return self._stream.options(**options) if options else self._stream
 

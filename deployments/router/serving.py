@@ -15,21 +15,13 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ErrorResponse,
-)
 from ray.serve.exceptions import RequestCancelledError
 
+from core.answers import EngineError
 from core.config import RouterConfig
+from core.requests import CompletionRequest, EmbeddingRequest, PromptCount, Request
 from core.types import PriorityClass
-from core.wire import (
-    ChatJob,
-    PromptCount,
-    Routed,
-    is_completion,
-    is_embedding,
-    with_prompt_count,
-)
+from core.wire import ChatJob, Routed
 from deployments.router import metrics
 from deployments.router.faults import (
     BACKEND_FAULTS,
@@ -148,16 +140,15 @@ class Serving:
         output, MidStreamFault when a stream fails after it, Paused when a higher class's
         arrival paused it."""
         await _ready_to_send(link, seat)
-        streaming = bool(getattr(job.request, "stream", False))  # embeddings never stream
+        request = job.request
+        streaming = not isinstance(request, EmbeddingRequest) and bool(request.stream)
         attempt = Attempt(link, fit, streaming, continuing, seat, job.priority, time.monotonic())
         attempt.pausable = streaming and continuable(job.request)
         _enter(link, attempt)
         try:
             link.pause_for(job.priority)
-            request = engine_request(
-                link, job, fit, self._settings.engine_priority_of(job.priority)
-            )
-            stream, first = await self._first_item(attempt, request)
+            sent = engine_request(link, job, fit, self._settings.engine_priority_of(job.priority))
+            stream, first = await self._first_item(attempt, sent)
             for item in _opening(attempt, first, failovers):
                 yield item
             if engine_error(first) is not None:  # a client error (4xx): the ingress answers it
@@ -192,7 +183,7 @@ class Serving:
         attempt.pausable = partial.continuable and not partial.finished
         return attempt.pausable
 
-    async def _first_item(self, attempt: Attempt, request: Any) -> tuple[ChatStream, Any]:
+    async def _first_item(self, attempt: Attempt, request: Request) -> tuple[ChatStream, Any]:
         link = attempt.link
         try:
             send = _method(link, request)
@@ -218,7 +209,7 @@ class Serving:
         if error is not None and is_server_error(error):
             attempt.verdict = False
             link.note_oom(error)
-            raise BackendFault(f"engine error {error.error.code}: {error.error.message}")
+            raise BackendFault(error_text(error))
         return stream, first
 
     async def _next_step(self, attempt: Attempt, stream: ChatStream) -> Step:
@@ -299,43 +290,45 @@ def _abandon(answer: asyncio.Future[Any]) -> None:
     answer.cancel()
 
 
-def _method(link: Link, request: Any) -> Any:
+def _method(link: Link, request: Request) -> Any:
     """The backend's method for the kind of request: chat, completions or embeddings."""
-    if is_embedding(request):
+    if isinstance(request, EmbeddingRequest):
         return link.backend.embeddings
-    return link.backend.completions if is_completion(request) else link.backend.chat
+    if isinstance(request, CompletionRequest):
+        return link.backend.completions
+    return link.backend.chat
 
 
-def engine_request(link: Link, job: ChatJob, fit: AnyFit, priority: int) -> Any:
+def engine_request(link: Link, job: ChatJob, fit: AnyFit, priority: int) -> Request:
     """The request as `link`'s engine gets it: its model name (an adapter's own where the
     link's engine serves that adapter), the fitted prompt and output, and the engine priority
     of its class (never the client's own `priority` field)."""
     request = job.request
     model = job.model if job.model in link.target.adapters else link.target.model_id
     count = PromptCount(fit.prompt_tokens, exact=fit.counted)
-    if isinstance(fit, EmbedFit):  # the inputs as sent: the engine truncates where asked
-        return with_prompt_count(
-            request,
-            PromptCount(fit.largest, exact=fit.counted),  # each input is its own sequence
+    if isinstance(request, EmbeddingRequest):  # the inputs as sent: the engine truncates
+        assert isinstance(fit, EmbedFit)
+        return request.changed(
+            counted=PromptCount(fit.largest, exact=fit.counted),  # each input is a sequence
             model=model,
             priority=priority,
             truncate_prompt_tokens=fit.truncate_to,
         )
-    if isinstance(fit, PromptFit):  # a completion: the prompt fitted, a suffix written into it
-        return with_prompt_count(
-            request,
-            count,
+    if isinstance(request, CompletionRequest):  # the prompt fitted, a suffix written into it
+        assert isinstance(fit, PromptFit)
+        return request.changed(
+            counted=count,
             model=model,
             priority=priority,
             prompt=fit.prompt,
             suffix=None,
             max_tokens=fit.max_tokens,
         )
+    assert isinstance(fit, Fit)
     # Tools the fit shortened (their descriptions: policy.context.tool_fit) replace the sent.
-    tools = {} if fit.tools is None else {"tools": _as_sent(request.tools, fit.tools)}
-    return with_prompt_count(
-        request,
-        count,
+    tools = {} if fit.tools is None else {"tools": fit.tools}
+    return request.changed(
+        counted=count,
         # Each engine answers to its own model id (a backend's is its model's name).
         model=model,
         priority=priority,
@@ -344,12 +337,6 @@ def engine_request(link: Link, job: ChatJob, fit: AnyFit, priority: int) -> Any:
         max_completion_tokens=fit.max_tokens,
         **tools,
     )
-
-
-def _as_sent(sent: list[Any], shortened: list[dict[str, Any]]) -> list[Any]:
-    """Shortened tools as the request's own tool type (vLLM's), as the sent ones were."""
-    kind = type(sent[0])
-    return [kind.model_validate(tool) for tool in shortened]
 
 
 def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
@@ -362,7 +349,7 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
     elif error is not None:
         # A link that will not continue the answer (its window, its template) has done
         # nothing wrong and the client already has half an answer: try the next.
-        raise BackendFault(f"it would not continue the answer: {error.error.message}")
+        raise BackendFault(f"it would not continue the answer: {error.message}")
     elif isinstance(first, list) and attempt.rewriter is not None:
         if continuing.paused:  # a paused answer going on: its prompt read again
             metrics.PREEMPT_REPREFILL_TOKENS.labels(link.target.name).inc(fit.prompt_tokens)
@@ -405,7 +392,7 @@ def _relay(attempt: Attempt, item: Any) -> Step:
     head, late = split_at_server_error(item)
     if late is not None:
         attempt.verdict = False
-        if isinstance(late, ErrorResponse):
+        if isinstance(late, EngineError):
             attempt.link.note_oom(late)
         if attempt.streaming:  # what came before the error is the client's; then go on
             fault = MidStreamFault(attempt.tape, attempt.fit.max_tokens, error_text(late))

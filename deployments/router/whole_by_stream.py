@@ -16,12 +16,8 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionResponse,
-    ErrorResponse,
-)
-from vllm.entrypoints.generate.base.protocol import StreamOptions
-
+from core.answers import EngineError, WholeAnswer
+from core.requests import ChatRequest
 from core.wire import ChatJob, Opening, Refusal, Reply
 from deployments.router.faults import engine_error
 from policy.whole_answer import whole_answer
@@ -31,10 +27,9 @@ Replies = Callable[[ChatJob], AsyncGenerator[Any, None]]
 
 
 def as_stream(job: ChatJob) -> ChatJob:
-    """The job asking for a stream with its usage at the end."""
-    options = StreamOptions(include_usage=True)
-    request = job.request.model_copy(update={"stream": True, "stream_options": options})
-    return replace(job, request=request)
+    """The job (a chat) asking for a stream with its usage at the end."""
+    assert isinstance(job.request, ChatRequest)  # only chats are answered this way
+    return replace(job, request=job.request.changed(stream=True).with_usage())
 
 
 async def whole_through_stream(replies: Replies, job: ChatJob) -> Reply | None:
@@ -45,12 +40,13 @@ async def whole_through_stream(replies: Replies, job: ChatJob) -> Reply | None:
         reply: Reply = await anext(items)
         if isinstance(reply, Refusal) or engine_error(reply.first) is not None:
             return reply
-        item, first_at = reply.first, time.perf_counter()
+        item: Any = reply.first
+        first_at = time.perf_counter()
         while item is not None:
             if isinstance(item, Refusal):  # its paused wait shed, or no link left to go on
                 return item
             for part in item if isinstance(item, list) else [item]:
-                if isinstance(part, ErrorResponse):  # an engine's error once the answer began
+                if isinstance(part, EngineError):  # an engine's error once the answer began
                     return Opening(reply.routed, part)
                 if isinstance(part, str):
                     lines.append(part)
@@ -68,4 +64,4 @@ async def whole_through_stream(replies: Replies, job: ChatJob) -> Reply | None:
         engine_wait_s=waited,
         pauses=whole.pauses,
     )
-    return Opening(routed, ChatCompletionResponse.model_validate(whole.body))
+    return Opening(routed, WholeAnswer(whole.body))

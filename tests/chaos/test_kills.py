@@ -19,10 +19,10 @@ import psutil
 import pytest
 import ray
 from ray import serve
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 from ray.util.state import list_actors
 
 from cluster.ray_runtime import this_cluster
+from core.requests import ChatRequest
 
 API_KEY = "test-user-key"  # tests/e2e/gateway.yaml
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -317,7 +317,7 @@ def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> No
     pid = replica_pid("model:cpu-fallback")
     assert pid is not None
     [server] = fallback_engines(pid)
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model="cpu-fallback",
         messages=[{"role": "user", "content": QUESTION}],
         max_tokens=400,

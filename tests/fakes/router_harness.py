@@ -12,15 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ray.exceptions import RayError
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingCompletionRequest,
-    ErrorInfo,
-    ErrorResponse,
-)
 
+from core.answers import EngineError
 from core.config import ClusterConfig, parse_config
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest, Request
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Routed, ScalingNews
 from deployments.router.metrics import REGISTRY
@@ -92,7 +87,7 @@ class FakeBackend:
 
     stream_type: type[FakeStream] = FakeStream
 
-    def chat(self, request: ChatCompletionRequest) -> FakeStream:
+    def chat(self, request: Request) -> FakeStream:
         self.calls += 1
         self.requests.append(request)
         stream = self.stream_type(self, self.behaviour(self.calls))
@@ -103,7 +98,7 @@ class FakeBackend:
         self.completion_calls += 1
         return self.chat(request)  # the same script answers every kind
 
-    def embeddings(self, request: EmbeddingCompletionRequest) -> FakeStream:
+    def embeddings(self, request: EmbeddingRequest) -> FakeStream:
         self.embedding_calls += 1
         return self.chat(request)
 
@@ -199,7 +194,7 @@ def dead(_: int) -> list[Any]:
 
 
 def engine_error(code: int, kind: str = "x") -> Behaviour:
-    error = ErrorResponse(error=ErrorInfo(message="boom", type=kind, code=code))
+    error = EngineError(code, kind, "boom")
     return lambda _: [error]
 
 
@@ -244,7 +239,7 @@ def make_config(
 
 
 def job(role: Role = Role.CODING, priority: PriorityClass = PriorityClass.USER) -> ChatJob:
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model=role.value, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
     )
     return ChatJob(request, role, priority, "tester")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from core.requests import EmbeddingRequest
 from core.wire import ChatJob, Opening, Routed
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import ChatShaper
@@ -56,8 +57,9 @@ class EngineLikeRouter:
 
     def _shaper(self, job: ChatJob) -> ChatShaper:
         self.jobs.append(job)
-        options = job.request.stream_options
-        return ChatShaper("orchestrator", bool(options and options.include_usage))
+        request = job.request
+        usage = not isinstance(request, EmbeddingRequest) and request.include_usage
+        return ChatShaper("orchestrator", usage)
 
     async def _once(self, job: ChatJob) -> Opening:
         shaper = self._shaper(job)

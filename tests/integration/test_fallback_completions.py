@@ -10,11 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    CompletionRequest,
-    ErrorResponse,
-)
 
+from core.answers import EngineError
+from core.requests import CompletionRequest
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from policy.context.tokens import ChatTemplateCounter
 
@@ -65,7 +63,7 @@ def test_a_whole_completion_counts_the_raw_prompt_exactly(
     loop: asyncio.AbstractEventLoop, fallback: CpuFallback
 ) -> None:
     [response] = complete(loop, fallback, prompt=PROMPT, max_tokens=8)
-    body = json.loads(response.model_dump_json())
+    body = response.body
     assert body["id"].startswith("cmpl-")
     [choice] = body["choices"]
     assert choice["text"]
@@ -100,7 +98,7 @@ def test_a_streamed_completion_echoes_the_prompt_and_ends_with_usage_and_done(
 def test_token_ids_are_a_prompt_too(loop: asyncio.AbstractEventLoop, fallback: CpuFallback) -> None:
     ids = ChatTemplateCounter.from_pretrained(GGUF)._tokenizer.encode(PROMPT)
     [response] = complete(loop, fallback, prompt=ids, max_tokens=4, echo=True)
-    body = json.loads(response.model_dump_json())
+    body = response.body
     assert body["choices"][0]["text"].startswith("def fibonacci")
     assert body["usage"]["prompt_tokens"] == len(ids)
 
@@ -117,6 +115,6 @@ def test_what_it_cannot_do_is_the_clients_400(
     loop: asyncio.AbstractEventLoop, fallback: CpuFallback, fields: dict[str, Any], says: str
 ) -> None:
     [refusal] = complete(loop, fallback, **fields)
-    assert isinstance(refusal, ErrorResponse)
-    assert refusal.error.code == 400
-    assert says in refusal.error.message
+    assert isinstance(refusal, EngineError)
+    assert refusal.code == 400
+    assert says in refusal.message

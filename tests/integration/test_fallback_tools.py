@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
+from core.requests import ChatRequest
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.fallback.tool_calls import CALL_OPEN
 from policy.context.tokens import ChatTemplateCounter
+from policy.request.rendered import rendered_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 GGUF = ROOT / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,9 +81,7 @@ def fallback(
 
 
 def ask(loop: asyncio.AbstractEventLoop, replica: CpuFallback, **fields: Any) -> list[Any]:
-    request = ChatCompletionRequest(
-        model="cpu-fallback", **{"messages": ASK, "temperature": 0.0, **fields}
-    )
+    request = ChatRequest(model="cpu-fallback", **{"messages": ASK, "temperature": 0.0, **fields})
 
     async def run() -> list[Any]:
         return [item async for item in replica.chat(request)]
@@ -101,7 +100,7 @@ def test_a_named_tool_choice_is_a_call_to_that_tool_with_arguments_of_its_schema
 ) -> None:
     choice = {"type": "function", "function": {"name": "get_weather"}}
     [response] = ask(loop, fallback, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=60)
-    body = json.loads(response.model_dump_json())
+    body = response.body
     answer = body["choices"][0]
     assert answer["finish_reason"] == "stop", answer  # as OpenAI ends a call forced by name
     [call] = answer["message"]["tool_calls"]
@@ -112,8 +111,7 @@ def test_a_named_tool_choice_is_a_call_to_that_tool_with_arguments_of_its_schema
     assert isinstance(arguments["city"], str)
     # The prompt the engine saw is the one the router counts: the same template, with tools.
     counter = ChatTemplateCounter.from_pretrained(GGUF, TEMPLATE)
-    tools = [ChatCompletionRequest(model="m", messages=ASK, tools=[WEATHER, TIME]).tools]
-    listed = [tool.model_dump() for tool in tools[0] or []]
+    listed = rendered_tools([WEATHER, TIME])  # as vLLM's replica renders them
     # A forced call's answer begins in the prompt: `<tool_call>` and a newline.
     opening = counter.count_text(CALL_OPEN)
     assert body["usage"]["prompt_tokens"] == counter.count_prompt(ASK, listed) + opening
@@ -167,6 +165,6 @@ def test_a_tool_result_in_the_history_is_answered(
         {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21, "sky": "clear"}'},
     ]
     [response] = ask(loop, fallback, messages=history, tools=[WEATHER], max_tokens=16)
-    answer = json.loads(response.model_dump_json())["choices"][0]
+    answer = response.body["choices"][0]
     assert answer["finish_reason"] in {"stop", "length", "tool_calls"}
     assert answer["message"]["content"] or answer["message"].get("tool_calls")

@@ -16,11 +16,9 @@ from typing import Any
 
 import psutil
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    ErrorResponse,
-)
 
+from core.answers import EngineError
+from core.requests import ChatRequest
 from deployments.fallback.engine import ChatParams, Finish, Piece
 from deployments.fallback.llama_cpp_python_engine import LlamaCppEngine
 from deployments.fallback.replica import CpuFallback, FallbackSettings
@@ -62,7 +60,7 @@ def fallback(loop: asyncio.AbstractEventLoop) -> Iterator[CpuFallback]:
 
 
 def ask(loop: asyncio.AbstractEventLoop, replica: CpuFallback, **fields: Any) -> list[Any]:
-    request = ChatCompletionRequest(model="cpu-fallback", **{"messages": MESSAGES, **fields})
+    request = ChatRequest(model="cpu-fallback", **{"messages": MESSAGES, **fields})
 
     async def run() -> list[Any]:
         return [item async for item in replica.chat(request)]
@@ -74,7 +72,7 @@ def test_a_whole_answer_has_text_and_the_exact_prompt_count(
     loop: asyncio.AbstractEventLoop, fallback: CpuFallback
 ) -> None:
     [response] = ask(loop, fallback, max_tokens=8, temperature=0.0)
-    body = json.loads(response.model_dump_json())
+    body = response.body
     assert body["model"] == "cpu-fallback"
     assert body["choices"][0]["message"]["content"].strip()
     assert body["choices"][0]["finish_reason"] == "length"
@@ -98,7 +96,7 @@ def test_a_cut_answer_is_continued_and_only_new_tokens_count(
         max_tokens=6,
         temperature=0.0,
     )
-    body = json.loads(response.model_dump_json())
+    body = response.body
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 6  # the cut text was the client's already
     counter = ChatTemplateCounter.from_pretrained(GGUF)
@@ -128,7 +126,7 @@ def test_a_stream_is_sse_lines_with_usage_and_done(
 def test_a_prompt_over_the_window_is_a_400_not_a_crash(
     loop: asyncio.AbstractEventLoop, fallback: CpuFallback
 ) -> None:
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model="cpu-fallback", messages=[{"role": "user", "content": "word " * 2000}], max_tokens=4
     )
 
@@ -136,8 +134,8 @@ def test_a_prompt_over_the_window_is_a_400_not_a_crash(
         return [item async for item in fallback.chat(request)]
 
     [error] = loop.run_until_complete(run())
-    assert isinstance(error, ErrorResponse)
-    assert (error.error.code, error.error.type) == (400, "context_length_exceeded")
+    assert isinstance(error, EngineError)
+    assert (error.code, error.kind) == (400, "context_length_exceeded")
     assert ask(loop, fallback, max_tokens=2)  # and the replica still serves
 
 

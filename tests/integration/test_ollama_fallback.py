@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
 from autoscale.vram import fallback_engine_pids
+from core.requests import ChatRequest
 from core.types import FALLBACK_ENGINE_MARKER
 from deployments.fallback.engine import ChatParams, EngineUnavailable, Finish, Piece
 from deployments.fallback.ollama import OllamaApi, OllamaEngine
@@ -239,7 +239,7 @@ def test_auto_picks_ollama_where_the_binary_is_on_path(
         ollama_model="gps-fallback",
         keep_alive="5m",
     )
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model="cpu-fallback", messages=[{"role": "user", "content": "hello there"}]
     )
 
@@ -253,7 +253,7 @@ def test_auto_picks_ollama_where_the_binary_is_on_path(
 
     engine, [response] = asyncio.run(scenario())
     assert engine == "ollama"
-    assert response.choices[0].message.content == "Echo: hello there"
+    assert response.body["choices"][0]["message"]["content"] == "Echo: hello there"
 
 
 @pytest.mark.skipif(shutil.which("ollama") is None, reason="no `ollama` binary on PATH")

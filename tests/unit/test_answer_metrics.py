@@ -13,6 +13,7 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from core.answers import EngineError
 from core.config import load_config
 from core.errors import ApiError
 from core.wire import Opening
@@ -104,14 +105,7 @@ def test_stream_timing_spreads_a_batch_gap_over_its_chunks() -> None:
 def test_an_answer_refused_by_the_engine_counts_under_its_backend(ingress: Ingress) -> None:
     class Refusing(serve_handle.EngineLikeRouter):
         async def _once(self, job: Any) -> Opening:
-            from ray.llm._internal.serve.core.configs.openai_api_models import (
-                ErrorInfo,
-                ErrorResponse,
-            )
-
-            error = ErrorResponse(
-                error=ErrorInfo(message="bad", type="invalid_request_error", code=400)
-            )
+            error = EngineError(400, "invalid_request_error", "bad")
             return Opening(serve_handle._routed(), error)
 
     refusing = keyless(Refusing())

@@ -17,6 +17,7 @@ from starlette.responses import Response, StreamingResponse
 
 from core.config import GatewayConfig, hash_key, parse_config
 from core.errors import ApiError, ErrorCode
+from core.requests import ChatRequest
 from deployments.ingress.anthropic.answer import to_message
 from deployments.ingress.anthropic.errors import anthropic_body, anthropic_status
 from deployments.ingress.anthropic.events import MessageEvents
@@ -369,6 +370,7 @@ def test_the_ingress_answers_a_message_as_the_chat_job_it_routed() -> None:
     assert message["usage"]["input_tokens"] > 0
     assert response.headers["x-backend"] == "orchestrator@local"
     [job] = router.jobs
+    assert isinstance(job.request, ChatRequest)
     assert (job.model, job.caller, job.request.max_tokens) == ("orchestrator", "unit", 9)
 
 

@@ -31,6 +31,8 @@ from vllm.exceptions import (
 from vllm.renderers.chat_utils import ChatTemplateResolutionError
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from core.requests import ChatRequest
+from deployments.engine.answers import plain
 from deployments.engine.llm_server import ObservedLLMServer, judged
 from deployments.ingress.answers import engine_error as _engine_error
 from policy.engine_errors import (
@@ -168,7 +170,8 @@ def vllm_stream_error(error: Exception) -> str:
 
 def test_errors_are_read_from_responses_and_from_a_stream_that_opens_with_one() -> None:
     response = ErrorResponse(error=ErrorInfo(message="bad", type="BadRequestError", code=400))
-    assert leading_error(response) == EngineError(400, "BadRequestError", "bad")
+    assert leading_error(plain(response)) == EngineError(400, "BadRequestError", "bad")
+    assert leading_error(plain([response])) == EngineError(400, "BadRequestError", "bad")
     line = vllm_stream_error(VLLMValidationError("too long", parameter="max_tokens"))
     assert leading_error([line, "data: [DONE]\n\n"]) == EngineError(
         400, "BadRequestError", "too long (parameter=max_tokens)", "max_tokens"
@@ -181,12 +184,13 @@ def test_errors_are_read_from_responses_and_from_a_stream_that_opens_with_one() 
 def test_the_replicas_first_item_becomes_400_or_a_fault_the_router_fails_over_on() -> None:
     client = judged([vllm_stream_error(VLLMValidationError("bad logit_bias")), "data: [DONE]"])
     assert isinstance(client, list)
-    assert client[0].error.code == 400
-    assert client[0].error.type == "invalid_request_error"
+    assert client[0] == EngineError(400, "invalid_request_error", "bad logit_bias", None)
     backend = judged([vllm_stream_error(GenerationError()), "data: [DONE]\n\n"])
-    assert backend[0].error.code == 500
-    not_served = judged(ErrorResponse(error=ErrorInfo(message="no", type="NotFound", code=404)))
-    assert not_served.error.code == 502
+    assert isinstance(backend, list)
+    assert backend[0].code == 500
+    not_served = judged(EngineError(404, "NotFound", "no"))
+    assert isinstance(not_served, EngineError)
+    assert not_served.code == 502
     lines = ["data: {}\n\n"]
     assert judged(lines) is lines
 
@@ -219,7 +223,8 @@ def replica(monkeypatch: pytest.MonkeyPatch, items: list[Any], fail: Exception |
 
 def served(server: Any) -> list[Any]:
     async def collect() -> list[Any]:
-        return [item async for item in server.chat(object())]
+        request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+        return [item async for item in server.chat(request)]
 
     return asyncio.run(collect())
 
@@ -229,8 +234,8 @@ def test_an_engine_that_raises_a_client_error_answers_400(
     monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     [answer] = served(replica(monkeypatch, [], CLIENT_ERRORS[name]()))
-    assert isinstance(answer, ErrorResponse)
-    assert answer.error.code == 400
+    assert isinstance(answer, EngineError)
+    assert answer.code == 400
 
 
 def test_an_engine_that_breaks_still_raises_for_the_router_to_fail_over(
@@ -251,9 +256,9 @@ def test_an_engine_answer_of_400_stays_400_and_running_out_of_memory_stays_503(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bad = ErrorResponse(error=ErrorInfo(message="bad n", type="BadRequestError", code=400))
-    assert served(replica(monkeypatch, [bad], None))[0].error.code == 400
+    assert served(replica(monkeypatch, [bad], None))[0].code == 400
     [contained] = served(replica(monkeypatch, [], MemoryError("CUDA out of memory")))
-    assert (contained.error.code, contained.error.type) == (503, OOM_CODE)
+    assert (contained.code, contained.kind) == (503, OOM_CODE)
 
 
 # -- what the client sees -----------------------------------------------------------------------
@@ -274,7 +279,7 @@ def test_an_engine_answer_of_400_stays_400_and_running_out_of_memory_stays_503(
 def test_the_ingress_answers_engine_errors_by_whose_fault_they_are(
     code: int, kind: str, message: str, status: int, client_code: str
 ) -> None:
-    error = _engine_error(ErrorResponse(error=ErrorInfo(message=message, type=kind, code=code)))
+    error = _engine_error(EngineError(code, kind, message))
     assert (error.status, error.code) == (status, client_code)
 
 

@@ -6,15 +6,16 @@ import json
 from typing import Any
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionResponse
 
+from core.requests import ChatRequest
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import ChatShaper, chat_params
 from deployments.fallback.replica import NoEngine, choose_engine
 
 
 def test_chat_params_take_the_fitted_limits_and_flatten_text_parts() -> None:
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model="cpu-fallback",
         messages=[
             {"role": "system", "content": "Be brief."},
@@ -29,7 +30,7 @@ def test_chat_params_take_the_fitted_limits_and_flatten_text_parts() -> None:
     assert params.max_tokens == 12
     assert params.messages[1] == {"role": "user", "content": "Hi"}
     assert (params.temperature, params.stop, params.seed) == (0.0, ["END"], 7)
-    bare = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}])
+    bare = ChatRequest(model="m", messages=[{"role": "user", "content": "Hi"}])
     assert chat_params(bare, default_max_tokens=500).max_tokens == 500
 
 
@@ -69,7 +70,8 @@ def test_without_include_usage_there_is_no_usage_chunk() -> None:
 
 def test_a_whole_answer_is_a_chat_completion_with_usage() -> None:
     whole = ChatShaper("cpu-fallback", include_usage=False).whole("Hi there", Finish("stop", 5, 2))
-    body = json.loads(whole.model_dump_json())
+    body = json.loads(json.dumps(whole.body))
+    ChatCompletionResponse.model_validate(body)  # the shape vLLM's replica answers in
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {**body["choices"][0]["message"], "content": "Hi there"}
     assert body["usage"] == {**body["usage"], "prompt_tokens": 5, "completion_tokens": 2}

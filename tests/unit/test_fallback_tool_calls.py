@@ -4,6 +4,9 @@ the answer to."""
 from __future__ import annotations
 
 import json
+from typing import Any
+
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionResponse
 
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import ChatShaper
@@ -60,15 +63,19 @@ def test_only_required_and_a_named_function_force_a_call() -> None:
 def test_an_answer_with_calls_finishes_as_tool_calls_and_one_without_as_it_stopped() -> None:
     shaper = ChatShaper("cpu-fallback", include_usage=False)
     finish = Finish("stop", 10, 5)
-    called = shaper.whole(call_text("weather", {}), finish, tools=True)
+
+    def whole(*args: Any, **kwargs: Any) -> Any:  # read as vLLM reads its own: same shape
+        return ChatCompletionResponse.model_validate(shaper.whole(*args, **kwargs).body)
+
+    called = whole(call_text("weather", {}), finish, tools=True)
     assert called.choices[0].finish_reason == "tool_calls"
     assert called.choices[0].message.content is None
-    said = shaper.whole("It is sunny.", finish, tools=True)
+    said = whole("It is sunny.", finish, tools=True)
     assert said.choices[0].finish_reason == "stop"
     assert said.choices[0].message.content == "It is sunny."
-    cut = shaper.whole(call_text("weather", {}), Finish("length", 10, 5), tools=True)
+    cut = whole(call_text("weather", {}), Finish("length", 10, 5), tools=True)
     assert cut.choices[0].finish_reason == "length"
-    forced = shaper.whole(call_text("weather", {}), finish, tools=True, named=True)
+    forced = whole(call_text("weather", {}), finish, tools=True, named=True)
     assert forced.choices[0].finish_reason == "stop"  # OpenAI's end of a call forced by name
     assert forced.choices[0].message.tool_calls
 

@@ -9,9 +9,8 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
-
 from core.config import RouterConfig
+from core.requests import ChatRequest
 from core.types import PriorityClass
 from deployments.fallback.engine import ChatParams, CompletionParams, Finish, Piece
 from deployments.fallback.replica import CpuFallback, FallbackSettings
@@ -154,8 +153,8 @@ async def _replica(build: str = "") -> tuple[CpuFallback, _OneAtATime]:
     return replica, engine
 
 
-def _request(text: str, priority: int) -> ChatCompletionRequest:
-    return ChatCompletionRequest(
+def _request(text: str, priority: int) -> ChatRequest:
+    return ChatRequest(
         model="fallback", messages=[{"role": "user", "content": text}], priority=priority
     )
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    ErrorResponse,
+    ChatCompletionRequest as VllmChat,
 )
 from ray.serve.llm import LLMServer
 
-from core.wire import PROMPT_COUNT_FIELD, PromptCount, take_prompt_count, with_prompt_count
+from core.answers import EngineError
+from core.requests import ChatRequest, PromptCount
 from deployments.engine.llm_server import ObservedLLMServer
 from policy.oom import OOM_CODE
 
@@ -57,9 +57,7 @@ def guarded_replica(monkeypatch: pytest.MonkeyPatch, usage: float) -> tuple[Any,
 
 
 def ask(server: Any, count: PromptCount | None, max_tokens: int = 100) -> Any:
-    request = ChatCompletionRequest(model="m", messages=MESSAGES, max_tokens=max_tokens)
-    if count is not None:
-        request = with_prompt_count(request, count)
+    request = ChatRequest(model="m", messages=MESSAGES, max_tokens=max_tokens, counted=count)
 
     async def first() -> Any:
         items = [item async for item in server.chat(request)]
@@ -68,12 +66,13 @@ def ask(server: Any, count: PromptCount | None, max_tokens: int = 100) -> Any:
     return asyncio.run(first())
 
 
-def test_an_exact_count_that_fits_the_free_cache_reaches_the_engine_without_the_field(
+def test_an_exact_count_that_fits_the_free_cache_reaches_the_engine_as_vllms_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server, reached = guarded_replica(monkeypatch, usage=0.5)  # 500 tokens free
     assert ask(server, PromptCount(400, exact=True)) == "data: {}\n\n"
-    assert PROMPT_COUNT_FIELD not in (reached[0].__pydantic_extra__ or {})
+    assert isinstance(reached[0], VllmChat)
+    assert "counted" not in (reached[0].__pydantic_extra__ or {})
     assert server._counter is None  # nothing was tokenized here
 
 
@@ -82,9 +81,10 @@ def test_an_exact_count_past_the_free_cache_is_refused_as_the_backends_fault(
 ) -> None:
     server, reached = guarded_replica(monkeypatch, usage=0.5)
     answer = ask(server, PromptCount(401, exact=True))
-    assert isinstance(answer, ErrorResponse)
-    assert answer.error.type == OOM_CODE
-    assert "needs 501 tokens (401 prompt + 100 output), 500 are free" in answer.error.message
+    assert isinstance(answer, EngineError)
+    assert answer.kind == OOM_CODE
+    assert answer.code == 503
+    assert "needs 501 tokens (401 prompt + 100 output), 500 are free" in answer.message
     assert reached == []
     assert server._counter is None
 
@@ -102,11 +102,26 @@ def test_no_carried_count_means_no_guard(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(reached) == 1
 
 
-def test_the_count_survives_pickling_and_is_taken_off_a_copy() -> None:
-    request = ChatCompletionRequest(model="m", messages=MESSAGES)
-    carried = pickle.loads(pickle.dumps(with_prompt_count(request, PromptCount(7, exact=True))))
-    bare, count = take_prompt_count(carried)
-    assert count == PromptCount(7, exact=True)
-    assert PROMPT_COUNT_FIELD not in (bare.__pydantic_extra__ or {})
-    assert PROMPT_COUNT_FIELD in (carried.__pydantic_extra__ or {})  # the sender's copy is kept
-    assert take_prompt_count(bare) == (bare, None)
+def test_a_body_vllm_refuses_is_the_clients_400_and_never_reaches_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, reached = guarded_replica(monkeypatch, usage=0.0)
+    request = ChatRequest.model_validate(
+        {"model": "m", "messages": MESSAGES, "stream_options": {"include_usage": True}}
+    )
+
+    async def first() -> Any:
+        return [item async for item in server.chat(request)]
+
+    [answer] = asyncio.run(first())
+    assert isinstance(answer, EngineError)
+    assert answer.code == 400
+    assert answer.param == "stream_options"
+    assert reached == []
+
+
+def test_the_count_survives_pickling() -> None:
+    request = ChatRequest(model="m", messages=MESSAGES, counted=PromptCount(7, exact=True))
+    carried = pickle.loads(pickle.dumps(request))
+    assert carried.counted == PromptCount(7, exact=True)
+    assert "counted" not in carried.engine_body()

@@ -7,6 +7,7 @@ import json
 import pytest
 from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
 
+from deployments.engine.answers import plain
 from policy.kv_room import KvRoom, admits
 from policy.oom import error_kind, item_kind
 
@@ -40,7 +41,7 @@ def test_error_responses_and_sse_error_lines_are_read() -> None:
     oom = ErrorResponse(
         error=ErrorInfo(message="CUDA out of memory. Tried to allocate", type="x", code=500)
     )
-    assert item_kind(oom) == "oom"
+    assert item_kind(plain(oom)) == "oom"  # as the replica reads an item: converted first
     line = "data: " + json.dumps(
         {
             "error": {

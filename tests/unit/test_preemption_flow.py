@@ -9,10 +9,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
 
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionResponse,
-)
-
+from core.answers import WholeAnswer
 from core.config.reload import reload_changes
 from core.types import PriorityClass
 from core.wire import ChatJob, Opening, Refusal, Routed
@@ -132,17 +129,25 @@ def test_without_preemption_the_background_stream_runs_beside_the_user() -> None
     assert coding.calls == 2
 
 
-def sample_whole() -> ChatCompletionResponse:
-    return ChatCompletionResponse(
-        id="whole",
-        model="coding",
-        choices=[{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-        usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+def sample_whole() -> WholeAnswer:
+    return WholeAnswer(
+        {
+            "id": "whole",
+            "object": "chat.completion",
+            "model": "coding",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
     )
 
 
+def body_of(first: object) -> dict[str, Any]:
+    assert isinstance(first, WholeAnswer)
+    return first.body
+
+
 def whole(chat_job: ChatJob) -> ChatJob:
-    return replace(chat_job, request=chat_job.request.model_copy(update={"stream": False}))
+    return replace(chat_job, request=chat_job.request.changed(stream=False))
 
 
 def test_a_whole_background_answer_is_paused_and_handed_back_whole() -> None:
@@ -159,7 +164,7 @@ def test_a_whole_background_answer_is_paused_and_handed_back_whole() -> None:
 
     reply = asyncio.run(run())
     assert isinstance(reply, Opening)
-    answer = reply.first.model_dump()
+    answer = body_of(reply.first)
     assert coding.requests[0].stream  # generated as a stream, to be paused
     assert coding.requests[0].stream_options.include_usage
     assert coding.calls == 3  # paused for the user, then continued
@@ -206,7 +211,7 @@ def test_a_whole_answer_whose_backend_fails_midway_goes_on_at_the_next_link() ->
     router = make_router(make_config(router=PREEMPT), two(coding, orchestrator))
     reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
     assert isinstance(reply, Opening)
-    answer = reply.first.model_dump()
+    answer = body_of(reply.first)
     assert answer["id"] == "bg"
     assert orchestrator.requests[0].messages[-1]["content"] == " t0"
     assert answer["choices"][0]["message"]["content"].split()[:2] == ["t0", "t0"]
@@ -235,7 +240,7 @@ def test_a_whole_answer_that_cannot_go_on_is_asked_for_again_whole() -> None:
     )
     reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
     assert isinstance(reply, Opening)
-    assert reply.first.model_dump()["id"] == "whole"
+    assert body_of(reply.first)["id"] == "whole"
     assert coding.requests[0].stream
     assert not coding.requests[-1].stream
 

@@ -1,6 +1,8 @@
 """Every malformed chat request is a 400 (or 404, 413) with OpenAI error JSON before it reaches
-the router; every well-formed one reaches it as a ChatCompletionRequest that our own code can
-read and Ray can pickle. Driven through the ingress's own request handling, without Serve."""
+the router; every well-formed one reaches it as our ChatRequest (or CompletionRequest,
+EmbeddingRequest) that our own code can read, Ray can pickle, and the engine's replica reads as
+vLLM's own request without a refusal (the edge keeps vLLM's strictness without importing it).
+Driven through the ingress's own request handling, without Serve."""
 
 from __future__ import annotations
 
@@ -18,9 +20,7 @@ from unittest.mock import Mock
 import pytest
 from pydantic import ValidationError
 from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingCompletionRequest,
+    ChatCompletionRequest as VllmChat,
 )
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -28,7 +28,9 @@ from starlette.testclient import TestClient
 
 from core.config import GatewayConfig, load_config
 from core.errors import ApiError
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.wire import ChatJob, Opening, Routed
+from deployments.engine.requests import vllm_request
 from deployments.fallback.engine import Finish
 from deployments.fallback.openai_format import DONE, ChatShaper
 from deployments.ingress import app as ingress_module
@@ -75,13 +77,14 @@ class CheckingRouter:
 
     def _check(self, job: ChatJob) -> tuple[Routed, ChatShaper]:
         pickle.loads(pickle.dumps(job))
+        vllm_request(job.request)  # what the edge let through, the engine's replica takes
         prompt = 0
-        if isinstance(job.request, ChatCompletionRequest):
+        if isinstance(job.request, ChatRequest):
             prompt = CharEstimateCounter().count_prompt(job.request.messages)
             assert all(isinstance(message_text(m), str) for m in job.request.messages)
-        else:  # a completion or an embedding: vLLM's schema, with its inputs in shapes we read
-            assert isinstance(job.request, CompletionRequest | EmbeddingCompletionRequest)
-            if isinstance(job.request, EmbeddingCompletionRequest):
+        else:  # a completion or an embedding, with its inputs in shapes we read
+            assert isinstance(job.request, CompletionRequest | EmbeddingRequest)
+            if isinstance(job.request, EmbeddingRequest):
                 assert embedding_inputs(job.request.input)
             else:
                 assert single_prompt(job.request.prompt) is not None
@@ -398,8 +401,9 @@ ACCEPTED = {
 @pytest.mark.parametrize("case", ACCEPTED)
 def test_well_formed_requests_pass(case: str) -> None:
     request = validate_chat(json.loads(json.dumps(ACCEPTED[case])), GATEWAY)
-    assert isinstance(request, ChatCompletionRequest)
+    assert isinstance(request, ChatRequest)
     pickle.dumps(request)
+    assert isinstance(vllm_request(request), VllmChat)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from core.config import hash_key, parse_config
 from core.errors import ApiError, ErrorCode
+from core.requests import ChatRequest
 from deployments.ingress import app as ingress_app
 from deployments.ingress.app import Ingress
 from deployments.ingress.responses.conversation import input_items, page, with_ids
@@ -191,7 +192,9 @@ def test_a_stored_response_is_continued_shown_listed_and_deleted(tmp_path: Path)
         {"model": "orchestrator", "input": "Again", "previous_response_id": rid, "stream": True},
     )
     assert second["previous_response_id"] == rid
-    messages = router.jobs[-1].request.messages
+    sent = router.jobs[-1].request
+    assert isinstance(sent, ChatRequest)
+    messages = sent.messages
     assert [(m["role"], m["content"]) for m in messages] == [
         ("user", "Hi"),
         ("assistant", "Hi."),

@@ -15,14 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ray.exceptions import ActorDiedError, RayError
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingCompletionRequest,
-    ErrorResponse,
-)
 
+from core.answers import EngineError
 from core.config import ClusterConfig, parse_config
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed
 from deployments.router.in_process import InProcessRouter
@@ -83,7 +79,7 @@ def test_client_errors_pass_through_and_never_trip_the_breaker() -> None:
 
     for routed, error in asyncio.run(five()):
         assert routed.backend == "coding@local"
-        assert isinstance(error, ErrorResponse)
+        assert isinstance(error, EngineError)
     assert coding.calls == 5
 
 
@@ -428,7 +424,7 @@ def test_a_chain_whose_first_links_are_down_ends_on_the_fallback_fitted_to_its_w
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 100}
         for i in range(30)
     ]
-    request = ChatCompletionRequest(model="coding", messages=turns, max_tokens=1000, stream=True)
+    request = ChatRequest(model="coding", messages=turns, max_tokens=1000, stream=True)
     routed, *_ = asyncio.run(
         collect(router, ChatJob(request, Role.CODING, PriorityClass.USER, "t"))
     )
@@ -453,7 +449,7 @@ def test_a_job_that_may_call_tools_skips_links_without_them_and_is_fitted_with_t
     router = make_router(config, handles)
 
     def routed_for(**fields: Any) -> Routed:
-        request = ChatCompletionRequest(
+        request = ChatRequest(
             model="coding", messages=[{"role": "user", "content": "hi"}], stream=True, **fields
         )
         routed = asyncio.run(
@@ -921,7 +917,7 @@ def test_vectors_come_from_embedding_backends_only_never_the_text_fallback() -> 
     config = parse_config(raw, base_dir=Path("."), environ={})
     embedding, fallback = FakeBackend(dead), FakeBackend(ok)
     router = make_router(config, {"embedding@local": embedding, "cpu-fallback": fallback})
-    request = EmbeddingCompletionRequest(model="embedding", input=["a", "b"])
+    request = EmbeddingRequest(model="embedding", input=["a", "b"])
     job = ChatJob(request, Role.EMBEDDING, PriorityClass.USER, "t")
     [refusal] = asyncio.run(collect(router, job))
     assert isinstance(refusal, Refusal)
@@ -996,7 +992,7 @@ def test_each_class_reaches_the_engine_as_its_number_and_never_as_the_clients_ow
     router = make_router(make_config(), {"coding@local": coding})
     for priority in PriorityClass:
         chat_job = job(priority=priority)
-        chat_job.request.priority = -100  # a client's own field would jump every queue
+        chat_job = replace(chat_job, request=chat_job.request.changed(priority=-100))
         asyncio.run(served_by(router, chat_job))
     assert [r.priority for r in coding.requests] == [0, 1, 2]
 
@@ -1072,7 +1068,7 @@ def agent_job(tools: int = 6) -> ChatJob:
         {**AGENT_TOOLS[0], "function": {**AGENT_TOOLS[0]["function"], "name": f"tool_{n}"}}
         for n in range(tools)
     ]
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model="coding",
         messages=[{"role": "user", "content": "Fix the test."}],
         tools=listed,
@@ -1092,9 +1088,9 @@ def test_an_agents_long_tools_reach_the_engine_shortened_and_the_answer_says_so(
     assert routed.tools_shortened >= 1
     assert routed.context_fitted
     [sent] = coding.requests
-    assert [t.function.name for t in sent.tools] == [f"tool_{n}" for n in range(6)]
-    assert all(len(t.function.description or "") <= 160 for t in sent.tools)
-    assert sent.tools[0].function.parameters == AGENT_TOOLS[0]["function"]["parameters"]
+    assert [t["function"]["name"] for t in sent.tools] == [f"tool_{n}" for n in range(6)]
+    assert all(len(t["function"]["description"] or "") <= 160 for t in sent.tools)
+    assert sent.tools[0]["function"]["parameters"] == AGENT_TOOLS[0]["function"]["parameters"]
 
 
 def test_a_link_whose_window_cannot_hold_the_request_is_passed_over_not_blamed() -> None:
@@ -1115,7 +1111,7 @@ def test_a_message_no_link_can_hold_is_the_first_links_400_naming_its_window() -
     fallback = FakeBackend(ok)
     handles = {"coding@local": FakeBackend(ok), "orchestrator@local": FakeBackend(ok),
                "cpu-fallback": fallback}  # fmt: skip
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model="coding", messages=[{"role": "user", "content": "word " * 9000}], stream=True
     )
     job = ChatJob(request, Role.CODING, PriorityClass.USER, "t")
@@ -1133,7 +1129,7 @@ def test_a_job_whose_model_a_reload_removed_is_served_by_the_name_it_was_asked_b
     handles = {name: FakeBackend(ok) for name in ("coding@local", "orchestrator@local")}
     handles["cpu-fallback"] = FakeBackend(ok)
     router = make_router(make_config(), handles)
-    request = ChatCompletionRequest(
+    request = ChatRequest(
         model="coding", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
     )
     removed = ChatJob(request, "coding-before-the-reload", PriorityClass.USER, "t")
@@ -1155,7 +1151,7 @@ def test_a_job_that_must_not_be_truncated_is_refused_where_it_would_be_fitted() 
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 400}
         for i in range(41)
     ]
-    request = ChatCompletionRequest(model="coding", messages=turns, max_tokens=8, stream=True)
+    request = ChatRequest(model="coding", messages=turns, max_tokens=8, stream=True)
     whole = ChatJob(request, Role.CODING, PriorityClass.USER, "t", truncate=False)
     [refused] = asyncio.run(collect(router, whole))
     assert isinstance(refused, Refusal)

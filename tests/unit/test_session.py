@@ -8,10 +8,6 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    EmbeddingCompletionRequest,
-)
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
     PrefixCacheAffinityRouter,
 )
@@ -19,6 +15,7 @@ from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.llm import request_router
 
 from core.errors import ApiError
+from core.requests import ChatRequest, EmbeddingRequest
 from core.types import PriorityClass, Role
 from core.wire import ChatJob
 from deployments.ingress.jobs import with_session
@@ -28,9 +25,7 @@ from policy.replica_affinity import session_ranking
 
 
 def job(user: str | None = None) -> ChatJob:
-    request = ChatCompletionRequest(
-        model="coding", messages=[{"role": "user", "content": "hi"}], user=user
-    )
+    request = ChatRequest(model="coding", messages=[{"role": "user", "content": "hi"}], user=user)
     return ChatJob(request, Role.CODING, PriorityClass.USER, "tester")
 
 
@@ -83,8 +78,9 @@ class RecordingHandle:
 def test_the_backend_call_carries_the_requests_session_to_serves_router() -> None:
     handle = RecordingHandle()
     backend = ServeBackend(handle)
-    backend.chat(with_session(job(), "conversation-7").request)
-    backend.chat(job().request)
+    for request in (with_session(job(), "conversation-7").request, job().request):
+        assert isinstance(request, ChatRequest)
+        backend.chat(request)
     assert handle.sessions == ["conversation-7", None]
 
 
@@ -163,16 +159,16 @@ def test_a_session_whose_replica_is_full_or_too_busy_goes_to_the_prefix_router(
 
 def test_requests_without_prompt_text_are_left_to_power_of_two() -> None:
     router = _router({})
-    embedding = EmbeddingCompletionRequest(model="embedding", input="hello")
-    empty = ChatCompletionRequest(model="coding", messages=[{"role": "user", "content": ""}])
-    spoken = ChatCompletionRequest(model="coding", messages=[{"role": "user", "content": "hi"}])
+    embedding = EmbeddingRequest(model="embedding", input="hello")
+    empty = ChatRequest(model="coding", messages=[{"role": "user", "content": ""}])
+    spoken = ChatRequest(model="coding", messages=[{"role": "user", "content": "hi"}])
     assert router._extract_text_from_request(_Pending(None, [embedding])) is None
     assert router._extract_text_from_request(_Pending(None, [empty])) is None
     assert router._extract_text_from_request(_Pending(None, [spoken])) == "hi"
 
 
 def test_the_tree_sees_only_a_prompts_first_characters() -> None:
-    long = ChatCompletionRequest(
+    long = ChatRequest(
         model="coding", messages=[{"role": "user", "content": "x" * (MAX_PREFIX_CHARS * 3)}]
     )
     text = _router({})._extract_text_from_request(_Pending(None, [long]))

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
+from core.requests import ChatRequest
 from core.types import PriorityClass
 from policy.preemption import PreemptRules, may_be_paused
 from policy.whole_answer import streams_as_whole, whole_answer
@@ -22,8 +22,8 @@ def delta(ident: str, finish: str | None = None, **fields: str) -> str:
     return line(id=ident, created=5, model="m", choices=[choice])
 
 
-def request(**fields: Any) -> ChatCompletionRequest:
-    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **fields)
+def request(**fields: Any) -> ChatRequest:
+    return ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], **fields)
 
 
 def test_the_chunks_make_one_answer_with_the_streams_usage() -> None:

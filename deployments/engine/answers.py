@@ -1,0 +1,49 @@
+"""vLLM's answers as the gateway reads them (core/answers.py), converted once, where they are made:
+an object of vLLM's crossing a handle would load vLLM and torch in the process that unpickles it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.answers import EngineError, Item, WholeAnswer
+from policy.engine_errors import error_code
+
+__all__ = ["plain"]
+
+
+def plain(item: Any) -> Item:
+    """An LLMServer's item as plain data: SSE lines as they are, an ErrorResponse as an
+    EngineError, a whole response as its JSON. Read by shape, not class: Ray Serve LLM and vLLM
+    move their classes between releases."""
+    if isinstance(item, str | WholeAnswer | EngineError):
+        return item
+    if isinstance(item, list):
+        return [part if isinstance(part, str) else _error_or_line(part) for part in item]
+    error = _error(item)
+    if error is not None:
+        return error
+    dump = getattr(item, "model_dump", None)
+    if dump is None:
+        raise TypeError(f"an engine item of an unknown kind: {type(item).__name__}")
+    return WholeAnswer(dump(mode="json"))
+
+
+def _error_or_line(part: Any) -> str | EngineError:
+    error = _error(part)
+    if error is None:
+        raise TypeError(f"a stream item of an unknown kind: {type(part).__name__}")
+    return error
+
+
+def _error(item: Any) -> EngineError | None:
+    """An ErrorResponse (`{"error": {message, type, code, param}}`) read, or None."""
+    info = getattr(item, "error", None)
+    if info is None or not hasattr(info, "message"):
+        return None
+    param = getattr(info, "param", None)
+    return EngineError(
+        error_code(getattr(info, "code", None)),
+        str(getattr(info, "type", "") or ""),
+        str(info.message),
+        param if isinstance(param, str) else None,
+    )

@@ -1,0 +1,82 @@
+"""No engine code in the gateway's processes (issue 54): each module a gateway process runs
+(ingress, router, fallback, slot broker, key ledger and registry, response keeper, batch actor,
+placer, cluster manager) imports without loading vLLM or torch, checked in a fresh interpreter
+as the process starts; and bench/layering.py's rule finds no module of theirs that imports
+them. (tests/e2e/test_gateway.py reads the running replicas' own loaded modules.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.layering import loads_the_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GATEWAY_MODULES = (
+    "deployments.ingress.app",
+    "deployments.router.router",
+    "deployments.router.serve_ports",
+    "deployments.router.slot_broker",
+    "deployments.fallback.replica",
+    "deployments.keys.ledger",
+    "deployments.keys.registry",
+    "deployments.ingress.responses.keeper",
+    "deployments.batch.actor",
+    "autoscale.placer",
+    "autoscale.cluster_manager",
+)
+ENGINE = ("vllm", "torch")
+
+PROBE = """
+import importlib, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {engine!r})))
+"""
+
+
+def loaded_engine(*modules: str) -> list[str]:
+    """The engine's top modules a fresh interpreter has loaded after importing `modules`."""
+    probe = PROBE.format(engine=set(ENGINE))
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *modules],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return sorted({name.split(".")[0] for name in loaded})
+
+
+def test_no_gateway_module_loads_vllm_or_torch() -> None:
+    loaded = loaded_engine(*GATEWAY_MODULES)
+    if loaded:  # name the module that brings them, one interpreter each
+        guilty = {m: loaded_engine(m) for m in GATEWAY_MODULES}
+        pytest.fail(f"loaded {loaded}: { ({m: e for m, e in guilty.items() if e}) }")
+
+
+def test_the_probe_sees_the_engine_where_it_is_loaded() -> None:
+    assert loaded_engine("deployments.engine.requests") == ["torch", "vllm"]
+
+
+@pytest.mark.parametrize(
+    ("module", "target", "against"),
+    [
+        ("deployments.router.flow", "vllm.entrypoints.openai", True),
+        ("deployments.ingress.app", "ray.serve.llm", True),
+        ("policy.oom", "torch", True),
+        ("deployments.fallback.openai_format", "ray.llm._internal.serve.core.configs.x", True),
+        ("deployments.engine.llm_server", "ray.serve.llm", False),
+        ("deployments.router.replica_choice", "ray.llm._internal.serve.routing_policies", False),
+        ("cluster.backends", "vllm", False),  # the composition root builds the engine's app
+    ],
+)
+def test_the_layering_rule(module: str, target: str, against: bool) -> None:
+    assert loads_the_engine(module, target) is against
