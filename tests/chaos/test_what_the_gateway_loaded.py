@@ -1,0 +1,62 @@
+"""After everything the shared app's suites did to it (every endpoint, bad input, engine errors,
+failovers, killed replicas and engines), the gateway's own processes still hold no vLLM and no
+torch: a lazy import or an engine's object unpickled off a handle would show here, where
+tests/unit/test_light_gateway.py (a fresh import) cannot see it. Runs last (chaos runs after
+e2e, and this file after the other chaos files).
+
+Read off each process's memory maps: vLLM imports torch as it loads, and torch maps its
+libtorch libraries, so a process that loaded either maps `libtorch`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ray.util.state import list_actors
+
+from cluster.ray_runtime import this_cluster
+
+# The gateway's Serve deployments (the engines' are `model:<backend>` and load vLLM); the
+# shared app runs its router inside the ingress (gateway.router_in_ingress, the default).
+GATEWAY_DEPLOYMENTS = ("ingress", "router", "model:cpu-fallback")
+RUNNING_HERE = {"ingress", "model:cpu-fallback"}
+OUR_ACTORS = "gps"  # the detached actors' names (key ledger, slot broker, placer, ...)
+ENGINE_MARKERS = ("libtorch", "/vllm/")
+
+
+def gateway_processes() -> dict[str, int]:
+    """Each ALIVE gateway replica and detached actor of ours, by actor name: its pid."""
+    found = {}
+    for actor in list_actors(
+        this_cluster(), filters=[("state", "=", "ALIVE")], detail=True, limit=1000
+    ):
+        name, pid = actor.get("name") or "", actor.get("pid")
+        deployment = name.split("#")[1] if name.startswith("SERVE_REPLICA::gateway#") else None
+        if pid and (deployment in GATEWAY_DEPLOYMENTS or name.startswith(OUR_ACTORS)):
+            found[name] = int(pid)
+    return found
+
+
+def engine_maps(pid: int) -> list[str]:
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return sorted({line.split()[-1] for line in maps if any(m in line for m in ENGINE_MARKERS)})
+
+
+def test_no_gateway_process_has_loaded_vllm_or_torch(gateway: str) -> None:
+    processes = gateway_processes()
+    kinds = {name.split("#")[1] for name in processes if name.startswith("SERVE_REPLICA")}
+    assert kinds >= RUNNING_HERE, processes  # each is running, so each is read
+    assert any(not name.startswith("SERVE_REPLICA") for name in processes), processes
+    loaded = {name: engine_maps(pid) for name, pid in processes.items()}
+    assert not {name: libs for name, libs in loaded.items() if libs}
+
+
+def test_the_check_sees_an_engine_where_one_is_loaded(gateway: str) -> None:
+    engines = [
+        int(actor["pid"])
+        for actor in list_actors(
+            this_cluster(), filters=[("state", "=", "ALIVE")], detail=True, limit=1000
+        )
+        if (actor.get("name") or "").startswith("SERVE_REPLICA::gateway#model:orchestrator")
+    ]
+    assert engines
+    assert any("libtorch" in lib for lib in engine_maps(engines[0]))
