@@ -199,15 +199,11 @@ class ChatTemplateCounter:
     ) -> ChatTemplateCounter:
         """The tokenizer at `source`, rendering with its own chat template or the one in the
         file `chat_template`."""
-        from transformers import AutoTokenizer
+        from policy.context.tokenizer_files import load_tokenizer
 
         template = Path(chat_template).read_text() if chat_template is not None else None
-        path = Path(source)
-        if path.suffix == ".gguf":  # llama.cpp's file carries the tokenizer and chat template
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(str(source))
-        return cls(tokenizer, template)
+        # A GGUF (llama.cpp's file) carries the tokenizer and chat template too.
+        return cls(load_tokenizer(source), template)
 
     def _encode_uncached(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False))
