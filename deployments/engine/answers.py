@@ -8,7 +8,7 @@ from typing import Any
 from core.answers import EngineError, Item, WholeAnswer
 from policy.engine_errors import error_code
 
-__all__ = ["plain"]
+__all__ = ["plain", "vllm_item"]
 
 
 def plain(item: Any) -> Item:
@@ -47,3 +47,21 @@ def _error(item: Any) -> EngineError | None:
         str(info.message),
         param if isinstance(param, str) else None,
     )
+
+
+def vllm_item(item: Item, raw: Any) -> Any:
+    """For a caller that sent vLLM's own request: the engine's own item where it passed
+    unchanged (`raw`), else ours as vLLM's (an EngineError as an ErrorResponse)."""
+    if raw is not None:
+        return raw
+    if isinstance(item, list):
+        return [vllm_item(part, None) for part in item]
+    if isinstance(item, EngineError):
+        from ray.llm._internal.serve.core.configs.openai_api_models import (
+            ErrorInfo,
+            ErrorResponse,
+        )
+
+        info = ErrorInfo(message=item.message, type=item.kind, code=item.code, param=item.param)
+        return ErrorResponse(error=info)
+    return item

@@ -31,9 +31,9 @@ from ray.serve.llm import LLMServer
 
 from core.answers import EngineError, Item
 from core.errors import ErrorCode, invalid_fields
-from core.requests import PromptCount, Request
+from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest, PromptCount, Request
 from deployments.engine.adapters import ConfiguredAdapterLoader
-from deployments.engine.answers import plain
+from deployments.engine.answers import plain, vllm_item
 from deployments.engine.cpu_features import node_has_native_bf16
 from deployments.engine.quiet_polls import quiet_polls
 from deployments.engine.requests import vllm_request
@@ -193,59 +193,71 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             "prefix_hits": stats.prefix_hits,
         }
 
-    async def chat(self, request: Request, raw_request_info: Any = None) -> AsyncIterator[Item]:
-        async for item in self._served(super().chat, request, raw_request_info):
+    async def chat(self, request: Request, raw_request_info: Any = None) -> AsyncIterator[Any]:
+        async for item in self._answered(super().chat, request, raw_request_info):
             yield item
 
     async def completions(
         self, request: Request, raw_request_info: Any = None
-    ) -> AsyncIterator[Item]:
-        async for item in self._served(super().completions, request, raw_request_info):
+    ) -> AsyncIterator[Any]:
+        async for item in self._answered(super().completions, request, raw_request_info):
             yield item
 
     async def embeddings(
         self, request: Request, raw_request_info: Any = None
-    ) -> AsyncIterator[Item]:
-        async for item in self._served(super().embeddings, request, raw_request_info):
+    ) -> AsyncIterator[Any]:
+        async for item in self._answered(super().embeddings, request, raw_request_info):
             yield item
 
+    async def _answered(
+        self, serve: Callable[..., Awaitable[Any]], sent: Any, raw_request_info: Any
+    ) -> AsyncIterator[Any]:
+        """Our request answered in plain data (core/answers.py); vLLM's own (ray.serve.llm's
+        OpenAiIngress, as bench's anchors and the context suite's bare ingress send) in vLLM's
+        objects, as a bare LLMServer answers it."""
+        ours = isinstance(sent, ChatRequest | CompletionRequest | EmbeddingRequest)
+        async for item, raw in self._served(serve, sent, raw_request_info):
+            yield item if ours else vllm_item(item, raw)
+
     async def _served(
-        self, serve: Callable[..., Awaitable[Any]], sent: Request, raw_request_info: Any
-    ) -> AsyncIterator[Item]:
-        """A chat, completion or embedding (ours, read as vLLM's) through the guard, its answer
-        as plain data, its errors judged and its failures contained (the module's docstring)."""
+        self, serve: Callable[..., Awaitable[Any]], sent: Any, raw_request_info: Any
+    ) -> AsyncIterator[tuple[Item, Any]]:
+        """A chat, completion or embedding (ours read as vLLM's) through the guard, its errors
+        judged and its failures contained (the module's docstring): each item as plain data,
+        beside the engine's own item where it is that item unchanged (else None)."""
         if self._failure is not None:
-            yield oom_response(f"This replica is being replaced: {self._failure}")
+            yield oom_response(f"This replica is being replaced: {self._failure}"), None
             return
         started = False  # once the answer has begun, a failure is the stream's, not the request's
         count = getattr(sent, "counted", None)
         try:
             request = vllm_request(sent)
         except Exception as error:  # noqa: BLE001 - pydantic's, and vLLM validators' own
-            yield refused(error)
+            yield refused(error), None
             return
         try:
             refusal = await self._guard(request, count)  # its template may reject the messages
             if refusal is not None:
-                yield refusal
+                yield refusal, None
                 return
             stream = await serve(request, raw_request_info)
             async for engine_item in stream:
                 item = plain(engine_item)
                 kind = item_kind(item)
                 if kind is not None:
-                    yield self._contain(kind, "the engine reported it")
+                    yield self._contain(kind, "the engine reported it"), None
                     return
-                yield item if started else judged(item)
+                answer = item if started else judged(item)
+                yield answer, engine_item if answer is item else None
                 started = True
         except Exception as error:
             kind = error_kind(error)
             if kind is not None:
-                yield self._contain(kind, f"{type(error).__name__}: {error}")
+                yield self._contain(kind, f"{type(error).__name__}: {error}"), None
             elif started or exception_fault(error) is Fault.BACKEND:
                 raise
             else:
-                yield client_error(str(error))
+                yield client_error(str(error)), None
 
     async def _count_exactly(self, request: Any) -> int | None:
         """The prompt's exact count, for the rare request whose bound did not fit the room:

@@ -297,3 +297,26 @@ def test_vllms_tool_flags_are_never_shown_to_clients() -> None:
     assert "--" not in message
     assert "models[]" in message
     assert "tools" in message
+
+
+def test_vllms_own_request_is_answered_in_vllms_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ray.serve.llm's own OpenAiIngress (bench's anchors) sends vLLM's request and reads vLLM's
+    # objects back; the gateway's requests get plain data (the tests above).
+    bad = ErrorResponse(error=ErrorInfo(message="bad n", type="BadRequestError", code=400))
+    server = replica(monkeypatch, [bad], None)
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+
+    async def collect() -> list[Any]:
+        return [item async for item in server.chat(request)]
+
+    [answer] = asyncio.run(collect())
+    assert isinstance(answer, ErrorResponse)
+    assert (answer.error.code, answer.error.type) == (400, "invalid_request_error")
+    lines = ["data: {}\n\n"]
+    assert asyncio.run(_first(replica(monkeypatch, [lines], None), request)) is lines
+
+
+async def _first(server: Any, request: Any) -> Any:
+    async for item in server.chat(request):
+        return item
+    raise AssertionError("no item")
