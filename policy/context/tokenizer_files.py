@@ -3,11 +3,11 @@
 transformers 5's `AutoTokenizer` imports its generation code, which imports torch: 15-20 s of CPU
 and about 500 MB in every gateway process that only counts tokens. Its tokenizer classes do not:
 a model folder's tokenizer is its `tokenizer_config.json`'s class (a `tokenizers`-backed class,
-named from transformers' top level), and a GGUF's is built from its metadata (read with the `gguf`
-package) by transformers' own GGUF tokenizer converter, as `AutoTokenizer` builds it. A source
-this cannot read (another backend, a name transformers does not export) falls back to
-`AutoTokenizer`, logged: exact counts before a light process. tests/unit/test_tokenizer_files.py
-holds the light load's counts equal to AutoTokenizer's.
+named from transformers' top level), and a GGUF's is built from its metadata
+(policy/context/gguf_metadata.py) by transformers' own GGUF tokenizer converter, as
+`AutoTokenizer` builds it. A source this cannot read (another backend, a name transformers does
+not export) falls back to `AutoTokenizer`, logged: exact counts before a light process.
+tests/integration/test_tokenizer_files.py holds the light load's counts equal to AutoTokenizer's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
+
+from policy.context.gguf_metadata import read_metadata
 
 __all__ = ["load_tokenizer"]
 
@@ -60,19 +62,13 @@ def _from_folder(source: str) -> Any:
 
 
 def _from_gguf(path: Path) -> Any:
-    from gguf import GGUFReader
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (
         GGUF_TOKENIZER_MAPPING,
         convert_gguf_tokenizer,
     )
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    fields = GGUFReader(str(path)).fields
-    metadata = {
-        key: field.contents()
-        for key, field in fields.items()
-        if key.startswith("tokenizer.") or key == "general.architecture"
-    }
+    metadata = read_metadata(path)
     grouped = {
         group: {
             name: metadata[f"tokenizer.{key}"]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from policy.context.gguf_metadata import read_metadata
 from policy.context.tokenizer_files import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +97,24 @@ def test_the_light_load_imports_no_torch() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_gguf_metadata_is_what_ggufs_own_reader_reads() -> None:
+    from gguf import GGUFReader
+
+    ours = read_metadata(GGUF)
+    theirs = {key: field.contents() for key, field in GGUFReader(str(GGUF)).fields.items()}
+    assert ours.keys() == {k for k in theirs if not k.startswith("GGUF.")}  # the header's own
+    for key in ours:
+        assert (
+            ours[key] == pytest.approx(theirs[key])
+            if isinstance(ours[key], float)
+            else (ours[key] == theirs[key])
+        ), key
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"not a gguf file at all" * 4)
+    with pytest.raises(ValueError, match="not a GGUF"):
+        read_metadata(fake)
