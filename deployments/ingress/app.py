@@ -41,9 +41,9 @@ from deployments.ingress.batch_api import BatchApi
 from deployments.ingress.body import read_body
 from deployments.ingress.catalog import model_cards
 from deployments.ingress.error_response import install_error_handlers
-from deployments.ingress.files_routes import files_routes, use_batch_api
+from deployments.ingress.files_routes import FilesRoutes, files_routes
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
-from deployments.ingress.key_routes import held_key_admin, key_routes, serve_run_time_keys
+from deployments.ingress.key_routes import KeyRoutes, key_routes, serve_run_time_keys
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from deployments.ingress.responses.conversation import input_items, page, with_ids
 from deployments.ingress.responses.http import responses_answer
@@ -78,7 +78,7 @@ app.include_router(key_routes)
 install_error_handlers(app)
 
 
-class Ingress:
+class Ingress(FilesRoutes, KeyRoutes):
     def __init__(
         self,
         config: ClusterConfig,
@@ -117,13 +117,14 @@ class Ingress:
             config.batches,
             config.gateway.max_json_depth,
         )
-        use_batch_api(self._batches)  # the Files and Batch routes (files_routes.py)
         self._responses = functools.cache(
             responses
             or (lambda: replica_response_keeper(str(config.responses_db), config.gateway_resources))
         )
         # The /v1/keys routes (key_routes.py), and the sync that keeps the run-time keys here.
-        self._key_sync = serve_run_time_keys(config, self._keys, self._metering, registry)
+        self._key_admin, self._key_sync = serve_run_time_keys(
+            config, self._keys, self._metering, registry
+        )
         if start_batches:
             self._batches.start()
         if not self._keys.enabled:
@@ -140,7 +141,7 @@ class Ingress:
             self._router.router.apply_config(config, homes or {})
         self._keys.use_config(config.api_keys, config.gateway.default_priority)
         self._metering.use_config(config.api_keys)
-        held_key_admin().use_config(config)
+        self._key_admin.use_config(config)
         self._served, self._cards = served, model_cards(config, served)
         self._jobs, self._config = jobs, config
 

@@ -5,8 +5,8 @@
 ones (never a secret or a digest); `PATCH /v1/keys/{id}` changes a run-time key's fields;
 `DELETE /v1/keys/{id}` revokes it, on every replica well within a second (KeySync). The
 registry actor (deployments/keys/registry.py) keeps them; the config's keys change in the
-config. Held in this module as files_routes.py holds the Batch API (a replica's FastAPI app
-is a copy of the module's).
+config. The routes are `KeyRoutes`' methods, which the Ingress class inherits: Serve calls them
+on the replica's own ingress (its class-based view), whose `_key_admin` answers them.
 """
 
 from __future__ import annotations
@@ -28,14 +28,7 @@ from deployments.keys.metering import KeyMetering
 from deployments.keys.registry import KeySync, RegistryClient, replica_key_registry
 from policy.request import parse_object
 
-__all__ = [
-    "KeyAdmin",
-    "held_key_admin",
-    "key_routes",
-    "replica_registry",
-    "serve_run_time_keys",
-    "use_key_admin",
-]
+__all__ = ["KeyAdmin", "KeyRoutes", "key_routes", "replica_registry", "serve_run_time_keys"]
 
 key_routes = APIRouter()
 BODY_BYTES = 64 * 1024  # a key's fields: a name, limits, a list of model names
@@ -140,14 +133,15 @@ def serve_run_time_keys(
     keys: KeyRing,
     metering: KeyMetering,
     registry: Callable[[], RegistryClient] | None,
-) -> KeySync | None:
-    """This replica's /v1/keys routes and, where keys are configured and a registry is given,
-    the sync that keeps its copy of the run-time keys: started now where an event loop runs
-    (Serve constructs a replica's class on it); until its first answer, `keys` says pending."""
+) -> tuple[KeyAdmin, KeySync | None]:
+    """What answers this replica's /v1/keys routes and, where keys are configured and a registry
+    is given, the sync that keeps its copy of the run-time keys: started now where an event loop
+    runs (Serve constructs a replica's class on it); until its first answer, `keys` says
+    pending."""
     depth = config.gateway.max_json_depth
-    use_key_admin(KeyAdmin(keys, metering, config.api_keys, registry or _no_registry, depth))
+    admin = KeyAdmin(keys, metering, config.api_keys, registry or _no_registry, depth)
     if registry is None or not keys.enabled:
-        return None
+        return admin, None
 
     def use(run_time: list[ApiKeyConfig]) -> None:
         keys.use_run_time(run_time)
@@ -157,12 +151,12 @@ def serve_run_time_keys(
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # built outside an event loop (a test): no run-time keys
-        return None
+        return admin, None
     keys.run_time_pending = True
     # A fresh context: a task copies the current one, and Serve would tie the registry calls
     # made in it to whatever request was running.
     sync.task = loop.create_task(sync.run(), context=contextvars.Context())
-    return sync
+    return admin, sync
 
 
 def replica_registry(config: ClusterConfig) -> Callable[[], RegistryClient]:
@@ -174,39 +168,27 @@ def _no_registry() -> RegistryClient:
     raise ApiError(503, ErrorCode.KEYS_UNAVAILABLE, "Run-time keys are not served here.")
 
 
-_held: list[KeyAdmin] = []
+class KeyRoutes:
+    """The /v1/keys routes, as methods the Ingress inherits (its `_key_admin` answers them)."""
 
+    _key_admin: KeyAdmin
 
-def use_key_admin(admin: KeyAdmin) -> None:
-    """Serve the /v1/keys routes of this process's ingress with `admin`."""
-    _held[:] = [admin]
+    @key_routes.get("/v1/keys/usage")
+    async def keys_usage(self, request: Request) -> Response:
+        return await self._key_admin.usage(request)
 
+    @key_routes.post("/v1/keys")
+    async def create_key(self, request: Request) -> Response:
+        return await self._key_admin.create(request)
 
-def held_key_admin() -> KeyAdmin:
-    """This process's (see the docstring)."""
-    return _held[0]
+    @key_routes.get("/v1/keys")
+    async def list_keys(self, request: Request) -> Response:
+        return await self._key_admin.listed(request)
 
+    @key_routes.patch("/v1/keys/{key_id}")
+    async def update_key(self, request: Request, key_id: str) -> Response:
+        return await self._key_admin.update(request, key_id)
 
-@key_routes.get("/v1/keys/usage")
-async def keys_usage(request: Request) -> Response:
-    return await held_key_admin().usage(request)
-
-
-@key_routes.post("/v1/keys")
-async def create_key(request: Request) -> Response:
-    return await held_key_admin().create(request)
-
-
-@key_routes.get("/v1/keys")
-async def list_keys(request: Request) -> Response:
-    return await held_key_admin().listed(request)
-
-
-@key_routes.patch("/v1/keys/{key_id}")
-async def update_key(request: Request, key_id: str) -> Response:
-    return await held_key_admin().update(request, key_id)
-
-
-@key_routes.delete("/v1/keys/{key_id}")
-async def revoke_key(request: Request, key_id: str) -> Response:
-    return await held_key_admin().revoke(request, key_id)
+    @key_routes.delete("/v1/keys/{key_id}")
+    async def revoke_key(self, request: Request, key_id: str) -> Response:
+        return await self._key_admin.revoke(request, key_id)

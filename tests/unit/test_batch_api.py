@@ -8,13 +8,15 @@ import asyncio
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx2
 import openai
 import pytest
 from fastapi import FastAPI
-from ray import cloudpickle
+from ray import cloudpickle, serve
+from ray.serve._private.http_util import make_fastapi_class_based_view
 from ray.serve._private.utils import ensure_serialization_context
 
 from core.config import BatchConfig
@@ -25,7 +27,7 @@ from deployments.batch.store import BatchStore
 from deployments.ingress.auth import KeyRing
 from deployments.ingress.batch_api import BatchApi
 from deployments.ingress.error_response import error_response
-from deployments.ingress.files_routes import files_routes, use_batch_api
+from deployments.ingress.files_routes import FilesRoutes, files_routes
 from tests.unit.test_batch_service import FakeGateway, jsonl, line
 
 
@@ -40,23 +42,35 @@ class LocalActor:
         return getattr(self.service, name)(*args)
 
 
-def batch_app(api: BatchApi) -> FastAPI:
+def batch_app(api: BatchApi, monkeypatch: pytest.MonkeyPatch) -> FastAPI:
     """The ingress's own Files and Batch routes, on an app of their own, served as Serve serves
-    an ingress's app: a cloudpickled copy of it (so nothing set on the original reaches it)."""
+    an ingress's app: a cloudpickled copy of it, its routes the methods of the replica's own
+    instance (Serve's class-based view; the replica's context is the one thing stood in)."""
+
+    class Front(FilesRoutes):
+        def __init__(self) -> None:
+            self._batches = api
+
     app = FastAPI()
     app.exception_handler(ApiError)(lambda _, error: error_response(error))
     app.include_router(files_routes)
-    use_batch_api(api)
     ensure_serialization_context()  # Serve's own reducers (serve.ingress does the same)
     served: FastAPI = cloudpickle.loads(cloudpickle.dumps(app))
+    make_fastapi_class_based_view(served, Front)
+    front = Front()
+    monkeypatch.setattr(
+        serve, "get_replica_context", lambda: SimpleNamespace(servable_object=front)
+    )
     return served
 
 
-def test_the_sdk_uploads_runs_pages_and_downloads_a_batch(tmp_path: Path) -> None:
+def test_the_sdk_uploads_runs_pages_and_downloads_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = BatchConfig(retry_pause_s=0.01, max_file_bytes=4096)
     service = BatchService(BatchStore(tmp_path), FakeGateway(), settings, max_json_depth=64)
     api = BatchApi(KeyRing((), PriorityClass.USER), lambda: LocalActor(service), settings, 64)
-    transport = httpx2.ASGITransport(app=batch_app(api))  # the SDK's own httpx
+    transport = httpx2.ASGITransport(app=batch_app(api, monkeypatch))  # the SDK's own httpx
 
     async def scenario() -> None:
         client = openai.AsyncOpenAI(

@@ -20,7 +20,6 @@ from core.config import ApiKeyConfig, ClusterConfig, hash_key, load_config
 from core.errors import ApiError
 from core.wire import ChatJob, Opening
 from deployments.ingress.app import Ingress
-from deployments.ingress.key_routes import held_key_admin
 from deployments.ingress.overhead_header import OVERHEAD_HEADER
 from deployments.keys import ledger as ledger_module
 from deployments.keys import metering as key_metering
@@ -159,7 +158,7 @@ def test_stream_usage_is_booked_and_hidden_from_a_client_that_did_not_ask(
     async def scenario() -> tuple[Any, Any, dict[str, Any]]:
         hidden = await call(ingress, "free-key", stream=True)
         shown = await call(ingress, "free-key", stream=True, stream_options={"include_usage": True})
-        usage = await held_key_admin().usage(request("admin-key", "/v1/keys/usage"))
+        usage = await ingress.keys_usage(request("admin-key", "/v1/keys/usage"))
         return hidden, shown, json.loads(bytes(usage.body))
 
     hidden, shown, usage = run(scenario())
@@ -208,10 +207,10 @@ def test_a_malformed_request_costs_no_quota(ingress: Ingress, ledger: LocalLedge
 
 def test_usage_is_for_admin_keys_only(ingress: Ingress) -> None:
     with pytest.raises(ApiError) as refused:
-        run(held_key_admin().usage(request("five-key", "/v1/keys/usage")))
+        run(ingress.keys_usage(request("five-key", "/v1/keys/usage")))
     assert (refused.value.status, refused.value.code) == (403, "admin_only")
     with pytest.raises(ApiError) as unknown:
-        run(held_key_admin().usage(request("nobody", "/v1/keys/usage")))
+        run(ingress.keys_usage(request("nobody", "/v1/keys/usage")))
     assert unknown.value.status == 401
 
 

@@ -16,7 +16,6 @@ from starlette.responses import Response
 from core.config import ApiKeyConfig, ClusterConfig, KeyFields, hash_key, load_config
 from core.errors import ApiError
 from deployments.ingress.app import Ingress
-from deployments.ingress.key_routes import held_key_admin
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.keys.registry import KeyRegistry, KeySync, LocalRegistry, registry_actor_name
 from deployments.keys.store import KeyNameTaken, KeyNotFound, KeyStore
@@ -222,26 +221,25 @@ def test_a_key_created_changed_and_revoked_at_run_time_through_the_ingress(
         # Before the replica has read the run-time keys, an unknown key may be one: a 503.
         seen["pending"] = await chat_status(ingress, "unknown")
         await settled(sync, 0)
-        admin = held_key_admin()
-        by_plain = admin.create(http(PLAIN, "POST", "/v1/keys", {"name": "x"}))
+        by_plain = ingress.create_key(http(PLAIN, "POST", "/v1/keys", {"name": "x"}))
         seen["by_plain"] = await status_of(by_plain)
-        made = await admin.create(http(ADMIN, "POST", "/v1/keys", {"name": "ci", "rpm": 2}))
+        made = await ingress.create_key(http(ADMIN, "POST", "/v1/keys", {"name": "ci", "rpm": 2}))
         secret = json.loads(bytes(made.body))
         await settled(sync, 1)
         seen["created"] = made.status_code
         # rpm 2: the third is a 429
         seen["uses"] = [await chat_status(ingress, secret["key"]) for _ in range(3)]
         patch = http(ADMIN, "PATCH", "/v1/keys/x", {"rpm": 100})
-        patched = await admin.update(patch, secret["id"])
+        patched = await ingress.update_key(patch, secret["id"])
         await settled(sync, 2)
         seen["patched"] = json.loads(bytes(patched.body))["rpm"]
         seen["after_patch"] = await chat_status(ingress, secret["key"])
-        listed = json.loads(bytes((await admin.listed(http(ADMIN, "GET", "/v1/keys"))).body))
+        listed = json.loads(bytes((await ingress.list_keys(http(ADMIN, "GET", "/v1/keys"))).body))
         seen["listed"] = [(k["id"], k["source"]) for k in listed["data"]]
         seen["secrets_listed"] = [k for k in listed["data"] if "key" in k or "sha256" in k]
         config_patch = http(ADMIN, "PATCH", "/v1/keys/x", {"rpm": 1})
-        seen["config_patch"] = await status_of(admin.update(config_patch, "config:plain"))
-        await admin.revoke(http(ADMIN, "DELETE", "/v1/keys/x"), secret["id"])
+        seen["config_patch"] = await status_of(ingress.update_key(config_patch, "config:plain"))
+        await ingress.revoke_key(http(ADMIN, "DELETE", "/v1/keys/x"), secret["id"])
         await settled(sync, 3)
         seen["revoked"] = await chat_status(ingress, secret["key"])
         seen["id"] = secret["id"]
