@@ -58,7 +58,8 @@ RECOVERY_TIMEOUT_S = 600.0
 IDLE_KILL_ROUNDS = 2  # per role, on the gateway; one per role on the anchor (each waits minutes)
 NEXT_LINK = {"orchestrator": "coding", "coding": "orchestrator"}  # bench/chaos.yaml's chains
 # A failover past a dead replica costs an error's round trip and the router's short wait for a
-# replacement that Serve may just have reported running (deployments/router/serving.py).
+# replacement that Serve may just have reported running
+# (deployments/router/request_path/serving.py).
 FAILOVER_ALLOWANCE_S = 1.5
 NOTICED_TIMEOUT_S = 120.0
 QUESTION = [{"role": "user", "content": "Tell me about lighthouses, in a few sentences."}]

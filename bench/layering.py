@@ -21,7 +21,7 @@ RANKS = {"core": 1, "policy": 2, "deployments": 3, "autoscale": 3, "cluster": 4,
 PURE = {"core", "policy"}
 FRAMEWORKS = {"ray", "fastapi", "starlette", "uvicorn", "httpx", "vllm", "grpc", "llama_cpp"}
 # Modules that load vLLM or torch. ray.llm's routing policies and the rest of ray.llm's
-# internals that import neither are allowed (deployments/router/replica_choice.py).
+# internals that import neither are allowed (deployments/router/adapters/replica_choice.py).
 ENGINE_MODULES = (
     "vllm",
     "torch",

@@ -10,7 +10,7 @@ so both start with cold caches:
 
 - the anchor: `router.prefix_routing: false`, Serve's power-of-two choice;
 - `router.prefix_routing: true`: the session's replica (`X-Session-Id`, one per conversation),
-  else the prefix router's (deployments/router/replica_choice.py).
+  else the prefix router's (deployments/router/adapters/replica_choice.py).
 
 Measured: time to first token (p50, p99) over every turn, and the prefix-cache hit rate (hit
 over queried prompt tokens, the engines' own counts, read from both replicas). Target: TTFT p50

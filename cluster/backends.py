@@ -22,7 +22,7 @@ from deployments.engine.node_init import node_init_config
 from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.log_options import serve_logging
-from deployments.router.replica_choice import ROUTER_PATH
+from deployments.router.adapters.replica_choice import ROUTER_PATH
 from policy.cpu_dtype import CPU_DTYPE_ENV
 
 # A sliver of the pool resource pins a replica to the pool's nodes without limiting how many

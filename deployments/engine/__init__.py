@@ -2,4 +2,4 @@
 engine processes down with their replica (`parent_death.py`, imported at every interpreter
 start of an engine process: keep this package light) and quiet health polls. The choice of a
 backend's replica by session and prefix runs where the handle is, in the router
-(deployments/router/replica_choice.py)."""
+(deployments/router/adapters/replica_choice.py)."""

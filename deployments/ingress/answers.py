@@ -22,7 +22,7 @@ from policy.oom import OOM_CODE
 
 __all__ = ["engine_error", "refusal_error", "relay_sse", "routing_headers"]
 
-# How the router's and our own SSE error events begin (deployments/router/faults.py).
+# How the router's and our own SSE error events begin (deployments/router/request_path/faults.py).
 _ERROR_EVENT = 'data: {"error"'
 
 # Error types our replicas set that clients see as the error's code (the fallback's too).

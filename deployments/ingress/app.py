@@ -55,7 +55,7 @@ from deployments.keys.ledger import LedgerClient, replica_key_ledger
 from deployments.keys.metering import Admission, KeyMetering
 from deployments.keys.stream_usage import StreamUsage
 from deployments.live_config import Homes, serve_live_config
-from deployments.router.in_process import InProcessRouter
+from deployments.router.adapters.in_process import InProcessRouter
 from policy.admission import background_slots
 from policy.depth import DEPTH_HEADER, DepthDecision
 from policy.model_access import may_use, usable_names

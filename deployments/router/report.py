@@ -9,8 +9,8 @@ from typing import Any
 from core.config import ClusterConfig
 from core.topology import Target
 from core.types import PriorityClass
-from deployments.router.link import Link
-from deployments.router.ports import DeploymentFacts, DeploymentKey
+from deployments.router.adapters.ports import DeploymentFacts, DeploymentKey
+from deployments.router.request_path.link import Link
 from policy.breaker import BreakerState
 
 

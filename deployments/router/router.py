@@ -17,18 +17,18 @@ from core.config import ClusterConfig
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Reply
 from deployments.live_config import Homes, serve_live_config
 from deployments.router import metrics
-from deployments.router.faults import stream_error_event
-from deployments.router.flow import Flow
-from deployments.router.link import RouterSettings, build_links
-from deployments.router.load_sync import LoadSync
-from deployments.router.placement_sync import PlacementSync, home_placement
-from deployments.router.pool_sync import PoolSync
-from deployments.router.ports import BackendLoad, RouterPorts
+from deployments.router.adapters.ports import BackendLoad, RouterPorts
+from deployments.router.adapters.serve_ports import serve_ports
+from deployments.router.loops.load_sync import LoadSync
+from deployments.router.loops.placement_sync import PlacementSync, home_placement
+from deployments.router.loops.pool_sync import PoolSync
+from deployments.router.loops.slot_sync import SlotSync
+from deployments.router.loops.watch import Watch
 from deployments.router.report import status_report, with_pools
-from deployments.router.serve_ports import serve_ports
-from deployments.router.slot_sync import SlotSync
-from deployments.router.watch import Watch
-from deployments.router.whole_by_stream import whole_through_stream
+from deployments.router.request_path.faults import stream_error_event
+from deployments.router.request_path.flow import Flow
+from deployments.router.request_path.link import RouterSettings, build_links
+from deployments.router.request_path.whole_by_stream import whole_through_stream
 from policy.breaker import BreakerState
 from policy.context.counters import counters_for
 from policy.preemption import may_be_paused, rules_of

@@ -1,7 +1,7 @@
 """The app's slot broker: one detached actor that keeps the books of every router's slots
 (policy/slot_leases.py decides) and hands each router its leases as it posts.
 
-Routers post a few times a second (deployments/router/slot_sync.py); nothing on a request's
+Routers post a few times a second (deployments/router/loops/slot_sync.py); nothing on a request's
 path calls here. A router not heard from for SILENT_AFTER_S is held at its fallback share (it
 falls back to it itself after slot_sync.FALLBACK_AFTER_S, later); one both silent and without
 a Serve replica frees its slots. After a (re)start the broker has no books: for WARM_UP_S it

@@ -87,8 +87,8 @@ def wait_counted(direction: str, what: str) -> None:
 def test_a_queue_brings_a_second_replica_and_idleness_takes_it_away(app: None) -> None:
     assert running_replicas() == 1
     # Two clients hold a conversation each (X-Session-Id): the prefix router's session path
-    # (deployments/router/replica_choice.py, on for a backend that may run two replicas) while the
-    # second replica comes and goes; none of their requests may fail either.
+    # (deployments/router/adapters/replica_choice.py, on for a backend that may run two
+    # replicas) while the second replica comes and goes; none of their requests may fail either.
     streams = [
         Stream(
             PORT,

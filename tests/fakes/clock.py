@@ -1,5 +1,5 @@
 """A clock turned by hand, for the code that takes its clock as a port: a callable (`now()`), or
-`monotonic`, `wall` and `sleep` (deployments.router.ports, autoscale.ports)."""
+`monotonic`, `wall` and `sleep` (deployments.router.adapters.ports, autoscale.ports)."""
 
 from __future__ import annotations
 

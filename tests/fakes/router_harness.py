@@ -1,6 +1,6 @@
-"""The router's fakes for tests without Ray: every port of `deployments.router.ports` scripted
-(backends answer from a script, Serve's status is a dict, the clock is turned by hand), a small
-config, a job, and helpers that read what the router answered. Shared by the router's unit
+"""The router's fakes for tests without Ray: every port of `deployments.router.adapters.ports`
+scripted (backends answer from a script, Serve's status is a dict, the clock is turned by hand),
+a small config, a job, and helpers that read what the router answered. Shared by the router's unit
 tests (tests/unit/test_router_flow.py and the flow tests beside it)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from core.config import ClusterConfig, parse_config
 from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest, Request
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Routed, ScalingNews
+from deployments.router.adapters.ports import DeploymentFacts, DeploymentKey, RouterPorts
 from deployments.router.metrics import REGISTRY
-from deployments.router.ports import DeploymentFacts, DeploymentKey, RouterPorts
 from deployments.router.router import Router
 from policy.context.tokens import CharEstimateCounter
 from policy.engine_counters import EngineCounters

@@ -18,10 +18,10 @@ from core.config import ConfigError, parse_config
 from core.topology import Backend
 from core.types import FALLBACK_BACKEND, Role
 from core.wire import Refusal, Routed, ScalingNews
-from deployments.router.link import build_links
-from deployments.router.load_sync import LoadSync
+from deployments.router.adapters.ports import BackendLoad
+from deployments.router.loops.load_sync import LoadSync
 from deployments.router.metrics import REGISTRY
-from deployments.router.ports import BackendLoad
+from deployments.router.request_path.link import build_links
 from deployments.router.router import Router
 from policy.load_scaling import LoadReport
 from tests.fakes.clock import FakeClock

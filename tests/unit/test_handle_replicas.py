@@ -9,7 +9,7 @@ from typing import Any
 from ray.serve._private.request_router.request_router import RequestRouter
 from ray.serve._private.router import AsyncioRouter, CurrentLoopRouter, SingletonThreadRouter
 
-from deployments.router.handle_replicas import routable_replicas
+from deployments.router.adapters.handle_replicas import routable_replicas
 
 
 def handle(request_router: Any = None, running: Any = None, populated: bool = True) -> Any:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_MODULES = (
     "deployments.ingress.app",
     "deployments.router.router",
-    "deployments.router.serve_ports",
+    "deployments.router.adapters.serve_ports",
     "deployments.router.slot_broker",
     "deployments.fallback.replica",
     "deployments.keys.ledger",
@@ -69,12 +69,16 @@ def test_the_probe_sees_the_engine_where_it_is_loaded() -> None:
 @pytest.mark.parametrize(
     ("module", "target", "against"),
     [
-        ("deployments.router.flow", "vllm.entrypoints.openai", True),
+        ("deployments.router.request_path.flow", "vllm.entrypoints.openai", True),
         ("deployments.ingress.app", "ray.serve.llm", True),
         ("policy.oom", "torch", True),
         ("deployments.fallback.openai_format", "ray.llm._internal.serve.core.configs.x", True),
         ("deployments.engine.llm_server", "ray.serve.llm", False),
-        ("deployments.router.replica_choice", "ray.llm._internal.serve.routing_policies", False),
+        (
+            "deployments.router.adapters.replica_choice",
+            "ray.llm._internal.serve.routing_policies",
+            False,
+        ),
         ("cluster.backends", "vllm", False),  # the composition root builds the engine's app
     ],
 )

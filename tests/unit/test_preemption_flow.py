@@ -13,8 +13,8 @@ from core.answers import WholeAnswer
 from core.config.reload import reload_changes
 from core.types import PriorityClass
 from core.wire import ChatJob, Opening, Refusal, Routed
-from deployments.router.faults import stream_error_event
-from deployments.router.whole_by_stream import whole_through_stream
+from deployments.router.request_path.faults import stream_error_event
+from deployments.router.request_path.whole_by_stream import whole_through_stream
 from policy.slot_leases import SlotLedger
 from tests.fakes.router_harness import (
     FakeBackend,

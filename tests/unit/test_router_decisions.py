@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from ray.serve.exceptions import RayServeException
 
-from deployments.router.faults import stream_error_event
+from deployments.router.adapters.serve_ports import ServeBackend
 from deployments.router.report import backend_state, overall_status
-from deployments.router.serve_ports import ServeBackend
+from deployments.router.request_path.faults import stream_error_event
 from policy.link_choice import LinkView, choose_link
 
 CHAIN = ("reasoning@cloud", "reasoning@local", "orchestrator@local", "cpu-fallback")

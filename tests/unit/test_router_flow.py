@@ -1,8 +1,8 @@
 """The router's request path without Ray: failover, breakers, slots, shedding, mid-stream faults,
 health and KV watching, placement and the status report.
 
-Every port is a fake (`deployments.router.ports`): backends answer from a script, Serve's status
-is a dict, the clock is turned by hand. The real Serve adapters are exercised by tests/e2e.
+Every port is a fake (`deployments.router.adapters.ports`): backends answer from a script, Serve's
+status is a dict, the clock is turned by hand. The real Serve adapters are exercised by tests/e2e.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from core.config import ClusterConfig, parse_config
 from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed
-from deployments.router.in_process import InProcessRouter
+from deployments.router.adapters.in_process import InProcessRouter
 from deployments.router.router import Router
 from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
 from policy.engine_counters import EngineCounters

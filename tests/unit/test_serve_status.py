@@ -16,7 +16,7 @@ from ray.serve.schema import (
 )
 
 from autoscale.serve_status import ServeDeploymentStatus
-from deployments.router.serve_ports import ServeDeploymentStatuses
+from deployments.router.adapters.serve_ports import ServeDeploymentStatuses
 
 APP, DEPLOYMENT = "gateway", "model:coding@local"
 

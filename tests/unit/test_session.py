@@ -1,6 +1,6 @@
 """A conversation's session: `X-Session-Id`, else OpenAI's `user`, rides to the backend's
 request router as Serve's handle session (deployments/ingress/jobs.py,
-deployments/router/replica_choice.py)."""
+deployments/router/adapters/replica_choice.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,12 @@ from core.requests import ChatRequest, EmbeddingRequest
 from core.types import PriorityClass, Role
 from core.wire import ChatJob
 from deployments.ingress.jobs import with_session
-from deployments.router.replica_choice import MAX_PREFIX_CHARS, ROUTER_PATH, SessionPrefixRouter
-from deployments.router.serve_ports import ServeBackend
+from deployments.router.adapters.replica_choice import (
+    MAX_PREFIX_CHARS,
+    ROUTER_PATH,
+    SessionPrefixRouter,
+)
+from deployments.router.adapters.serve_ports import ServeBackend
 from policy.replica_affinity import session_ranking
 
 

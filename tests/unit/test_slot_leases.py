@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from core.types import PriorityClass
-from deployments.router.link import build_links
-from deployments.router.serve_ports import BrokerSlots
+from deployments.router.adapters.serve_ports import BrokerSlots
+from deployments.router.loops.slot_sync import FALLBACK_AFTER_S, HURRY_S, POST_S, SlotSync
+from deployments.router.request_path.link import build_links
 from deployments.router.slot_broker import (
     PROTOCOL,
     SILENT_AFTER_S,
@@ -25,7 +26,6 @@ from deployments.router.slot_broker import (
     work_from_wire,
     work_to_wire,
 )
-from deployments.router.slot_sync import FALLBACK_AFTER_S, HURRY_S, POST_S, SlotSync
 from policy.preemption import RouterWork
 from policy.slot_leases import (
     Lease,

@@ -172,7 +172,10 @@ def test_a_generating_backend_that_may_run_two_replicas_routes_by_prefix_and_ses
     [orchestrator, coding] = config.home_backends
     options = llm_config_for(config, orchestrator).deployment_config
     router = options["request_router_config"]
-    assert router["request_router_class"] == "deployments.router.replica_choice.SessionPrefixRouter"
+    assert (
+        router["request_router_class"]
+        == "deployments.router.adapters.replica_choice.SessionPrefixRouter"
+    )
     assert router["request_router_kwargs"] == {
         "imbalanced_threshold": 2, "session_slack": 2, "do_eviction": True,
     }  # fmt: skip

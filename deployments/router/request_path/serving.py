@@ -23,7 +23,8 @@ from core.requests import CompletionRequest, EmbeddingRequest, PromptCount, Requ
 from core.types import PriorityClass
 from core.wire import ChatJob, Routed
 from deployments.router import metrics
-from deployments.router.faults import (
+from deployments.router.adapters.ports import ChatStream
+from deployments.router.request_path.faults import (
     BACKEND_FAULTS,
     BackendFault,
     Continuing,
@@ -37,8 +38,7 @@ from deployments.router.faults import (
     split_at_server_error,
     stream_error_event,
 )
-from deployments.router.link import REPLICA_GRACE_S, REPLICA_POLL_S, Link
-from deployments.router.ports import ChatStream
+from deployments.router.request_path.link import REPLICA_GRACE_S, REPLICA_POLL_S, Link
 from policy.context.embed_fit import EmbedFit
 from policy.context.fit import Fit
 from policy.context.prompt_fit import PromptFit

@@ -23,8 +23,8 @@ from core.clock import SystemClock
 from core.config import ClusterConfig
 from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest, Request
 from core.wire import PlacementView
-from deployments.router.handle_replicas import routable_replicas
-from deployments.router.ports import (
+from deployments.router.adapters.handle_replicas import routable_replicas
+from deployments.router.adapters.ports import (
     BackendLoad,
     ChatStream,
     DeploymentFacts,

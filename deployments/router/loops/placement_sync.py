@@ -15,9 +15,9 @@ from core.clock import Clock
 from core.config import ClusterConfig
 from core.wire import SYNC_INTERVAL_S, PlacementView
 from deployments.router import metrics
-from deployments.router.faults import describe
-from deployments.router.link import Link
-from deployments.router.ports import PlacementSource
+from deployments.router.adapters.ports import PlacementSource
+from deployments.router.request_path.faults import describe
+from deployments.router.request_path.link import Link
 from policy.breaker import BreakerState
 from policy.links import Health
 

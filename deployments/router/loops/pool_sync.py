@@ -14,9 +14,9 @@ from typing import Any
 
 from core.clock import Clock
 from deployments.router import metrics
-from deployments.router.faults import describe
-from deployments.router.link import Link
-from deployments.router.ports import PoolSource
+from deployments.router.adapters.ports import PoolSource
+from deployments.router.request_path.faults import describe
+from deployments.router.request_path.link import Link
 
 logger = logging.getLogger("ray.serve")
 

@@ -12,9 +12,9 @@ from core.clock import Clock
 from core.config import RouterConfig
 from core.wire import ScalingNews
 from deployments.router import metrics
-from deployments.router.faults import describe
-from deployments.router.link import REPLICA_POLL_S, Link
-from deployments.router.ports import DeploymentFacts, DeploymentStatuses
+from deployments.router.adapters.ports import DeploymentFacts, DeploymentStatuses
+from deployments.router.request_path.faults import describe
+from deployments.router.request_path.link import REPLICA_POLL_S, Link
 from policy.links import Health
 
 logger = logging.getLogger("ray.serve")

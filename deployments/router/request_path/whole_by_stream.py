@@ -19,7 +19,7 @@ from typing import Any
 from core.answers import EngineError, WholeAnswer
 from core.requests import ChatRequest
 from core.wire import ChatJob, Opening, Refusal, Reply
-from deployments.router.faults import engine_error
+from deployments.router.request_path.faults import engine_error
 from policy.whole_answer import whole_answer
 
 # The router's walk: the `Reply`, then the items, a refusal among them as it came.

@@ -15,8 +15,8 @@ from core.config import ClusterConfig, RouterConfig
 from core.topology import Target
 from core.types import PriorityClass
 from deployments.router import metrics
-from deployments.router.faults import REPLICA_GONE
-from deployments.router.ports import Backend
+from deployments.router.adapters.ports import Backend
+from deployments.router.request_path.faults import REPLICA_GONE
 from policy.admission import AdmissionQueue
 from policy.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
 from policy.engine_counters import ReplicaTally
@@ -73,7 +73,7 @@ class Link:
     shares: int = 1
     running_replicas: int | None = None
     # This router's lease of the backend's slots from the app's slot broker (several routers,
-    # deployments/router/slot_sync.py); None: an equal share, total_cap // shares.
+    # deployments/router/loops/slot_sync.py); None: an equal share, total_cap // shares.
     lease: Lease | None = None
     # Jobs that chose this link and have not finished: being fitted, queued for a slot or in
     # flight. A placement move drains the source until no router replica holds any.

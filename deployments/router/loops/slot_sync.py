@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 from core.clock import Clock
 from deployments.router import metrics
-from deployments.router.link import Link
-from deployments.router.ports import SlotSource
+from deployments.router.adapters.ports import SlotSource
+from deployments.router.request_path.link import Link
 from policy.slot_leases import SlotReport
 
 logger = logging.getLogger("ray.serve")

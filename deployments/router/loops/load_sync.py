@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from core.clock import Clock
 from core.wire import ScalingNews
 from deployments.router import metrics
-from deployments.router.faults import describe
-from deployments.router.link import Link
-from deployments.router.ports import BackendLoad, DeploymentStatuses, LoadBoard
+from deployments.router.adapters.ports import BackendLoad, DeploymentStatuses, LoadBoard
+from deployments.router.request_path.faults import describe
+from deployments.router.request_path.link import Link
 
 logger = logging.getLogger("ray.serve")
 

@@ -26,16 +26,16 @@ from core.topology import Target
 from core.types import PriorityClass
 from core.wire import ChatJob, Refusal
 from deployments.router import metrics
-from deployments.router.faults import (
+from deployments.router.loops.placement_sync import PlacementSync
+from deployments.router.request_path.faults import (
     BackendFault,
     Continuing,
     MidStreamFault,
     Paused,
     stream_error_event,
 )
-from deployments.router.link import Link
-from deployments.router.placement_sync import PlacementSync
-from deployments.router.serving import AnyFit, Seat, Serving
+from deployments.router.request_path.link import Link
+from deployments.router.request_path.serving import AnyFit, Seat, Serving
 from policy.context.continuation_fit import fit_continuation
 from policy.context.embed_fit import EmbedFit, fit_inputs
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
