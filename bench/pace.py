@@ -18,7 +18,10 @@ actors spend per request (proxy, front replicas, key ledger and slot broker; the
 beside it), and for streams the tokens/s each stream relays over its whole life (its wait for
 the first token included) and the chunks/s all of them do.
 The load generator runs on the same cores: at high client counts it takes its share, alike for
-every path. Run with `python -m bench.pace` (`--rounds`, `--scale`, `--profile`); in `make bench`.
+every path. Each Ray Serve mode (`--modes`: Serve as installed, then its high-throughput mode,
+HAProxy in front, whose CPU counts in every path's front) is a cluster of its own in the same
+run, the three paths in each, and a last table sets the gateway's figures side by side.
+Run with `python -m bench.pace` (`--rounds`, `--scale`, `--modes`, `--profile`); in `make bench`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -66,6 +70,14 @@ CPU_RATIO = 1.0
 STREAM_RATE_RATIO = 0.95
 HEADER_WITHIN_MS = 1.0
 IDLE_S = 10.0
+# Ray Serve's high-throughput mode (Ray 2.55+): HAProxy as the HTTP ingress, requests straight
+# into the ingress replica, gRPC between replicas, the GC frozen after start. Ray's processes
+# read the variables as they start, so each mode is a cluster of its own, one after the other.
+MODES: dict[str, dict[str, str]] = {
+    "default": {},
+    "throughput": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+}
+HAPROXY = "haproxy"  # its process, whose CPU is every path's front in that mode
 
 
 class MinimalFront:
@@ -144,30 +156,31 @@ class Run:
         return 1000 * seconds / max(1, self.done + self.errors)
 
 
-def routes_at(base_url: str) -> list[Route]:
+def routes_at(base_url: str, front: tuple[str, ...] = ()) -> list[Route]:
+    """The three paths; `front`: processes in front of every path (HAProxy, where it runs)."""
     return [
         Route(
             "(a) ray.serve.llm",
             f"{base_url}/{stack.ANCHOR_APP}/v1",
             {},
-            (PROXY, f"ServeReplica:{stack.ANCHOR_APP}:OpenAiIngress"),
+            (*front, PROXY, f"ServeReplica:{stack.ANCHOR_APP}:OpenAiIngress"),
         ),
         Route(
             "(b) gateway",
             f"{base_url}/v1",
             {"Authorization": f"Bearer {API_KEY}"},
-            (PROXY, f"ServeReplica:{stack.GATEWAY_APP}:ingress", "KeyLedger", "SlotBroker"),
+            (*front, PROXY, f"ServeReplica:{stack.GATEWAY_APP}:ingress", "KeyLedger", "SlotBroker"),
         ),
         Route(
             "(c) minimal",
             f"{base_url}/{MINIMAL_APP}",
             {},
-            (PROXY, f"ServeReplica:{MINIMAL_APP}:MinimalFront"),
+            (*front, PROXY, f"ServeReplica:{MINIMAL_APP}:MinimalFront"),
         ),
     ]
 
 
-def deploy() -> list[Route]:
+def deploy(mode: str = "default") -> list[Route]:
     # Our server class on the engine side (ray.serve.llm's LLMServer with the calls the router
     # makes in the background: counters, KV readings), for all three paths alike.
     target = stack.stage(CONFIG, PORT, server_cls=ObservedLLMServer)
@@ -175,7 +188,7 @@ def deploy() -> list[Route]:
     engines = {backend.split("@")[0]: handle for backend, handle in target.anchor.items()}
     front = serve.deployment(MinimalFront, max_ongoing_requests=4096)
     serve.run(front.bind(engines), name=MINIMAL_APP, route_prefix=f"/{MINIMAL_APP}")
-    return routes_at(target.base_url)
+    return routes_at(target.base_url, (HAPROXY,) if MODES[mode] else ())
 
 
 def request_body(stream: bool, api: str = "chat") -> dict[str, Any]:
@@ -429,6 +442,49 @@ async def profile_gateway(gateway: Route, seconds: int, out: Path, clients: int)
         profile.print_top(f"the gateway's ingress replica, {clients} clients, {what}", raw)
 
 
+def in_mode(mode: str, args: argparse.Namespace) -> tuple[list[Route], dict[Any, Run], bool]:
+    """One cluster in `mode`: the three paths measured, reported, and stopped."""
+    print(f"\n## mode: {mode} {MODES[mode] or '(Ray Serve as installed)'}")
+    os.environ.update(MODES[mode])
+    try:
+        routes = deploy(mode)
+        try:
+            runs, idle = asyncio.run(measure(routes, args.rounds, args.scale))
+            met = report(routes, runs, idle)
+            if args.profile:
+                out = args.profile.with_name(f"{args.profile.name}.{mode}")
+                asyncio.run(profile_gateway(routes[1], 20, out, args.profile_clients))
+        finally:
+            stack.stop()
+    finally:
+        for name in MODES[mode]:
+            os.environ.pop(name, None)
+    return routes, runs, met
+
+
+def report_modes(measured: dict[str, tuple[list[Route], dict[Any, Run]]]) -> None:
+    """The gateway in each mode, beside the minimal app and the anchor in the same mode."""
+    _table(
+        "the gateway by mode (whole requests; streams: tokens/s p50):",
+        [
+            *("mode", "clients", "req/s", "over minimal", "over anchor", "front CPU ms/req"),
+            *("stream tokens/s", "over anchor"),
+        ],
+    )
+    for mode, (routes, runs) in measured.items():
+        anchor, gateway, minimal = (p.name for p in routes)
+        for clients in CLIENTS:
+            g, a, m = (runs[(name, False, clients)] for name in (gateway, anchor, minimal))
+            gs, as_ = (runs[(name, True, clients)] for name in (gateway, anchor))
+            rate = statistics.median(gs.stream_rates) if gs.stream_rates else float("nan")
+            a_rate = statistics.median(as_.stream_rates) if as_.stream_rates else float("nan")
+            print(
+                f"| {mode} | {clients} | {g.per_s:.0f} | {g.per_s / m.per_s:.2f} "
+                f"| {g.per_s / a.per_s:.2f} | {g.cpu_ms(g.front_cpu_s):.2f} | {rate:.0f} "
+                f"| {rate / a_rate:.2f} |"
+            )
+
+
 def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     parser = argparse.ArgumentParser(prog="python -m bench.pace")
@@ -438,15 +494,23 @@ def main() -> None:
         "--profile", type=Path, help="also profile the gateway's ingress (py-spy) into this file"
     )
     parser.add_argument("--profile-clients", type=int, default=32, help="clients while profiling")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"Ray Serve modes, one cluster each, in this order ({', '.join(MODES)})",
+    )
     args = parser.parse_args()
-    routes = deploy()
-    try:
-        runs, idle = asyncio.run(measure(routes, args.rounds, args.scale))
-        met = report(routes, runs, idle)
-        if args.profile:
-            asyncio.run(profile_gateway(routes[1], 20, args.profile, args.profile_clients))
-    finally:
-        stack.stop()
+    modes = [mode for mode in args.modes.split(",") if mode]
+    unknown = sorted(set(modes) - MODES.keys())
+    if unknown:
+        parser.error(f"unknown modes {unknown}: choose from {sorted(MODES)}")
+    measured: dict[str, tuple[list[Route], dict[Any, Run]]] = {}
+    met = True
+    for mode in modes:
+        routes, runs, mode_met = in_mode(mode, args)
+        measured[mode] = (routes, runs)
+        met &= mode_met
+    report_modes(measured)
     sys.exit(0 if met else 1)
 
 
