@@ -12,6 +12,7 @@ tests/integration/test_tokenizer_files.py holds the light load's counts equal to
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -33,7 +34,14 @@ _SPECIAL_TOKENS = {
 
 
 def load_tokenizer(source: str | Path) -> Any:
-    """The tokenizer at `source` (a model folder, a hub id, or a `.gguf` file)."""
+    """The tokenizer at `source` (a model folder, a hub id, or a `.gguf` file), loaded once per
+    process: counters of one model with other chat templates (models[].tools) share it, and
+    reading it does not change it."""
+    return _loaded(str(source))
+
+
+@functools.cache
+def _loaded(source: str) -> Any:
     path = Path(source)
     try:
         return _from_gguf(path) if path.suffix == ".gguf" else _from_folder(str(source))
