@@ -21,6 +21,7 @@ from cluster.app import build_gateway
 from cluster.backends import llm_config_for
 from cluster.ray_runtime import SERVE_NAMESPACE, local_pool_resources
 from core.config import ClusterConfig, load_config
+from deployments.engine.llm_server import ObservedLLMServer
 
 # Logical CPUs for the local head: the engines' placement bundles and the front replicas must
 # all schedule on this 2-core machine (they share the real cores either way).
@@ -66,11 +67,14 @@ def start(
 
 
 def deploy_anchor(
-    config: ClusterConfig, names: tuple[str, ...] = (), server_cls: type[LLMServer] = LLMServer
+    config: ClusterConfig,
+    names: tuple[str, ...] = (),
+    server_cls: type[LLMServer] = ObservedLLMServer,
 ) -> dict[str, DeploymentHandle]:
     """Bare ray.serve.llm over the home backends (or those named); their replica handles.
-    `server_cls` is ray.serve.llm's server class, or ours where a bench reads the engines'
-    counts (deployments/engine/llm_server.py)."""
+    `server_cls` is ours by default: the gateway's backends speak its wire types
+    (core/requests.py, core/answers.py), and it answers the anchor's own OpenAiIngress in vLLM's
+    objects, as ray.serve.llm's LLMServer does (deployments/engine/llm_server.py)."""
     backends = [b for b in config.home_backends if not names or b.name in names]
     llm_configs = [
         llm_config_for(config, b, placed=False).model_copy(update={"server_cls": server_cls})
@@ -101,7 +105,7 @@ def stage(
     config_path: Path,
     port: int,
     overrides: Mapping[str, Any] | None = None,
-    server_cls: type[LLMServer] = LLMServer,
+    server_cls: type[LLMServer] = ObservedLLMServer,
 ) -> Stage:
     """Anchor and gateway over the same replicas of every home backend."""
     config = start(config_path, port, overrides)

@@ -8,7 +8,12 @@ from typing import Any
 from core.answers import EngineError, Item, WholeAnswer
 from policy.engine_errors import error_code
 
-__all__ = ["plain", "vllm_item"]
+__all__ = ["EngineItemUnknown", "plain", "vllm_item"]
+
+
+class EngineItemUnknown(RuntimeError):
+    """An engine's item this module cannot read: the backend's fault (a 5xx the router fails
+    over on), never the client's (a TypeError or ValueError would read as a 400)."""
 
 
 def plain(item: Any) -> Item:
@@ -24,14 +29,14 @@ def plain(item: Any) -> Item:
         return error
     dump = getattr(item, "model_dump", None)
     if dump is None:
-        raise TypeError(f"an engine item of an unknown kind: {type(item).__name__}")
+        raise EngineItemUnknown(f"an engine item of an unknown kind: {type(item).__name__}")
     return WholeAnswer(dump(mode="json"))
 
 
 def _error_or_line(part: Any) -> str | EngineError:
     error = _error(part)
     if error is None:
-        raise TypeError(f"a stream item of an unknown kind: {type(part).__name__}")
+        raise EngineItemUnknown(f"a stream item of an unknown kind: {type(part).__name__}")
     return error
 
 

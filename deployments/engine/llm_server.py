@@ -229,7 +229,8 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             yield oom_response(f"This replica is being replaced: {self._failure}"), None
             return
         started = False  # once the answer has begun, a failure is the stream's, not the request's
-        count = getattr(sent, "counted", None)
+        ours = isinstance(sent, ChatRequest | CompletionRequest | EmbeddingRequest)
+        count = sent.counted if ours else None  # a vLLM request's extra of that name is not ours
         try:
             request = vllm_request(sent)
         except Exception as error:  # noqa: BLE001 - pydantic's, and vLLM validators' own

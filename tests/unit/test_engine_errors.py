@@ -32,7 +32,7 @@ from vllm.renderers.chat_utils import ChatTemplateResolutionError
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from core.requests import ChatRequest
-from deployments.engine.answers import plain
+from deployments.engine.answers import EngineItemUnknown, plain
 from deployments.engine.llm_server import ObservedLLMServer, judged
 from deployments.ingress.answers import engine_error as _engine_error
 from policy.engine_errors import (
@@ -320,3 +320,11 @@ async def _first(server: Any, request: Any) -> Any:
     async for item in server.chat(request):
         return item
     raise AssertionError("no item")
+
+
+def test_an_engine_item_the_replica_cannot_read_is_the_backends_fault(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Raised, so the router fails over and charges the backend; a TypeError would read as 400.
+    with pytest.raises(EngineItemUnknown):
+        served(replica(monkeypatch, [object()], None))
