@@ -68,6 +68,14 @@ def check_chat_request(payload: Mapping[str, Any], *, max_messages: int) -> None
     check_sampling(payload, INT_RANGES, BOOL_FIELDS)
     if (payload.get("top_logprobs") or 0) > 0 and payload.get("logprobs") is not True:
         fail("top_logprobs", "needs logprobs: true")
+    # vLLM's own cross-field rules, which its JSON Schema cannot say (policy/request/engine_schema):
+    # the edge refuses them before admission, as the engine would after it.
+    if (
+        payload.get("continue_final_message") is True
+        and payload.get("add_generation_prompt") is True
+    ):
+        fail("continue_final_message", "cannot be true with add_generation_prompt: true")
+    _check_structured_outputs(payload.get("structured_outputs"))
     _check_response_format(payload.get("response_format"))
     _check_tool_choice(payload.get("tool_choice"), _tool_names(payload.get("tools")))
 
@@ -91,6 +99,8 @@ def check_sampling(
         fail("top_p", "must be greater than 0 (for greedy sampling, set temperature 0)")
     _check_stop(payload.get("stop"))
     _check_stream_options(payload)
+    if payload.get("prompt_logprobs") is not None and payload.get("stream") is True:
+        fail("prompt_logprobs", "are not available with stream: true")
     _check_logit_bias(payload.get("logit_bias"))
 
 
@@ -207,3 +217,15 @@ def _check_tool_choice(choice: Any, names: set[str]) -> None:
         fail("tool_choice", f"must be a string or an object, not {json_kind(choice)}")
     if not names:
         fail("tool_choice", "needs tools")
+
+
+# vLLM's kinds of structured output constraint, of which a request may use one.
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def _check_structured_outputs(value: Any) -> None:
+    if not isinstance(value, Mapping):
+        return  # absent, or a type the engine's schema check refuses
+    used = [kind for kind in STRUCTURED_KINDS if value.get(kind) is not None]
+    if len(used) > 1:
+        fail("structured_outputs", f"takes one kind of constraint, not {' and '.join(used)}")

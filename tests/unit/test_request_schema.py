@@ -228,6 +228,16 @@ TOOL = {"type": "function", "function": {"name": "now", "parameters": {"type": "
 CALL = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
 
 REFUSED = {
+    # vLLM's cross-field rules, which its JSON Schema cannot say: refused here as its classes do.
+    "continue and a generation prompt": (
+        chat(continue_final_message=True, add_generation_prompt=True),
+        "continue_final_message",
+    ),
+    "two structured output kinds": (
+        chat(structured_outputs={"json": {"type": "object"}, "regex": "a+"}),
+        "structured_outputs",
+    ),
+    "prompt logprobs streamed": (chat(prompt_logprobs=1, stream=True), "prompt_logprobs"),
     "messages not a list": (chat(messages={"role": "user"}), "messages"),
     "no messages": (chat(messages=[]), "messages"),
     "message not an object": (chat(messages=["hi"]), "messages[0]"),
@@ -517,3 +527,18 @@ def test_an_error_names_the_request_id_serve_tagged_its_log_lines_with() -> None
     assert named.json()["error"]["request_id"] == "req-7f3a"
     assert named.json()["error"]["code"] == "not_found"
     assert "request_id" not in client.post("/v1/chat/complete").json()["error"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["continue and a generation prompt", "two structured output kinds", "prompt logprobs streamed"],
+)
+def test_the_cross_field_rules_are_vllms_own(case: str) -> None:
+    payload, _ = REFUSED[case]
+    request = ChatRequest.model_validate(payload)  # our type takes it; vLLM's classes do not
+    refused = False
+    try:
+        vllm_request(request)
+    except Exception:  # noqa: BLE001 - VLLMValidationError, or pydantic's
+        refused = True
+    assert refused
