@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
+
 from core.answers import EngineError, Item, WholeAnswer
 from policy.engine_errors import error_code
 
@@ -62,11 +64,6 @@ def vllm_item(item: Item, raw: Any) -> Any:
     if isinstance(item, list):
         return [vllm_item(part, None) for part in item]
     if isinstance(item, EngineError):
-        from ray.llm._internal.serve.core.configs.openai_api_models import (
-            ErrorInfo,
-            ErrorResponse,
-        )
-
         info = ErrorInfo(message=item.message, type=item.kind, code=item.code, param=item.param)
         return ErrorResponse(error=info)
     return item

@@ -31,7 +31,7 @@ from ray.serve.llm import LLMServer
 
 from core.answers import EngineError, Item
 from core.errors import ErrorCode, invalid_fields
-from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest, PromptCount, Request
+from core.requests import PromptCount, Request
 from deployments.engine.adapters import ConfiguredAdapterLoader
 from deployments.engine.answers import plain, vllm_item
 from deployments.engine.cpu_features import node_has_native_bf16
@@ -215,7 +215,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         """Our request answered in plain data (core/answers.py); vLLM's own (ray.serve.llm's
         OpenAiIngress, as bench's anchors and the context suite's bare ingress send) in vLLM's
         objects, as a bare LLMServer answers it."""
-        ours = isinstance(sent, ChatRequest | CompletionRequest | EmbeddingRequest)
+        ours = isinstance(sent, Request)
         async for item, raw in self._served(serve, sent, raw_request_info):
             yield item if ours else vllm_item(item, raw)
 
@@ -229,7 +229,7 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             yield oom_response(f"This replica is being replaced: {self._failure}"), None
             return
         started = False  # once the answer has begun, a failure is the stream's, not the request's
-        ours = isinstance(sent, ChatRequest | CompletionRequest | EmbeddingRequest)
+        ours = isinstance(sent, Request)
         count = sent.counted if ours else None  # a vLLM request's extra of that name is not ours
         try:
             request = vllm_request(sent)

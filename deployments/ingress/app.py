@@ -461,8 +461,7 @@ class Ingress(FilesRoutes, KeyRoutes):
         """The job answered under its key's limits, its usage counted however it ends."""
         usage = None
         request = job.request
-        streamed = not isinstance(request, EmbeddingRequest) and bool(request.stream)
-        if streamed and not isinstance(request, EmbeddingRequest):
+        if not isinstance(request, EmbeddingRequest) and request.stream:  # embeddings never stream
             usage = StreamUsage(request.include_usage)
             # The engine's count for the key and the metrics, not an estimate.
             job = replace(job, request=request.with_usage())

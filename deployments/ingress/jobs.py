@@ -6,7 +6,6 @@ OpenAI error JSON. The same for HTTP requests and batch lines
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -28,8 +27,6 @@ from policy.request import (
     check_tool_support,
 )
 from policy.request.engine_schema import check_engine_schema
-
-logger = logging.getLogger("ray.serve")
 
 __all__ = ["SESSION_HEADER", "Jobs", "validate_chat", "with_session"]
 
