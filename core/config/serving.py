@@ -323,7 +323,8 @@ class FallbackConfig(Frozen):
     engine: Literal["ollama", "llama_server", "llama_cpp", "auto"] = Field(
         "auto",
         description="auto: Ollama where its binary is on the node, else llama.cpp's own "
-        "`llama-server` (make install builds it), else llama_cpp (one request at a time).",
+        "`llama-server` (make install builds it), else llama_cpp (one request at a time; "
+        "`make llama-cpp-python` installs it).",
     )
     parallel: int = Field(
         4,

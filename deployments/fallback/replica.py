@@ -14,6 +14,7 @@ follows its build's published config as the ingress and router replicas do, and 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -82,6 +83,7 @@ def choose_engine(
     source_is_file: bool,
     jinja_template: bool = False,
     llama_server_binary: str | None = None,
+    llama_cpp_installed: bool = True,
 ) -> str:
     """`auto` prefers Ollama, unless a Jinja chat template is configured (`fallback.tools`),
     which only llama.cpp renders; then llama.cpp's own server where make install built it,
@@ -102,6 +104,12 @@ def choose_engine(
         raise NoEngine(
             "fallback.engine is llama_server but there is no `llama-server` binary beside this "
             "node's Python or on its PATH (make install builds it); use llama_cpp (or auto)"
+        )
+    if requested == "llama_cpp" and not llama_cpp_installed:
+        raise NoEngine(
+            "fallback.engine is llama_cpp (or auto found no llama-server or ollama) but "
+            "llama-cpp-python is not installed in this node's Python: `make llama-cpp-python` "
+            "installs it; or use engine llama_server (make install builds it)"
         )
     if requested in ("llama_cpp", "llama_server") and not source_is_file:
         raise NoEngine(
@@ -127,6 +135,8 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
         settings.source.endswith(".gguf"),
         jinja_template=settings.chat_template is not None,
         llama_server_binary=server,
+        # An optional extra (make llama-cpp-python): the default engine is llama-server.
+        llama_cpp_installed=importlib.util.find_spec("llama_cpp") is not None,
     )
     if chosen == "ollama":
         from deployments.fallback.ollama import OllamaEngine

@@ -99,6 +99,18 @@ def test_auto_prefers_ollama_then_llama_server_then_llama_cpp() -> None:
     assert choose_engine("auto", "/usr/bin/ollama", False, llama_server_binary=server) == "ollama"
 
 
+def test_llama_cpp_without_its_optional_package_is_refused_with_how_to_install_it() -> None:
+    # llama-cpp-python is an optional extra (`make llama-cpp-python`); llama-server is the default.
+    server = "/venv/bin/llama-server"
+    assert (
+        choose_engine("auto", None, True, llama_server_binary=server, llama_cpp_installed=False)
+        == "llama_server"
+    )
+    for requested in ("auto", "llama_cpp"):
+        with pytest.raises(NoEngine, match="make llama-cpp-python"):
+            choose_engine(requested, None, True, llama_cpp_installed=False)
+
+
 def test_an_engine_that_cannot_run_here_says_what_to_change() -> None:
     with pytest.raises(NoEngine, match="no `ollama` binary"):
         choose_engine("ollama", None, source_is_file=True)
