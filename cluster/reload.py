@@ -167,9 +167,9 @@ class ServeApp:
         self.start_timeout_s = START_TIMEOUT_S
 
     def running(self) -> Running:
-        from ray import serve
+        from cluster.driver_handles import app_handle
 
-        answer = serve.get_app_handle(self.name).live_config.remote().result(timeout_s=60)
+        answer = app_handle(self.name).live_config.remote().result(timeout_s=60)
         config = ClusterConfig.model_validate(answer["config"])
         return Running(int(answer["revision"]), str(answer["build"]), config)
 

@@ -28,6 +28,7 @@ from ray.serve.handle import DeploymentHandle
 from bench.lora_adapter import make_adapter
 from cluster.app import build_gateway
 from cluster.backends import build_backend, build_fallback
+from cluster.driver_handles import deployment_handle
 from cluster.ray_runtime import local_pool_resources
 from core.config import ClusterConfig, load_config
 from core.types import FALLBACK_BACKEND
@@ -134,13 +135,13 @@ def gateway(config: ClusterConfig) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def probe(gateway: str) -> DeploymentHandle:
     """The probe in front of coding@local (see probe.py)."""
-    return serve.get_deployment_handle(PROBE_DEPLOYMENT, app_name="gateway")
+    return deployment_handle(PROBE_DEPLOYMENT, "gateway")
 
 
 @pytest.fixture(scope="session")
 def thinker_probe(gateway: str) -> DeploymentHandle:
     """The probe in front of thinker@local (see probe.py)."""
-    return serve.get_deployment_handle(THINKER_PROBE_DEPLOYMENT, app_name="gateway")
+    return deployment_handle(THINKER_PROBE_DEPLOYMENT, "gateway")
 
 
 @pytest.fixture(scope="session")

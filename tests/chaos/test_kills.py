@@ -21,6 +21,7 @@ import ray
 from ray import serve
 from ray.util.state import list_actors
 
+from cluster.driver_handles import deployment_handle
 from cluster.ray_runtime import this_cluster
 from core.requests import ChatRequest
 
@@ -313,7 +314,7 @@ def test_a_replica_killed_while_its_engine_starts_leaves_no_engine_behind(gatewa
 
 
 def test_the_fallback_engine_killed_mid_answer_still_answers(gateway: str) -> None:
-    fallback = serve.get_deployment_handle("model:cpu-fallback", app_name="gateway")
+    fallback = deployment_handle("model:cpu-fallback", "gateway")
     pid = replica_pid("model:cpu-fallback")
     assert pid is not None
     [server] = fallback_engines(pid)

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 import ray
-from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from cluster.driver_handles import deployment_handle
 from tests.waiting import wait_for
 
 VISION, CODING, FALLBACK = "vision@local", "coding@local", "cpu-fallback"
@@ -53,7 +53,7 @@ def ask(model: str = "vision", text: str = "Say OK.", **extra: Any) -> dict[str,
 
 @pytest.fixture
 def vision(gateway: str) -> DeploymentHandle:
-    return serve.get_deployment_handle(VISION_DEPLOYMENT, app_name="gateway")
+    return deployment_handle(VISION_DEPLOYMENT, "gateway")
 
 
 @pytest.fixture
