@@ -120,8 +120,16 @@ $(LLAMA_SERVER): | $(INSTALLED)
 $(DEMO_MODEL): $(INSTALLED) | $(VENV)/bin/llama-server
 	$(PY) -m cluster.models prepare
 
+# Ray Serve's mode where `serve run` starts the cluster (docs/operations.md, "Ray Serve's
+# throughput mode"): SERVE_MODE=throughput puts HAProxy in front and takes Serve's throughput-
+# optimized path; a cluster started by `ray start` takes the same variables there.
+SERVE_MODE ?= default
+SERVE_MODE_ENV := $(if $(filter throughput,$(SERVE_MODE)),RAY_SERVE_ENABLE_HA_PROXY=1 \
+	RAY_SERVE_THROUGHPUT_OPTIMIZED=1,)
 run: $(INSTALLED) $(DEMO_MODEL)
-	$(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
+	@case "$(SERVE_MODE)" in default|throughput) ;; \
+		*) echo "SERVE_MODE is default or throughput, not $(SERVE_MODE)"; exit 2;; esac
+	$(SERVE_MODE_ENV) $(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
 
 # A new config for the running app, applied in place (keys, limits, caps, chains, the router's
 # and the gateway's settings): `make reload CONFIG=path.yaml [APP=name]` (cluster/reload.py).

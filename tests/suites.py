@@ -104,7 +104,7 @@ def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
     """One pytest session, its JUnit report in `reports`; its output to `output` (a file
     descriptor), else to ours. It leads a session of its own, which its processes inherit
     (tests/own_processes.py tells them by it)."""
-    env = {**os.environ, SUITE_VARIABLE: name}
+    env = {**os.environ, SUITE_VARIABLE: name, **haproxy_ports(name)}
     report = reports / f"{name}.xml"
     started = time.monotonic()
     session = subprocess.Popen(
@@ -121,6 +121,18 @@ def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
     finally:
         RUNNING.discard(session)
     return Outcome(name, time.monotonic() - started, status, failed_tests(report))
+
+
+def haproxy_ports(name: str) -> dict[str, str]:
+    """Under Serve's throughput mode (RAY_SERVE_ENABLE_HA_PROXY=1) every node runs an HAProxy
+    whose metrics and stats ports are fixed per machine (9101, 8404): each session's clusters
+    get their own, or the second to start dies binding them. A setting a run gave stays."""
+    step = 10 * list(SUITES).index(name)
+    ports = {
+        "RAY_SERVE_HAPROXY_METRICS_PORT": 19101 + step,
+        "RAY_SERVE_HAPROXY_STATS_PORT": 18404 + step,
+    }
+    return {var: os.environ.get(var, str(port)) for var, port in ports.items()}
 
 
 def pass_on(signal_number: int, frame: FrameType | None) -> None:

