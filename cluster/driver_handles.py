@@ -16,8 +16,10 @@ from ray.serve.handle import DeploymentHandle
 
 def for_driver(handle: DeploymentHandle[Any]) -> DeploymentHandle[Any]:
     # `_init` is Serve's one per-handle way to choose (the environment variable would change
-    # every process the driver starts too); it must come before the first `.remote()`.
-    handle._init(_run_router_in_separate_loop=True)
+    # every process the driver starts too); it must come before the first `.remote()`. Serve
+    # hands a driver the same handle again for the same deployment: that one is set already.
+    if not handle.is_initialized:
+        handle._init(_run_router_in_separate_loop=True)
     return handle
 
 

@@ -55,6 +55,21 @@ def test_a_fault_before_the_first_token_moves_the_job_down_the_chain() -> None:
     assert rest == [['data: {"x": 1}\n\n'], ["data: [DONE]\n\n"]]
 
 
+def test_an_exception_the_replica_raised_itself_is_a_fault_the_job_fails_over_from() -> None:
+    # In Serve's throughput mode a replica's own exception comes over gRPC as itself, not
+    # wrapped in Ray's RayTaskError: the router must still see the backend's fault, not a bug
+    # of its own (the main suite run in that mode answered 500 here).
+    def raising(_: int) -> list[Any]:
+        return [RuntimeError("injected fault")]
+
+    coding, orchestrator = FakeBackend(raising), FakeBackend(ok)
+    router = make_router(make_config(), two(coding, orchestrator))
+    routed, *rest = asyncio.run(collect(router, job()))
+    assert isinstance(routed, Routed)
+    assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
+    assert rest == [['data: {"x": 1}\n\n'], ["data: [DONE]\n\n"]]
+
+
 def test_the_breaker_opens_after_exactly_three_faults_and_then_skips_the_backend() -> None:
     coding, orchestrator = FakeBackend(engine_error(500)), FakeBackend(ok)
     router = make_router(make_config(), two(coding, orchestrator))

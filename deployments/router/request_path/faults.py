@@ -7,19 +7,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grpc.aio import AioRpcError
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
-from ray.serve.exceptions import RayServeException
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from core.answers import EngineError
 from core.errors import ErrorCode
 from policy.engine_errors import sse_error
 from policy.stream_migration import Partial, StreamTape
 
-# Faults: the backend's, never the client's. Our own cancellation is neither. Handles on Serve's
-# gRPC data plane (deployments.ingress.front_options) raise AioRpcError for what Ray calls
-# fail with.
-BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError)
+# Faults: the backend's, never the client's. Our own cancellation is neither. Whatever a call
+# on a backend's handle raises is its fault: Ray's errors, Serve's, a timeout, gRPC's AioRpcError
+# on Serve's gRPC data plane (deployments.ingress.front_options), and, where the engine's replica
+# runs Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED), the very exception its code
+# raised (a RuntimeError, say), sent without the RayTaskError around it. A client's mistake is
+# an EngineError answer, never an exception.
+BACKEND_FAULTS = (Exception,)
 # A replica gone: ActorDiedError over Ray actor calls, ActorUnavailableError over gRPC.
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
 
