@@ -1,6 +1,6 @@
-"""What compiling a CPU engine's graphs buys and costs: vLLM's default (torch.compile, what
-ray_configs/local.yaml's engines run) against `enforce_eager` (what the test configs run), same
-engine, demo model, bfloat16, one thread, no prefix cache.
+"""What compiling a CPU engine's graphs buys and costs: vLLM's default (torch.compile) against
+`enforce_eager` (what the test configs and ray_configs/local.yaml run), same engine, demo
+model, bfloat16, one thread, no prefix cache.
 
 For each, in a child process of its own (an engine per process, vLLM spawns more): the engine's
 start (building `LLM`, the compile included), the resident memory of the child and the engine

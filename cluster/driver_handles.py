@@ -20,6 +20,11 @@ def for_driver(handle: DeploymentHandle[Any]) -> DeploymentHandle[Any]:
     # hands a driver the same handle again for the same deployment: that one is set already.
     if not handle.is_initialized:
         handle._init(_run_router_in_separate_loop=True)
+    elif not handle.init_options._run_router_in_separate_loop:
+        raise RuntimeError(
+            f"{handle.deployment_name}'s handle was used before cluster.driver_handles set it up, "
+            "with its router on the caller's loop: make it with driver_handles first"
+        )
     return handle
 
 

@@ -126,13 +126,10 @@ def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
 def haproxy_ports(name: str) -> dict[str, str]:
     """Under Serve's throughput mode (RAY_SERVE_ENABLE_HA_PROXY=1) every node runs an HAProxy
     whose metrics and stats ports are fixed per machine (9101, 8404): each session's clusters
-    get their own, or the second to start dies binding them. A setting a run gave stays."""
+    get their own, or the second to start dies binding them. Ports a run gave are the bases."""
     step = 10 * list(SUITES).index(name)
-    ports = {
-        "RAY_SERVE_HAPROXY_METRICS_PORT": 19101 + step,
-        "RAY_SERVE_HAPROXY_STATS_PORT": 18404 + step,
-    }
-    return {var: os.environ.get(var, str(port)) for var, port in ports.items()}
+    bases = {"RAY_SERVE_HAPROXY_METRICS_PORT": 19101, "RAY_SERVE_HAPROXY_STATS_PORT": 18404}
+    return {var: str(int(os.environ.get(var, base)) + step) for var, base in bases.items()}
 
 
 def pass_on(signal_number: int, frame: FrameType | None) -> None:

@@ -105,16 +105,16 @@ def choose_engine(
             "fallback.engine is llama_server but there is no `llama-server` binary beside this "
             "node's Python or on its PATH (make install builds it); use llama_cpp (or auto)"
         )
+    if requested in ("llama_cpp", "llama_server") and not source_is_file:
+        raise NoEngine(
+            "fallback.source names an Ollama model, which llama.cpp cannot load, and there is "
+            "no `ollama` binary on this node's PATH; point source at a .gguf file"
+        )
     if requested == "llama_cpp" and not llama_cpp_installed:
         raise NoEngine(
             "fallback.engine is llama_cpp (or auto found no llama-server or ollama) but "
             "llama-cpp-python is not installed in this node's Python: `make llama-cpp-python` "
             "installs it; or use engine llama_server (make install builds it)"
-        )
-    if requested in ("llama_cpp", "llama_server") and not source_is_file:
-        raise NoEngine(
-            "fallback.source names an Ollama model, which llama.cpp cannot load, and there is "
-            "no `ollama` binary on this node's PATH; point source at a .gguf file"
         )
     return requested
 

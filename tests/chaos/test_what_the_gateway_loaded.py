@@ -52,6 +52,13 @@ def test_no_gateway_process_has_loaded_vllm_or_torch(gateway: str) -> None:
     assert not {name: libs for name, libs in loaded.items() if libs}
 
 
+def maps_if_alive(pid: int) -> list[str] | None:
+    try:
+        return engine_maps(pid)
+    except OSError:  # it died since it was listed (a replica being replaced)
+        return None
+
+
 def engine_replicas() -> list[int]:
     """The pids of the ALIVE engine replicas (every `model:` deployment but the fallback's)."""
     return [
@@ -71,7 +78,7 @@ def test_the_check_sees_an_engine_where_one_is_loaded(gateway: str) -> None:
     deadline = time.monotonic() + ENGINE_WAIT_S
     seen: dict[int, list[str]] = {}
     while time.monotonic() < deadline:
-        seen = {pid: engine_maps(pid) for pid in engine_replicas() if Path(f"/proc/{pid}").exists()}
+        seen = {pid: maps for pid in engine_replicas() if (maps := maps_if_alive(pid)) is not None}
         if any(any("libtorch" in lib for lib in libs) for libs in seen.values()):
             return
         time.sleep(2)

@@ -235,6 +235,20 @@ def test_an_error_event_from_the_engine_mid_stream_is_a_fault_the_stream_survive
     assert orchestrator.requests[0].messages[-1]["content"] == "One two"
 
 
+def test_an_exception_the_replica_raised_itself_mid_stream_is_continued_on_the_next_link() -> None:
+    coding = FakeBackend(lambda _: [[sse("first", {"content": "One"})], RuntimeError("boom")])
+    orchestrator = FakeBackend(
+        lambda _: [[sse("other", {"content": " two"})], ["data: [DONE]\n\n"]]
+    )
+    router = make_router(make_config(), two(coding, orchestrator))
+    before = sample("gps_backend_faults_total", backend="coding@local")
+    _routed, *items = asyncio.run(collect(router, job()))
+    lines = [line for item in items for line in item]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks_of(lines))
+    assert text == "One two"
+    assert sample("gps_backend_faults_total", backend="coding@local") == before + 1
+
+
 def test_a_stream_under_a_json_format_is_not_continued() -> None:
     coding = FakeBackend(lambda _: [[sse("first", {"content": '{"a": '})], RayError("died")])
     orchestrator = FakeBackend(ok)

@@ -93,7 +93,7 @@ def test_a_session_that_wrote_no_report_names_nothing(tmp_path: Path) -> None:
     assert failed_tests(tmp_path / "missing.xml") == ()
 
 
-def test_each_session_gets_haproxy_ports_of_its_own_and_a_runs_own_setting_stays(
+def test_each_session_gets_haproxy_ports_of_its_own_from_a_runs_own_bases(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("RAY_SERVE_HAPROXY_METRICS_PORT", raising=False)
@@ -102,4 +102,6 @@ def test_each_session_gets_haproxy_ports_of_its_own_and_a_runs_own_setting_stays
     every = [port for pair in ports for port in pair]
     assert len(set(every)) == len(every) == 2 * len(SUITES)
     monkeypatch.setenv("RAY_SERVE_HAPROXY_STATS_PORT", "28404")
-    assert haproxy_ports("main")["RAY_SERVE_HAPROXY_STATS_PORT"] == "28404"
+    stats = [haproxy_ports(name)["RAY_SERVE_HAPROXY_STATS_PORT"] for name in SUITES]
+    assert stats[0] == "28404"
+    assert len(set(stats)) == len(SUITES)

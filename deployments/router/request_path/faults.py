@@ -4,23 +4,31 @@ the answer, Ray's and Serve's exceptions, and the two ways a job leaves its link
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from ray.exceptions import ActorDiedError, ActorUnavailableError
+from grpc.aio import AioRpcError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
+from ray.serve.exceptions import RayServeException, RequestCancelledError
 
 from core.answers import EngineError
 from core.errors import ErrorCode
 from policy.engine_errors import sse_error
 from policy.stream_migration import Partial, StreamTape
 
-# Faults: the backend's, never the client's. Our own cancellation is neither. Whatever a call
-# on a backend's handle raises is its fault: Ray's errors, Serve's, a timeout, gRPC's AioRpcError
-# on Serve's gRPC data plane (deployments.ingress.front_options), and, where the engine's replica
-# runs Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED), the very exception its code
-# raised (a RuntimeError, say), sent without the RayTaskError around it. A client's mistake is
-# an EngineError answer, never an exception.
-BACKEND_FAULTS = (Exception,)
+
+class ReplicaRaised(Exception):
+    """An exception the backend's replica raised itself. Where that replica runs Serve's
+    throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED), Serve sends it over gRPC as itself (a
+    RuntimeError, say), without the RayTaskError it otherwise comes in; `from_backend` names it
+    so, and our own code's errors stay ours (a 500, no breaker)."""
+
+
+# Faults: the backend's, never the client's (a client's mistake is an EngineError answer, never
+# an exception). Our own cancellation is neither. Handles on Serve's gRPC data plane
+# (deployments.ingress.front_options) raise AioRpcError for what Ray calls fail with.
+BACKEND_FAULTS = (RayError, RayServeException, TimeoutError, AioRpcError, ReplicaRaised)
 # A replica gone: ActorDiedError over Ray actor calls, ActorUnavailableError over gRPC.
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError)
 
@@ -94,6 +102,21 @@ def split_at_server_error(item: Any) -> tuple[list[Any], EngineError | None]:
 
 def error_text(error: EngineError) -> str:
     return f"engine error {error.code}: {error.message}"
+
+
+T = TypeVar("T")
+
+
+async def from_backend(item: Awaitable[T]) -> T:
+    """The backend's next item: what its replica raised itself becomes ReplicaRaised (a fault),
+    whatever its type; the end of a stream, a cancellation and Ray's own errors pass as they
+    are."""
+    try:
+        return await item
+    except (StopAsyncIteration, RequestCancelledError, *BACKEND_FAULTS):
+        raise
+    except Exception as raised:
+        raise ReplicaRaised(describe(raised)) from raised
 
 
 def describe(error: BaseException) -> str:

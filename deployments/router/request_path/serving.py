@@ -31,9 +31,11 @@ from deployments.router.request_path.faults import (
     LinkGone,
     MidStreamFault,
     Paused,
+    ReplicaRaised,
     describe,
     engine_error,
     error_text,
+    from_backend,
     is_server_error,
     split_at_server_error,
     stream_error_event,
@@ -189,7 +191,9 @@ class Serving:
             send = _method(link, request)
             stream = attempt.stream = send(request)
             asked = time.perf_counter()
-            first = await _unless_gone(link, anext(stream), self._settings.first_token_timeout_s)
+            first = await _unless_gone(
+                link, from_backend(anext(stream)), self._settings.first_token_timeout_s
+            )
             attempt.engine_wait_s = time.perf_counter() - asked
         except StopAsyncIteration:
             attempt.verdict = False
@@ -225,6 +229,8 @@ class Serving:
             raise
         except BACKEND_FAULTS as fault:
             return _fault_mid_stream(attempt, fault)
+        except Exception as raised:  # noqa: BLE001 - only the backend's item is awaited here
+            return _fault_mid_stream(attempt, ReplicaRaised(describe(raised)))
         return _relay(attempt, item)
 
 
