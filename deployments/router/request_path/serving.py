@@ -10,6 +10,7 @@ breaker when the attempt ends, however it ends.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
@@ -269,6 +270,8 @@ async def _unless_gone(link: Link, item: Awaitable[Any], timeout_s: float) -> An
     link.watch_replicas()  # a set event from the last round may be stale by now
     lost = link.gone()
     if lost.is_set():
+        if inspect.iscoroutine(item):
+            item.close()  # never scheduled: closed, or Python warns it was never awaited
         raise LinkGone(link.gone_reason() or "it is gone")
     answer = asyncio.ensure_future(item)
     gone = asyncio.ensure_future(lost.wait())
