@@ -14,14 +14,12 @@ the figures say which the embedded default should start with.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
 import psutil
 
-from bench.cpu_dtype import DECODE_TOKENS, ENGINE_ENV, MODEL, PROMPT
+from bench.cpu_dtype import DECODE_TOKENS, MODEL, PROMPT, in_child
 
 MODES = {"compiled": False, "eager": True}  # mode: enforce_eager
 RESULT = "cpu_compile result: "
@@ -66,21 +64,8 @@ def measure(mode: str) -> dict[str, float]:
     }
 
 
-def in_child(mode: str) -> dict[str, float]:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.cpu_compile", "--child", mode],
-        env={**os.environ, **ENGINE_ENV},
-        capture_output=True,
-        text=True,
-    )
-    found = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT)]
-    if done.returncode != 0 or not found:
-        raise RuntimeError(f"the {mode} engine failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return dict(json.loads(found[-1].removeprefix(RESULT)))
-
-
 def main() -> int:
-    figures = {mode: in_child(mode) for mode in MODES}
+    figures = {mode: in_child("bench.cpu_compile", mode, RESULT) for mode in MODES}
     anchor = figures["compiled"]
     columns = ("start_s", "rss_mib", "prefill_tokens_s", "decode_tokens_s", "decode2_tokens_s")
     print("| mode | " + " | ".join(columns) + " |\n|---|" + "---:|" * len(columns))

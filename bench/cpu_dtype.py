@@ -62,24 +62,28 @@ def measure(dtype: str) -> dict[str, float]:
     }
 
 
-def in_child(dtype: str) -> dict[str, float]:
+def in_child(module: str, variant: str, marker: str = RESULT) -> dict[str, float]:
+    """`python -m <module> --child <variant>` with the engine's environment: the figures it
+    printed after `marker` (one engine per process: vLLM spawns more of its own)."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.cpu_dtype", "--child", dtype],
+        [sys.executable, "-m", module, "--child", variant],
         env={**os.environ, **ENGINE_ENV},
         capture_output=True,
         text=True,
     )
-    found = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT)]
+    found = [ln for ln in done.stdout.splitlines() if ln.startswith(marker)]
     if done.returncode != 0 or not found:
-        raise RuntimeError(f"the {dtype} engine failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return dict(json.loads(found[-1].removeprefix(RESULT)))
+        raise RuntimeError(
+            f"the {variant} engine failed ({done.returncode}):\n{done.stderr[-3000:]}"
+        )
+    return dict(json.loads(found[-1].removeprefix(marker)))
 
 
 def main() -> int:
     flags = cpu_flags()
     native = sorted(flags & NATIVE_BF16_FLAGS) or ["none"]
     print(f"CPU: AVX-512 {'yes' if 'avx512f' in flags else 'no'}, native bf16: {', '.join(native)}")
-    figures = {dtype: in_child(dtype) for dtype in DTYPES}
+    figures = {dtype: in_child("bench.cpu_dtype", dtype) for dtype in DTYPES}
     anchor = figures["bfloat16"]
     print(f"{'dtype':<10} {'prefill tok/s':>14} {'x bf16':>7} {'decode tok/s':>13} {'x bf16':>7}")
     for dtype, got in figures.items():

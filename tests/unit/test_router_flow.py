@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from ray.exceptions import ActorDiedError, RayError
 
 from core.answers import EngineError
@@ -27,6 +28,7 @@ from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMar
 from policy.engine_counters import EngineCounters
 from tests.fakes.clock import FakeClock
 from tests.fakes.router_harness import (
+    Behaviour,
     FakeBackend,
     FakeDeployments,
     FakePlacement,
@@ -46,23 +48,18 @@ from tests.fakes.router_harness import (
 )
 
 
-def test_a_fault_before_the_first_token_moves_the_job_down_the_chain() -> None:
-    coding, orchestrator = FakeBackend(dead), FakeBackend(ok)
-    router = make_router(make_config(), two(coding, orchestrator))
-    routed, *rest = asyncio.run(collect(router, job()))
-    assert isinstance(routed, Routed)
-    assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
-    assert rest == [['data: {"x": 1}\n\n'], ["data: [DONE]\n\n"]]
-
-
-def test_an_exception_the_replica_raised_itself_is_a_fault_the_job_fails_over_from() -> None:
+def raised_by_the_replica(_: int) -> list[Any]:
     # In Serve's throughput mode a replica's own exception comes over gRPC as itself, not
-    # wrapped in Ray's RayTaskError: the router must still see the backend's fault, not a bug
-    # of its own (the main suite run in that mode answered 500 here).
-    def raising(_: int) -> list[Any]:
-        return [RuntimeError("injected fault")]
+    # wrapped in Ray's RayTaskError: still the backend's fault, not a bug of the router's (the
+    # main suite run in that mode answered 500 here).
+    return [RuntimeError("injected fault")]
 
-    coding, orchestrator = FakeBackend(raising), FakeBackend(ok)
+
+@pytest.mark.parametrize("fault", [dead, raised_by_the_replica])
+def test_a_fault_before_the_first_token_moves_the_job_down_the_chain(
+    fault: Behaviour,
+) -> None:
+    coding, orchestrator = FakeBackend(fault), FakeBackend(ok)
     router = make_router(make_config(), two(coding, orchestrator))
     routed, *rest = asyncio.run(collect(router, job()))
     assert isinstance(routed, Routed)
