@@ -124,12 +124,16 @@ $(DEMO_MODEL): $(INSTALLED) | $(VENV)/bin/llama-server
 # throughput mode"): SERVE_MODE=throughput puts HAProxy in front and takes Serve's throughput-
 # optimized path; a cluster started by `ray start` takes the same variables there.
 SERVE_MODE ?= default
+# Ray's usage stats, off unless set to 1: with them off no engine replica starts ray.llm's
+# telemetry actor (deployments/engine/llm_server.py), 388 MiB that only records them.
+RAY_USAGE_STATS_ENABLED ?= 0
 SERVE_MODE_ENV := $(if $(filter throughput,$(SERVE_MODE)),RAY_SERVE_ENABLE_HA_PROXY=1 \
 	RAY_SERVE_THROUGHPUT_OPTIMIZED=1,)
 run: $(INSTALLED) $(DEMO_MODEL)
 	@case "$(SERVE_MODE)" in default|throughput) ;; \
 		*) echo "SERVE_MODE is default or throughput, not $(SERVE_MODE)"; exit 2;; esac
-	$(SERVE_MODE_ENV) $(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
+	RAY_USAGE_STATS_ENABLED=$(RAY_USAGE_STATS_ENABLED) $(SERVE_MODE_ENV) \
+		$(VENV)/bin/serve run cluster.app:build $(if $(CONFIG),config=$(CONFIG))
 
 # A new config for the running app, applied in place (keys, limits, caps, chains, the router's
 # and the gateway's settings): `make reload CONFIG=path.yaml [APP=name]` (cluster/reload.py).

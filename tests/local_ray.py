@@ -32,6 +32,8 @@ LOADED_MACHINE_SETTINGS = {
     # Serve's throughput mode buffers 1,000 access lines before it writes them; tests that read
     # which replica answered (tests/placement) read them at once.
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
+    # As `make run`: no ray.llm telemetry actor (vLLM and torch in one more process per cluster).
+    "RAY_USAGE_STATS_ENABLED": "0",
 }
 
 

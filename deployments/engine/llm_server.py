@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from ray import serve
+from ray._common.usage.usage_lib import usage_stats_enabled
 from ray.serve.llm import LLMServer
 
 from core.answers import EngineError, Item
@@ -175,6 +176,16 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
         self._stats = _EngineStats()
         manager.stat_loggers.append(self._stats)
         self._capacity = _kv_capacity_tokens(client)
+
+    async def _start_engine(self) -> None:
+        """The engine, without ray.llm's usage-telemetry report where Ray's usage stats are off
+        (RAY_USAGE_STATS_ENABLED=0, as `make run` sets): the report goes through a detached
+        `TelemetryAgent` on the head node that imports vLLM and torch (388 MiB resident, 9 s of
+        CPU at start) only to record tags for the usage stats nobody will send."""
+        if usage_stats_enabled() or self.engine is None:
+            await super()._start_engine()
+            return
+        await self.engine.start()
 
     async def kv_cache_usage(self) -> float | None:
         """The engine's KV-cache usage (0..1) after its last step; None if not observable."""

@@ -83,3 +83,13 @@ def test_the_check_sees_an_engine_where_one_is_loaded(gateway: str) -> None:
             return
         time.sleep(2)
     raise AssertionError(f"no engine replica mapped libtorch in {ENGINE_WAIT_S} s: {seen}")
+
+
+def test_no_engine_start_left_a_usage_telemetry_actor(gateway: str) -> None:
+    """With Ray's usage stats off (tests/local_ray.py, as `make run`), no engine replica, first
+    start or replacement, started ray.llm's telemetry actor: one more process of vLLM and torch
+    on the head node that only records the stats nobody sends."""
+    agents = list_actors(
+        this_cluster(), filters=[("class_name", "=", "TelemetryAgent")], detail=True, limit=100
+    )
+    assert not [(a.get("name"), a.get("state")) for a in agents]
