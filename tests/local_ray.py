@@ -16,7 +16,12 @@ from ray import serve
 
 from cluster.ray_start import start_retrying
 
-__all__ = ["start_retrying", "stop_serve_and_ray", "use_loaded_machine_settings"]
+__all__ = [
+    "haproxy_ports_of_node",
+    "start_retrying",
+    "stop_serve_and_ray",
+    "use_loaded_machine_settings",
+]
 
 # Ray and Serve settings (environment variables every process of a test cluster inherits) for
 # a 2-core machine where `make test` runs sessions side by side.
@@ -35,6 +40,22 @@ LOADED_MACHINE_SETTINGS = {
     # As `make run`: no ray.llm telemetry actor (vLLM and torch in one more process per cluster).
     "RAY_USAGE_STATS_ENABLED": "0",
 }
+
+
+# Under Serve's throughput mode (RAY_SERVE_ENABLE_HA_PROXY=1) each node with a proxy runs an
+# HAProxy that binds these ports of its machine (Ray's defaults; tests/suites.py gives each
+# session its own, ten apart).
+HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_METRICS_PORT": 9101, "RAY_SERVE_HAPROXY_STATS_PORT": 8404}
+NODES_PER_SESSION = 10
+
+
+def haproxy_ports_of_node(index: int) -> dict[str, str]:
+    """The environment of a cluster's `index`-th node (the head is 0) on this machine: the
+    session's HAProxy ports moved by `index`, or the second node's HAProxy would die binding the
+    head's (a gateway on every node, `proxy_location: EveryNode`)."""
+    if not 0 <= index < NODES_PER_SESSION:
+        raise ValueError(f"node {index}: a session's ports leave room for {NODES_PER_SESSION}")
+    return {var: str(int(os.environ.get(var, base)) + index) for var, base in HAPROXY_PORTS.items()}
 
 
 def use_loaded_machine_settings() -> None:

@@ -127,7 +127,7 @@ def haproxy_ports(name: str) -> dict[str, str]:
     """Under Serve's throughput mode (RAY_SERVE_ENABLE_HA_PROXY=1) every node runs an HAProxy
     whose metrics and stats ports are fixed per machine (9101, 8404): each session's clusters
     get their own, or the second to start dies binding them. Ports a run gave are the bases."""
-    step = 10 * list(SUITES).index(name)
+    step = 10 * list(SUITES).index(name)  # a session's nodes take +0..+9 (tests/local_ray.py)
     bases = {"RAY_SERVE_HAPROXY_METRICS_PORT": 19101, "RAY_SERVE_HAPROXY_STATS_PORT": 18404}
     return {var: str(int(os.environ.get(var, base)) + step) for var, base in bases.items()}
 

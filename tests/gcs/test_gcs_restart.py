@@ -46,7 +46,12 @@ from cluster.app import build_app
 from cluster.ray_runtime import gcs_answers, start_serve
 from core.config import ClusterConfig, load_config
 from tests.batches import assert_every_line_once, completed, submit
-from tests.local_ray import start_retrying, stop_serve_and_ray, use_loaded_machine_settings
+from tests.local_ray import (
+    haproxy_ports_of_node,
+    start_retrying,
+    stop_serve_and_ray,
+    use_loaded_machine_settings,
+)
 
 CONFIG = Path(__file__).with_name("gcs.yaml")
 NAMESPACE, APP = "serve", "gcs"
@@ -99,8 +104,13 @@ def redis_answers(port: int) -> bool:
 def three_nodes() -> Cluster:
     nodes = Cluster(initialize_head=True, head_node_args=HEAD_ARGS)
     pools = {"pool_local": 1, "pool_cloud": 1}  # gcs.yaml says why both
-    for resources, cpus, port in (({"gateway": 1}, 2, GATEWAY_PORT), (pools, 1, POOL_PORT)):
-        env = {WORKER_PROXY_PORT: str(port), RECONNECT_VARIABLE: str(RECONNECT_S)}
+    nodes_here = (({"gateway": 1}, 2, GATEWAY_PORT), (pools, 1, POOL_PORT))
+    for index, (resources, cpus, port) in enumerate(nodes_here, start=1):
+        env = {
+            WORKER_PROXY_PORT: str(port),
+            RECONNECT_VARIABLE: str(RECONNECT_S),
+            **haproxy_ports_of_node(index),
+        }
         nodes.add_node(num_cpus=cpus, resources=resources, env_vars=env)
     return nodes
 

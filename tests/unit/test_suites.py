@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.local_ray import haproxy_ports_of_node
 from tests.suites import SUITES, failed_tests, haproxy_ports
 
 SESSION = """
@@ -105,3 +106,21 @@ def test_each_session_gets_haproxy_ports_of_its_own_from_a_runs_own_bases(
     stats = [haproxy_ports(name)["RAY_SERVE_HAPROXY_STATS_PORT"] for name in SUITES]
     assert stats[0] == "28404"
     assert len(set(stats)) == len(SUITES)
+
+
+def test_the_nodes_of_one_sessions_cluster_get_haproxy_ports_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_METRICS_PORT", raising=False)
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_STATS_PORT", raising=False)
+    sessions = {name: haproxy_ports(name) for name in SUITES}
+    for variable, port in sessions["gcs"].items():  # as tests/suites.py starts its session
+        monkeypatch.setenv(variable, port)
+    nodes = [tuple(haproxy_ports_of_node(index).values()) for index in range(3)]
+    assert nodes[0] == tuple(sessions["gcs"].values())  # the head keeps the session's
+    every = [port for pair in nodes for port in pair]
+    assert len(set(every)) == len(every)
+    others = {port for name, ports in sessions.items() if name != "gcs" for port in ports.values()}
+    assert not others & set(every)
+    with pytest.raises(ValueError, match="room for 10"):
+        haproxy_ports_of_node(10)
