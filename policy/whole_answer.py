@@ -84,7 +84,7 @@ def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> W
     as one answer: its id, text, finish_reason and usage (counted from the chunks where the
     stream sent none: one content chunk a token, as vLLM's and our streams send them);
     `fallback_model`: its model's name where no chunk gave one."""
-    ident = created = model = finish = None
+    ident = created = model = finish = stop_reason = fingerprint = None
     content: list[str] = []
     reasoning: dict[str, list[str]] = {}  # by the field the stream used (vLLM's or older)
     usage: dict[str, Any] | None = None
@@ -97,6 +97,7 @@ def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> W
         ident = ident or chunk.get("id")
         created = created or chunk.get("created")
         model = model or chunk.get("model")
+        fingerprint = fingerprint or chunk.get("system_fingerprint")
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
@@ -107,6 +108,7 @@ def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> W
                 if delta.get(field):
                     reasoning.setdefault(field, []).append(delta[field])
             finish = choice.get("finish_reason") or finish
+            stop_reason = choice.get("stop_reason", stop_reason)
     if usage is None:
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -120,8 +122,19 @@ def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> W
         "object": "chat.completion",
         "created": created,
         "model": model or fallback_model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish or "stop"}],
+        # As the engine's whole answer has them: no logprobs (one that asks is not generated
+        # as a stream), the stop string or token that ended it (vLLM's field, where it sent it).
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish or "stop",
+                "stop_reason": stop_reason,
+            }
+        ],
         "usage": usage,
+        "system_fingerprint": fingerprint,
     }
     served_by, moves = _moves(lines)
     kept = {k: v for k, v in body.items() if v is not None}

@@ -51,11 +51,27 @@ def test_the_chunks_make_one_answer_with_the_streams_usage() -> None:
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": "Hello there"},
+                "logprobs": None,
                 "finish_reason": "length",
+                "stop_reason": None,
             }
         ],
         "usage": usage,
     }
+
+
+def test_the_stop_that_ended_it_and_the_fingerprint_are_the_streams() -> None:
+    ending = {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}
+    lines = [
+        line(id="a", model="m", system_fingerprint="fp-1", choices=[ending | {"delta": {
+            "content": "Hi"}, "finish_reason": None, "stop_reason": None}]),
+        line(id="a", model="m", system_fingerprint="fp-1", choices=[ending]),
+    ]  # fmt: skip
+    body = whole_answer(lines, prompt_tokens=1, fallback_model="m").body
+    assert body is not None
+    assert body["system_fingerprint"] == "fp-1"
+    [choice] = body["choices"]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", "END")
 
 
 def test_without_a_usage_chunk_the_content_chunks_are_counted() -> None:
