@@ -137,12 +137,14 @@ def test_a_vram_drop_moves_reasoning_to_the_cloud_and_recovery_brings_it_back(
 
 def ingress_replicas(logs: str) -> dict[str, str]:
     """Which ingress replica answered each request, by Serve's request id (`x-request-id`):
-    the access lines in the workers' stderr files, where Serve writes them as they come (its
-    own replica log files buffer them, RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE)."""
+    the access lines in the workers' stderr files, or in Serve's own replica log files under
+    the throughput mode, which writes none to stderr (the tests have the replicas write each
+    line at once, RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE=1, which the front's options pass on)."""
     access = re.compile(r"placed_ingress (\w+) ([\w-]+) -- ")
     answered: dict[str, str] = {}
-    for stderr in Path(logs).glob("worker-*.err"):
-        for replica, request in access.findall(stderr.read_text(errors="replace")):
+    folder = Path(logs)
+    for log in (*folder.glob("worker-*.err"), *folder.glob("serve/replica_placed_ingress_*.log")):
+        for replica, request in access.findall(log.read_text(errors="replace")):
             answered[request] = replica
     return answered
 

@@ -1,0 +1,21 @@
+"""The front replicas' Serve options: Serve's throughput settings in their runtime env, and the
+access-log buffer the operator sets where the app is built winning over ours."""
+
+from __future__ import annotations
+
+from deployments.ingress.front_options import FRONT_ENV_VARS, LOG_BUFFER, front_actor_options
+
+
+def test_the_front_buffers_a_thousand_access_lines_unless_told_otherwise() -> None:
+    options = front_actor_options({"gateway": 0.001}, environ={})
+    assert options["runtime_env"]["env_vars"] == FRONT_ENV_VARS
+    assert options["runtime_env"]["env_vars"][LOG_BUFFER] == "1000"
+    assert (options["num_cpus"], options["resources"]) == (0, {"gateway": 0.001})
+
+
+def test_the_operators_buffer_size_reaches_the_front_replicas() -> None:
+    env_vars = front_actor_options({}, environ={LOG_BUFFER: "1"})["runtime_env"]["env_vars"]
+    assert env_vars[LOG_BUFFER] == "1"
+    assert {k: v for k, v in env_vars.items() if k != LOG_BUFFER} == {
+        k: v for k, v in FRONT_ENV_VARS.items() if k != LOG_BUFFER
+    }
