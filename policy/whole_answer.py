@@ -81,9 +81,10 @@ def _moves(lines: list[str]) -> tuple[str | None, int]:
 
 def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> WholeAnswer:
     """The lines of one streamed answer (its `data:` chunks; comments and `[DONE]` are skipped)
-    as one answer: its id, text, finish_reason and usage (counted from the chunks where the
-    stream sent none: one content chunk a token, as vLLM's and our streams send them);
-    `fallback_model`: its model's name where no chunk gave one."""
+    as one answer: its id, text, finish_reason, stop_reason, the last link's system_fingerprint
+    and usage (counted from the chunks where the stream sent none: one content chunk a token,
+    as vLLM's and our streams send them); `fallback_model`: its model's name where no chunk
+    gave one."""
     ident = created = model = finish = stop_reason = fingerprint = None
     content: list[str] = []
     reasoning: dict[str, list[str]] = {}  # by the field the stream used (vLLM's or older)
@@ -97,7 +98,8 @@ def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> W
         ident = ident or chunk.get("id")
         created = created or chunk.get("created")
         model = model or chunk.get("model")
-        fingerprint = fingerprint or chunk.get("system_fingerprint")
+        # The link it ended on: after a move, the last link's (as `served_by`).
+        fingerprint = chunk.get("system_fingerprint") or fingerprint
         if isinstance(chunk.get("usage"), dict):
             usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
@@ -108,7 +110,8 @@ def whole_answer(lines: list[str], prompt_tokens: int, fallback_model: str) -> W
                 if delta.get(field):
                     reasoning.setdefault(field, []).append(delta[field])
             finish = choice.get("finish_reason") or finish
-            stop_reason = choice.get("stop_reason", stop_reason)
+            if choice.get("stop_reason") is not None:  # a stop string, or a token id (0 too)
+                stop_reason = choice["stop_reason"]
     if usage is None:
         usage = {
             "prompt_tokens": prompt_tokens,

@@ -15,6 +15,8 @@ the same code, a request the KV cache has no room for now.
 
 Client errors: whatever the engine rejects as the client's mistake (policy.engine_errors),
 raised or answered, goes back as a 400 that the router does not count against this backend.
+
+Start: with Ray's usage stats off, no ray.llm usage-telemetry report (and so no telemetry actor).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from ray import serve
-from ray._common.usage.usage_lib import usage_stats_enabled
+from ray._common.usage.usage_lib import usage_stats_enabled  # Ray's own test; ray is pinned
 from ray.serve.llm import LLMServer
 
 from core.answers import EngineError, Item

@@ -60,16 +60,19 @@ def test_the_chunks_make_one_answer_with_the_streams_usage() -> None:
     }
 
 
-def test_the_stop_that_ended_it_and_the_fingerprint_are_the_streams() -> None:
+def test_the_stop_that_ended_it_and_the_last_links_fingerprint_are_the_answers() -> None:
     ending = {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "END"}
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
     lines = [
         line(id="a", model="m", system_fingerprint="fp-1", choices=[ending | {"delta": {
             "content": "Hi"}, "finish_reason": None, "stop_reason": None}]),
-        line(id="a", model="m", system_fingerprint="fp-1", choices=[ending]),
+        ": gps-migrated from=x to=y\n\n",
+        line(id="a", model="m", system_fingerprint="fp-2", choices=[ending]),
+        line(id="a", model="m", choices=[], usage=usage),
     ]  # fmt: skip
     body = whole_answer(lines, prompt_tokens=1, fallback_model="m").body
     assert body is not None
-    assert body["system_fingerprint"] == "fp-1"
+    assert body["system_fingerprint"] == "fp-2"
     [choice] = body["choices"]
     assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", "END")
 
