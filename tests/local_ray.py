@@ -15,6 +15,7 @@ import ray
 from ray import serve
 
 from cluster.ray_start import start_retrying
+from tests.suites import NODES_PER_SESSION
 
 __all__ = [
     "haproxy_ports_of_node",
@@ -46,7 +47,6 @@ LOADED_MACHINE_SETTINGS = {
 # HAProxy that binds these ports of its machine (Ray's defaults; tests/suites.py gives each
 # session its own, ten apart).
 HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_METRICS_PORT": 9101, "RAY_SERVE_HAPROXY_STATS_PORT": 8404}
-NODES_PER_SESSION = 10
 
 
 def haproxy_ports_of_node(index: int) -> dict[str, str]:

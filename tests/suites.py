@@ -87,6 +87,9 @@ SUITES: dict[str, list[str]] = {
     "image": ["tests/image/test_cpu_image.py", "-s", "--durations=10"],
 }
 RUN_VARIABLE = "MAKE_TEST_RUN"  # tests/image/conftest.py
+# A session's HAProxy ports are this far from the next session's: room for its cluster's nodes
+# on this machine, each a port further (tests/local_ray.py, haproxy_ports_of_node).
+NODES_PER_SESSION = 10
 
 
 RUNNING: set[subprocess.Popen[bytes]] = set()  # the sessions under way, for pass_on
@@ -127,7 +130,7 @@ def haproxy_ports(name: str) -> dict[str, str]:
     """Under Serve's throughput mode (RAY_SERVE_ENABLE_HA_PROXY=1) every node runs an HAProxy
     whose metrics and stats ports are fixed per machine (9101, 8404): each session's clusters
     get their own, or the second to start dies binding them. Ports a run gave are the bases."""
-    step = 10 * list(SUITES).index(name)  # a session's nodes take +0..+9 (tests/local_ray.py)
+    step = NODES_PER_SESSION * list(SUITES).index(name)
     bases = {"RAY_SERVE_HAPROXY_METRICS_PORT": 19101, "RAY_SERVE_HAPROXY_STATS_PORT": 18404}
     return {var: str(int(os.environ.get(var, base)) + step) for var, base in bases.items()}
 
