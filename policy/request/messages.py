@@ -7,6 +7,8 @@ wrong shape must be refused here. Each role may send the part types OpenAI allow
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ __all__ = [
     "IMAGE_DETAILS",
     "PART_TYPES",
     "ROLES",
+    "check_image_url",
     "check_messages",
 ]
 
@@ -101,9 +104,28 @@ def _refusal_part(part: dict[str, Any], where: str) -> None:
 
 def _image_part(part: dict[str, Any], where: str) -> None:
     image = require(part, "image_url", dict, "an object with a url", where)
-    require(image, "url", str, "a string", f"{where}.image_url")
+    url = require(image, "url", str, "a string", f"{where}.image_url")
     if image.get("detail") not in (None, *IMAGE_DETAILS):
         fail(f"{where}.image_url.detail", f"must be one of {', '.join(IMAGE_DETAILS)}")
+    check_image_url(url, f"{where}.image_url.url")
+
+
+def check_image_url(url: str, where: str) -> None:
+    """Images come inline. Any other URL would have the engine fetch it from wherever it runs:
+    a door into the operator's network that no setting of ours opens."""
+    head, comma, data = url.partition(",")
+    if not head.lower().startswith("data:"):
+        fail(
+            where,
+            "must be a data URL (data:image/png;base64,...): this gateway does not fetch "
+            "images from the network; send the image's bytes inline",
+        )
+    if not comma or not head.lower().startswith("data:image/") or not head.endswith(";base64"):
+        fail(where, "must be an image's data URL in base64: data:image/<format>;base64,<data>")
+    try:
+        base64.b64decode(data, validate=True)
+    except binascii.Error:
+        fail(where, "holds data that is not valid base64")
 
 
 def _audio_part(part: dict[str, Any], where: str) -> None:

@@ -140,8 +140,22 @@ def test_a_tool_round_trip_becomes_tool_calls_and_a_tool_message_in_order() -> N
             },
             "tool_choice.name",
         ),
+        # Images come inline: a url source would have an engine fetch it.
+        (
+            {"model": "coding", "max_tokens": 5, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": "http://10.0.0.1/a.png"}},
+            ]}]},
+            "messages.0.content.0.source.url",
+        ),
+        (
+            {"model": "coding", "max_tokens": 5, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {
+                    "type": "base64", "media_type": "image/png", "data": "!!"}},
+            ]}]},
+            "messages.0.content.0.source.data",
+        ),
     ],
-)
+)  # fmt: skip
 def test_what_anthropics_api_refuses_is_a_400_naming_the_field(
     body: dict[str, Any], param: str
 ) -> None:

@@ -224,6 +224,11 @@ def refusal(payload: dict[str, Any], gateway: GatewayConfig = GATEWAY) -> ApiErr
     return raised.value
 
 
+# A 1x1 PNG.
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 TOOL = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
 CALL = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
 
@@ -263,9 +268,26 @@ REFUSED = {
         "messages[0].content[0].image_url",
     ),
     "image detail": (
-        user([{"type": "image_url", "image_url": {"url": "data:,", "detail": "max"}}]),
+        user([{"type": "image_url", "image_url": {"url": PNG, "detail": "max"}}]),
         "messages[0].content[0].image_url.detail",
     ),
+    # No door into the network: an image comes inline, never as a URL an engine would fetch.
+    **{
+        f"image url {url[:24]}": (
+            user([{"type": "image_url", "image_url": {"url": url}}]),
+            "messages[0].content[0].image_url.url",
+        )
+        for url in (
+            "http://169.254.169.254/latest/meta-data/",
+            "https://example.com/cat.png",
+            "file:///etc/passwd",
+            "HTTP://[::1]/a.png",
+            "data:,",
+            "data:text/plain;base64,aGk=",
+            "data:image/png,rawbytes",
+            "data:image/png;base64,!!not base64!!",
+        )
+    },
     "audio format": (
         user([{"type": "input_audio", "input_audio": {"data": "AA", "format": "ogg"}}]),
         "messages[0].content[0].input_audio.format",
@@ -363,7 +385,10 @@ def test_each_rule_refuses_its_field_by_name(case: str) -> None:
 ACCEPTED = {
     "plain": chat(),
     "text parts": user([{"type": "text", "text": "Hi."}, {"type": "text", "text": ""}]),
-    "image part": user([{"type": "image_url", "image_url": {"url": "data:,", "detail": "low"}}]),
+    "image part": user([{"type": "image_url", "image_url": {"url": PNG, "detail": "low"}}]),
+    "image part, media type in capitals": user(
+        [{"type": "image_url", "image_url": {"url": PNG.replace("data:image", "DATA:image")}}]
+    ),
     "audio part": user([{"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]),
     "developer and system": chat(
         messages=[

@@ -132,6 +132,11 @@ def test_a_whole_conversation_with_calls_and_outputs_becomes_chat_turns() -> Non
              "tool_choice": {"type": "function", "name": "g"}},
             "tool_choice.name",
         ),
+        (
+            {"model": "m", "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "https://example.com/a.png"}]}]},
+            "input.0.content.0.image_url",
+        ),
     ],
 )  # fmt: skip
 def test_what_the_responses_api_refuses_is_a_400_naming_the_field(

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policy.request.fields import fail, json_kind
+from policy.request.messages import check_image_url
 
 __all__ = ["BILLING_HEADER", "to_chat", "to_counted"]
 
@@ -186,8 +187,11 @@ def _image_url(source: Any, where: str) -> str:
         media, data = source.get("media_type"), source.get("data")
         if not isinstance(media, str) or not isinstance(data, str):
             fail(where, "of type base64 needs media_type and data (strings)")
-        return f"data:{media};base64,{data}"
+        url = f"data:{media};base64,{data}"
+        check_image_url(url, f"{where}.data")
+        return url
     if kind == "url" and isinstance(source.get("url"), str):
+        check_image_url(source["url"], f"{where}.url")  # refused: no fetching
         return str(source["url"])
     fail(f"{where}.type", "must be base64 (with media_type and data) or url (with url)")
 

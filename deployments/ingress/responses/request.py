@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policy.request.fields import fail, json_kind
+from policy.request.messages import check_image_url
 
 __all__ = ["CUSTOM_INPUT", "ChatOfResponse", "ToolNames", "to_chat"]
 
@@ -218,7 +219,8 @@ def _content(content: Any, where: str) -> str | list[Body]:
         elif kind == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
-                fail(f"{where}.content.{j}.image_url", "is required (a URL or a data URL)")
+                fail(f"{where}.content.{j}.image_url", "is required (a data URL)")
+            check_image_url(url, f"{where}.content.{j}.image_url")
             parts.append({"type": "image_url", "image_url": {"url": url}})
     if all(p["type"] == "text" for p in parts):
         return "\n\n".join(p["text"] for p in parts)
