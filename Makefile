@@ -10,7 +10,9 @@ INSTALLED := $(VENV)/.installed
 # The third-choice fallback engine's Python bindings (fallback.engine: llama_cpp): optional for
 # `make run`, whose default is llama.cpp's own server; the tests and benches use it.
 LLAMA_CPP_PYTHON := $(VENV)/.llama-cpp-python
-DEMO_MODEL := .models/SmolLM2-135M-Instruct/.prepared
+# `make model` builds the demo model, then the vision model from it (cluster/vision_model.py):
+# the latter's stamp stands for both.
+DEMO_MODEL := .models/SmolLM2-135M-Vision/.prepared
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: install llama-cpp-python model run reload test check unit integration e2e chaos catalog capacity-test placement autoscale monitoring reload-test batch gcs recovery rayup stop lint format bench capacity image image-test clean
@@ -117,8 +119,24 @@ $(LLAMA_SERVER): | $(INSTALLED)
 	cp $(LLAMA_WHEELS)/src/build/bin/llama-server $@.part && mv $@.part $@
 	rm -rf $(LLAMA_WHEELS)/src
 
-$(DEMO_MODEL): $(INSTALLED) | $(VENV)/bin/llama-server
-	$(PY) -m cluster.models prepare
+# llama.cpp's converter from the same pinned source, kept (the server's build deletes its tree):
+# it writes the vision model's GGUF and projector for the fallback's llama-server --mmproj.
+LLAMA_CONVERT := $(LLAMA_WHEELS)/convert-$(LLAMA_CPP_VERSION)
+$(LLAMA_CONVERT)/.ready: | $(INSTALLED)
+	rm -rf $(LLAMA_CONVERT) && mkdir -p $(LLAMA_CONVERT)/sdist
+	$(PIP) download -q --no-deps --no-binary llama-cpp-python -d $(LLAMA_CONVERT)/sdist \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	tar xzf $(LLAMA_CONVERT)/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CONVERT) \
+		--strip-components=3 $(addprefix llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/,\
+		convert_hf_to_gguf.py conversion gguf-py)
+	rm -rf $(LLAMA_CONVERT)/sdist
+	touch $@
+
+# What the vision model is built from is a prerequisite too: prepare's stamps decide what is redone.
+$(DEMO_MODEL): $(INSTALLED) $(LLAMA_CONVERT)/.ready cluster/vision_model.py \
+		ray_configs/templates/chatml_tools.jinja | $(VENV)/bin/llama-server
+	$(PY) -m cluster.models prepare --llama-convert $(LLAMA_CONVERT)
+	touch $@
 
 # Ray Serve's mode where `serve run` starts the cluster (docs/operations.md, "Ray Serve's
 # throughput mode"): SERVE_MODE=throughput puts HAProxy in front and takes Serve's throughput-

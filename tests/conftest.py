@@ -30,6 +30,7 @@ from cluster.app import build_gateway
 from cluster.backends import build_backend, build_fallback
 from cluster.driver_handles import deployment_handle
 from cluster.ray_runtime import local_pool_resources
+from cluster.vision_model import VISION_NAME
 from core.config import ClusterConfig, load_config
 from core.types import FALLBACK_BACKEND
 from tests.local_ray import start_retrying, stop_serve_and_ray, use_loaded_machine_settings
@@ -44,7 +45,6 @@ ROOT = Path(__file__).parents[1]
 settings.register_profile("gps", deadline=None)
 settings.load_profile("gps")
 E2E = Path(__file__).with_name("e2e")
-DEMO = "SmolLM2-135M-Instruct"  # the demo model: `make model`
 CONFIG = E2E / "gateway.yaml"
 API_KEY = "test-user-key"  # its sha256 is in gateway.yaml
 PORT = int(os.environ.get("GPS_E2E_PORT", "18000"))
@@ -53,8 +53,9 @@ PROBE_DEPLOYMENT = f"probe:{PROBED_BACKEND}"
 # The default model of role reasoning (a test engine) is probed too: test_catalog.py fails it.
 THINKER_BACKEND = "thinker@local"
 THINKER_PROBE_DEPLOYMENT = f"probe:{THINKER_BACKEND}"
-# gateway.yaml's adapter of vision: its adapter_config.json is checked in (the config's load
-# checks it), its weights are made by this session (the same on every machine: seeded).
+# gateway.yaml's adapter of vision (of the demo vision model's language model): its
+# adapter_config.json is checked in (the config's load checks it), its weights are made by this
+# session (the same on every machine: seeded).
 ADAPTER = E2E / "adapters" / "vision-sql"
 # The vision backend has a KV cache smaller than two requests and an out-of-memory switch.
 SWITCHED_BACKEND = "vision@local"
@@ -98,7 +99,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> ClusterConfig:
         source = Path(config.resolve_path(model.source))
         if not source.is_dir():
             pytest.fail(f"{source} is missing: run `make model` (make test does it)")
-    make_adapter(ROOT / ".models" / DEMO, ADAPTER, seed=7, base_name=f"HuggingFaceTB/{DEMO}")
+    make_adapter(ROOT / ".models" / VISION_NAME, ADAPTER, seed=7, base_name=VISION_NAME)
     return config
 
 

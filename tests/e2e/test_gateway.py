@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import time
 import uuid
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+from PIL import Image
 
 from core.config import ClusterConfig
 
@@ -305,20 +309,52 @@ def test_metrics_count_answers_by_status(http: httpx.Client) -> None:
     assert "gps_response_start_seconds_bucket" in text
 
 
-def test_images_to_a_text_model_get_a_400_that_says_so(http: httpx.Client) -> None:
-    pixel = (
-        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4"
-        "DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
-    )
+def data_url(image: Image.Image) -> str:
+    png = io.BytesIO()
+    image.save(png, "PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+
+
+RED = data_url(Image.new("RGB", (64, 64), "red"))
+NOISE = data_url(
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 48, 3), dtype=np.uint8))
+)
+
+
+def ask_about(http: httpx.Client, url: str, model: str = "vision") -> httpx.Response:
     parts = [
-        {"type": "text", "text": "What is this?"},
-        {"type": "image_url", "image_url": {"url": pixel}},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "What is in this picture?"},
     ]
-    response = http.post(
-        "/v1/chat/completions", json=chat_body(messages=[{"role": "user", "content": parts}])
-    )
+    body = chat_body(model=model, messages=[{"role": "user", "content": parts}], temperature=0)
+    return http.post("/v1/chat/completions", json=body)
+
+
+def test_the_vision_model_reads_an_image_and_its_answer_depends_on_it(
+    http: httpx.Client,
+) -> None:
+    answers = []
+    for url in (RED, NOISE, RED):
+        response = ask_about(http, url)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-backend"] == "vision@local"
+        # The engine counted the image's tiles: a square is 5 tiles of 64 tokens.
+        assert response.json()["usage"]["prompt_tokens"] > 5 * 64
+        answers.append(response.json()["choices"][0]["message"]["content"])
+    red, noise, red_again = answers
+    assert red == red_again  # greedy: the same image, the same answer
+    assert noise != red
+
+
+def test_an_image_sent_to_a_text_model_is_read_by_the_vision_model(http: httpx.Client) -> None:
+    response = ask_about(http, RED, model="smollm2")
+    assert response.status_code == 200, response.text
+    assert response.headers["x-backend"] == "vision@local"
+
+
+def test_an_image_by_url_is_refused_and_never_fetched(http: httpx.Client) -> None:
+    response = ask_about(http, "http://169.254.169.254/latest/meta-data/")
     error = assert_openai_error(response, 400, "invalid_request")
-    assert "'vision' cannot take images" in error["message"]
-    assert "not a multimodal model" in error["message"]
-    assert "Traceback" not in error["message"]
+    assert "data URL" in error["message"]
+    assert error["param"] == "messages[0].content[0].image_url.url"
     assert_serves(http)

@@ -1,0 +1,148 @@
+"""The demo vision model that `make model` builds (cluster/vision_model.py): a real Idefics3 that
+transformers' own processor and model read without torchvision, whose greedy answers depend on
+the image, and whose GGUF and projector llama.cpp's `llama-server --mmproj` reads and counts as
+transformers does. vLLM serving it is tested end to end (tests/e2e/test_gateway.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from cluster.vision_model import VISION_GGUF, VISION_MMPROJ, VISION_NAME, VisionShape
+
+MODELS = Path(__file__).parents[2] / ".models"
+VISION = MODELS / VISION_NAME
+ASK = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
+
+
+@pytest.fixture(scope="module")
+def processor() -> Any:
+    if not (VISION / "model.safetensors").is_file():
+        pytest.fail(f"{VISION} is missing: run `make model` (make test does it)")
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(VISION)
+
+
+def tokens_for(processor: Any, image: Image.Image) -> list[int]:
+    text = processor.apply_chat_template(ASK, add_generation_prompt=True)
+    ids: list[int] = processor(text=text, images=[image])["input_ids"][0]
+    return ids
+
+
+def test_the_processor_needs_no_torchvision() -> None:
+    # The Makefile uninstalls torchvision (it breaks CPU torch): the PIL image processor it is.
+    script = (
+        "import sys; from transformers import AutoProcessor; "
+        f"p = AutoProcessor.from_pretrained({str(VISION)!r}); "
+        "print(type(p.image_processor).__name__, 'torchvision' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["Idefics3ImageProcessorPil", "False"]
+
+
+def test_an_image_costs_its_tiles_in_tokens(processor: Any) -> None:
+    shape = VisionShape()
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+    square = tokens_for(processor, Image.new("RGB", (64, 64), "red"))
+    wide = tokens_for(processor, Image.new("RGB", (300, 60), "blue"))
+    # A square fills 2 x 2 tiles and the whole image; a wide strip 1 x 2 and the whole image.
+    assert square.count(image_token) == 5 * shape.tokens_per_tile == 320
+    assert wide.count(image_token) == 3 * shape.tokens_per_tile
+    text_only = processor.apply_chat_template(
+        [{"role": "user", "content": "What is this?"}], add_generation_prompt=True
+    )
+    assert len(square) > len(processor(text=text_only)["input_ids"][0]) + 320
+
+
+def test_greedy_answers_depend_on_the_image_and_only_on_it(processor: Any) -> None:
+    import torch
+    from transformers import Idefics3ForConditionalGeneration
+
+    model = Idefics3ForConditionalGeneration.from_pretrained(VISION).eval()
+    noise = np.random.default_rng(1).integers(0, 255, (64, 48, 3), dtype=np.uint8)
+
+    def answer(image: Image.Image) -> list[int]:
+        text = processor.apply_chat_template(ASK, add_generation_prompt=True)
+        inputs = processor(text=text, images=[image], return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+        return [int(t) for t in out[0, inputs["input_ids"].shape[1] :]]
+
+    red = answer(Image.new("RGB", (64, 64), "red"))
+    assert answer(Image.fromarray(noise)) != red
+    assert answer(Image.new("RGB", (64, 64), "red")) == red
+
+
+def test_the_ggufs_are_a_llama_model_and_an_idefics3_projector() -> None:
+    from gguf import GGUFReader
+
+    def field(reader: GGUFReader, key: str) -> str:
+        value = reader.get_field(key)
+        assert value is not None, key
+        return str(value.contents())
+
+    text = GGUFReader(MODELS / VISION_GGUF)
+    assert field(text, "general.architecture") == "llama"
+    projector = GGUFReader(MODELS / VISION_MMPROJ)
+    assert field(projector, "clip.projector_type") == "idefics3"
+
+
+def data_url(image: Image.Image) -> str:
+    png = io.BytesIO()
+    image.save(png, "PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+
+
+def test_llama_server_reads_the_projector_and_counts_as_the_processor(processor: Any) -> None:
+    from deployments.fallback.replica import llama_server_binary
+
+    binary = llama_server_binary()
+    if binary is None:
+        pytest.fail("no llama-server beside this Python: run `make install` (make test does it)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [binary, "-m", str(MODELS / VISION_GGUF), "--mmproj", str(MODELS / VISION_MMPROJ)]
+    command += ["--port", str(port), "-c", "2048", "-t", "1", "--jinja", "--no-cache-prompt"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    try:
+        for _ in range(600):
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, "llama-server exited"
+            time.sleep(0.1)
+
+        def ask(image: Image.Image) -> tuple[int, str]:
+            parts = [{"type": "image_url", "image_url": {"url": data_url(image)}}]
+            parts.append({"type": "text", "text": "What is this?"})
+            body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 8}
+            answer = client.post("/v1/chat/completions", json=body | {"temperature": 0}).json()
+            return answer["usage"]["prompt_tokens"], answer["choices"][0]["message"]["content"]
+
+        red = Image.new("RGB", (64, 64), "red")
+        noise = np.random.default_rng(1).integers(0, 255, (64, 48, 3), dtype=np.uint8)
+        counted, said = ask(red)
+        # The same template in the GGUF: the same prompt, image tokens and all.
+        assert counted == len(tokens_for(processor, red))
+        assert ask(Image.fromarray(noise))[1] != said
+        assert ask(red) == (counted, said)
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(timeout=30)
