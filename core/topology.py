@@ -77,6 +77,7 @@ class Target(Frozen):
     pool: str | None = None
     tools: bool = Field(False, description="Whether its engine takes `tools` (models[].tools).")
     embeds: bool = Field(False, description="Whether it serves embeddings (the embedding role).")
+    images: bool = Field(False, description="Whether its engine reads images.")
     chat_template: str | None = Field(
         None, description="The template its engine renders with, where not the tokenizer's own."
     )
@@ -165,6 +166,7 @@ def backend_target(config: ClusterConfig, backend: Backend) -> Target:
         role=model.role,
         pool=backend.pool,
         embeds=not model.generates,
+        images=config.reads_images(model),
         tools=model.tools is not None,
         chat_template=_template(config, model.tools),
         adapters=tuple(a.name for a in model.adapters),

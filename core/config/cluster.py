@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, model_validator
 from core import topology
 from core.config.base import Frozen, FrozenDict, frozen_dict
 from core.config.checks import cross_section_problems
+from core.config.images import config_reads_images
 from core.config.placement import PlacementConfig
 from core.config.recovery import ClusterManagerConfig
 from core.config.router import RouterConfig
@@ -149,6 +150,12 @@ class ClusterConfig(Frozen):
 
     def model_named(self, name: str) -> ModelConfig:
         return next(m for m in self.models if m.name == name)
+
+    def reads_images(self, model: ModelConfig) -> bool:
+        """Whether `model`'s engine reads images (`images`, else its config.json says)."""
+        if model.images is not None:
+            return model.images
+        return config_reads_images(self.resolve_path(model.source))
 
     def base_model(self, name: str) -> ModelConfig:
         """The model named `name`, or the base model of the adapter named so."""

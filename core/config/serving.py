@@ -254,6 +254,12 @@ class ModelConfig(Frozen):
         description="Tool calling. None: a request that may call a tool is a 400 "
         "tools_not_supported.",
     )
+    images: bool | None = Field(
+        None,
+        description="Whether its engine reads images: requests with images go only to models "
+        "that do. None: read from the model's config.json (a `vision_config` says yes; a hub id "
+        "only from the local Hugging Face cache, else no).",
+    )
     autoscaling: AutoscalingConfig | None = Field(
         None,
         description="Replica counts from load. None: `replicas` is the count (placement still "

@@ -19,8 +19,11 @@ def model_cards(
 ) -> dict[str, dict[str, Any]]:
     """A card per served name (OpenAI's `id`, `object`, `created`, `owned_by`; vLLM's `root`,
     the weights, and `parent`, an adapter's base model), with the model it reaches, that
-    model's role and aliases. `auto`'s model is chosen per request: none."""
+    model's role and aliases, and what it reads (`input_modalities`, as OpenRouter lists them:
+    "image" where its engine reads images). `auto`'s model is chosen per request: none; it
+    reads images where some model does (they go there)."""
     stamp = int(time.time()) if created is None else created
+    readers = {m.name for m in config.models if config.reads_images(m)}
     sources = {a.name: a.source for m in config.models for a in m.adapters}
     cards = {}
     for name, model_name in served.items():
@@ -36,5 +39,8 @@ def model_cards(
             "model": model_name,
             "role": base.role.value if base and base.role else None,
             "aliases": list(base.aliases) if base and adapter is None else [],
+            "input_modalities": ["text", "image"]
+            if (base.name in readers if base else readers)
+            else ["text"],
         }
     return cards

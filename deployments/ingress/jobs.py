@@ -27,6 +27,7 @@ from policy.request import (
     check_tool_support,
 )
 from policy.request.engine_schema import check_engine_schema
+from policy.request.messages import carries_images
 
 __all__ = ["SESSION_HEADER", "Jobs", "validate_chat", "with_session"]
 
@@ -80,6 +81,8 @@ class Jobs:
             )
             model, context_share = self._config.depth_route(depth.depth)
             _check_allowed(caller, model, model)  # `auto` was allowed; its choice must be too
+        if carries_images(chat_request.messages):
+            model = self._reader_of_images(model, caller)
         check_tool_support(payload, payload["model"], self._config.base_model(model).tools)
         return ChatJob(chat_request, model, claimed, caller.name, context_share), depth
 
@@ -144,12 +147,24 @@ class Jobs:
             )
         model = self._served[name]
         _check_kind(name, model, vectors, self._config)
-        # Images go to the vision role's model whatever was asked: a text model cannot read them.
-        vision = self._served.get(Role.VISION.value)
-        if not vectors and vision is not None and _has_image_parts(payload):
-            _check_allowed(caller, vision, vision)
-            return vision
         return model
+
+    def _reader_of_images(self, model: str, caller: Caller) -> str:
+        """A request with images goes to the model asked where it reads them, else to the
+        vision role's model: a text model cannot read them, and none is dropped unread."""
+        if self._config.reads_images(self._config.base_model(model)):
+            return model
+        vision = self._served.get(Role.VISION.value)
+        if vision is None or not self._config.reads_images(self._config.base_model(vision)):
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_REQUEST,
+                f"The model {model!r} cannot read images, and no model here reads them: send "
+                "text only, or serve a vision-language model as role vision.",
+                param="messages",
+            )
+        _check_allowed(caller, vision, vision)
+        return vision
 
     def _depth_for(
         self, latest: str, header: str | None, effort: str | None = None
@@ -222,15 +237,3 @@ def _as_request(model: type[Kind], payload: dict[str, Any], kind: str) -> Kind:
         return model.model_validate(payload)
     except ValidationError as error:
         raise invalid_fields(error) from None
-
-
-def _has_image_parts(payload: dict[str, Any]) -> bool:
-    messages = payload.get("messages")
-    if not isinstance(messages, list):
-        return False
-    return any(
-        isinstance(part, dict) and part.get("type") == "image_url"
-        for message in messages
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for part in message["content"]
-    )

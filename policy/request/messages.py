@@ -21,6 +21,7 @@ __all__ = [
     "IMAGE_DETAILS",
     "PART_TYPES",
     "ROLES",
+    "carries_images",
     "check_image_url",
     "check_messages",
 ]
@@ -40,6 +41,18 @@ AUDIO_FORMATS = ("wav", "mp3")
 # An assistant turn with one of these may leave `content` out (OpenAI's rule; its deprecated
 # `function_call` is not taken).
 ASSISTANT_WITHOUT_CONTENT = ("tool_calls", "refusal")
+
+
+def carries_images(messages: Any) -> bool:
+    """Whether any message holds an image part (only a model that reads images may take it)."""
+    if not isinstance(messages, list):
+        return False
+    return any(
+        isinstance(part, dict) and part.get("type") == "image_url"
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
 
 
 def check_messages(messages: Any, limit: int) -> None:

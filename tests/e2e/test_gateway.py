@@ -350,6 +350,10 @@ def test_an_image_sent_to_a_text_model_is_read_by_the_vision_model(http: httpx.C
     response = ask_about(http, RED, model="smollm2")
     assert response.status_code == 200, response.text
     assert response.headers["x-backend"] == "vision@local"
+    # The catalog says who reads them (the vision model, read from its config.json).
+    cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
+    assert cards["vision"]["input_modalities"] == ["text", "image"]
+    assert cards["smollm2"]["input_modalities"] == ["text"]
 
 
 def test_an_image_by_url_is_refused_and_never_fetched(http: httpx.Client) -> None:

@@ -205,6 +205,7 @@ def make_config(
     fallback_window: int = 2048,
     tools_on: tuple[str, ...] = (),
     router: Mapping[str, Any] | None = None,
+    images_on: tuple[str, ...] = (),
 ) -> ClusterConfig:
     tools = {"parser": "hermes"}
     raw: dict[str, Any] = {
@@ -217,6 +218,7 @@ def make_config(
                 "pools": ["local"],
                 "max_concurrency": cap,
                 "tools": tools if role in tools_on else None,
+                "images": role in images_on,
             }
             for role in ("orchestrator", "coding")
         ],

@@ -336,6 +336,18 @@ def test_an_adapter_is_a_model_name_served_by_its_base_models_backends(tmp_path:
     assert cards["coder-big"]["parent"] is None
 
 
+def test_the_cards_say_which_names_reach_a_model_that_reads_images(tmp_path: Path) -> None:
+    raw = with_adapter(adapter_folder(tmp_path), images=True)  # coder-big reads images
+    assert raw["models"][1]["role"] == "vision"
+    raw["models"][1]["images"] = False  # said, not read from whatever `make model` built
+    config = catalog(raw)
+    cards = model_cards(config, config.served_names, created=1)
+    readers = {name for name, card in cards.items() if "image" in card["input_modalities"]}
+    # Its name, alias and role (it is coding's default), its adapter, and `auto`.
+    assert readers == {"coder-big", "big", "coding", "coder-big-sql", "auto"}
+    assert cards["coder-small"]["input_modalities"] == ["text"]
+
+
 def test_a_model_with_adapters_runs_vllms_multi_lora_with_their_rank(tmp_path: Path) -> None:
     config = catalog(with_adapter(adapter_folder(tmp_path, rank=12)))
     built = llm_config_for(config, Backend(model="coder-big", pool="local"))

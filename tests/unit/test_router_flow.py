@@ -497,6 +497,30 @@ def test_a_job_that_may_call_tools_skips_links_without_them_and_is_fitted_with_t
     assert called.prompt_tokens >= plain.prompt_tokens + listing > plain.prompt_tokens + 100
 
 
+def test_a_job_with_images_goes_only_to_links_that_read_them() -> None:
+    coding = FakeBackend(ok)
+    handles = {"coding@local": coding, "orchestrator@local": FakeBackend(ok)}
+    handles["cpu-fallback"] = FakeBackend(ok)
+    router = make_router(make_config(images_on=("coding",)), handles)
+    picture = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    request = ChatRequest(model="coding", messages=[{"role": "user", "content": picture}])
+    image_job = ChatJob(request, Role.CODING, PriorityClass.USER, "t")
+    [routed, *_] = asyncio.run(collect(router, image_job))
+    assert isinstance(routed, Routed)
+    assert routed.backend == "coding@local"
+    # Its only reader down: a 503 to retry, never a text link that would drop the image or
+    # refuse it as the client's fault.
+    coding.behaviour = dead
+    [refusal] = asyncio.run(collect(router, image_job))
+    assert isinstance(refusal, Refusal)
+    assert (refusal.status, refusal.code) == (503, "backend_unavailable")
+    assert refusal.retry_after_s is not None
+    # A text job takes the rest of the chain as ever.
+    [routed, *_] = asyncio.run(collect(router, job()))
+    assert isinstance(routed, Routed)
+    assert routed.backend == "orchestrator@local"
+
+
 def test_an_out_of_memory_answer_opens_the_breaker_at_once_and_the_job_fails_over() -> None:
     coding = FakeBackend(engine_error(503, kind="backend_oom"))
     router = make_router(make_config(), two(coding, FakeBackend(ok)))

@@ -46,6 +46,7 @@ from policy.link_choice import choose_link
 from policy.model_access import by_pattern
 from policy.request.completion import single_prompt
 from policy.request.embedding import embedding_inputs
+from policy.request.messages import carries_images
 from policy.request.rendered import rendered_tools
 from policy.request.tools import calls_tools
 from policy.stream_migration import (
@@ -217,6 +218,9 @@ class Flow:
         chain = tuple(name for name in chain if links[name].target.embeds == embeds)
         if calls_tools(job.request):  # a link that cannot take them: no failover
             chain = tuple(name for name in chain if links[name].target.tools)
+        if isinstance(job.request, ChatRequest) and carries_images(job.request.messages):
+            # Never to a link that would drop the images or refuse them as the client's fault.
+            chain = tuple(name for name in chain if links[name].target.images)
         return chain
 
     def _choose(self, chain: tuple[str, ...], tried: list[str], passed: set[str]) -> str | None:
