@@ -99,6 +99,7 @@ def llm_config_for(
             # engine_kwargs may still say otherwise.
             **({"scheduling_policy": "priority"} if config.router.engine_priority else {}),
             **lora_engine_kwargs(config, model),
+            **image_engine_kwargs(config, model),
             **model.engine_kwargs,
             **tool_engine_kwargs(config, model),
         },
@@ -120,6 +121,15 @@ def llm_config_for(
     if model.device == "cpu":
         llm_config["placement_group_config"] = {"bundles": [{"CPU": model.cpus_per_replica}]}
     return LLMConfig(**llm_config)
+
+
+def image_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, Any]:
+    """An image-reading engine takes as many images a prompt as the gateway lets through
+    (gateway.media.max_images_per_request; engine_kwargs may set more, never fewer: the
+    config's check)."""
+    if not config.reads_images(model):
+        return {}
+    return {"limit_mm_per_prompt": {"image": config.gateway.media.max_images_per_request}}
 
 
 # vLLM's accepted max_lora_rank values (vllm/config/lora.py, MaxLoRARanks).

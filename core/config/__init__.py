@@ -44,6 +44,7 @@ from core.config.traffic import (
     DepthRoute,
     GatewayConfig,
     KeyFields,
+    MediaConfig,
 )
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "FrozenDict",
     "GatewayConfig",
     "KeyFields",
+    "MediaConfig",
     "ModelConfig",
     "NoProvisioner",
     "PlacementConfig",

@@ -30,7 +30,25 @@ def cross_section_problems(config: ClusterConfig) -> list[str]:
         *_chains(config),
         *_keys(config),
         *_gateway_resource(config),
+        *_image_limits(config),
     ]
+
+
+def _image_limits(config: ClusterConfig) -> list[str]:
+    """An engine that takes fewer images than the gateway lets through would refuse what the
+    gateway admitted, after admission, as the client's fault."""
+    most = config.gateway.media.max_images_per_request
+    problems = []
+    for i, model in enumerate(config.models):
+        limits = model.engine_kwargs.get("limit_mm_per_prompt")
+        image = limits.get("image") if isinstance(limits, dict) else None
+        if isinstance(image, int) and image < most:
+            problems.append(
+                f"models[{i}].engine_kwargs.limit_mm_per_prompt.image: {image} is fewer than "
+                f"gateway.media.max_images_per_request ({most}); leave it out (the engine then "
+                "takes the gateway's limit) or lower the gateway's"
+            )
+    return problems
 
 
 def _unique_names(config: ClusterConfig) -> list[str]:

@@ -152,10 +152,12 @@ class ClusterConfig(Frozen):
         return next(m for m in self.models if m.name == name)
 
     def reads_images(self, model: ModelConfig) -> bool:
-        """Whether `model`'s engine reads images (`images`, else its config.json says)."""
+        """Whether `model`'s engine reads images: `images`, else its config.json where it can
+        be read here, else its role (a vision model reads them)."""
         if model.images is not None:
             return model.images
-        return config_reads_images(self.resolve_path(model.source))
+        read = config_reads_images(self.resolve_path(model.source))
+        return read if read is not None else model.role == Role.VISION
 
     def base_model(self, name: str) -> ModelConfig:
         """The model named `name`, or the base model of the adapter named so."""

@@ -2,8 +2,8 @@
 
 Read from the model's own config.json: a vision-language model's has a `vision_config` (Idefics3,
 LLaVA, Qwen2-VL, Gemma 3, ...). A local folder is read as it is, a hub id only from the local
-Hugging Face cache (nothing is downloaded to decide); a model whose config cannot be read is
-taken for a text model, and `models[].images: true` says otherwise.
+Hugging Face cache (nothing is downloaded to decide); where neither holds it, None: the model's
+role decides (ClusterConfig.reads_images).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ __all__ = ["config_reads_images"]
 
 
 @functools.lru_cache(maxsize=64)  # a config is read once, not at every target built from it
-def config_reads_images(source: str) -> bool:
+def config_reads_images(source: str) -> bool | None:
     folder = Path(source).expanduser()
     config = folder / "config.json" if folder.is_dir() else _cached_config(source)
     if config is None:
-        return False
+        return None
     try:
         settings = json.loads(config.read_text())
     except (OSError, ValueError):
-        return False
+        return None
     return isinstance(settings, dict) and isinstance(settings.get("vision_config"), dict)
 
 

@@ -258,7 +258,8 @@ class ModelConfig(Frozen):
         None,
         description="Whether its engine reads images: requests with images go only to models "
         "that do. None: read from the model's config.json (a `vision_config` says yes; a hub id "
-        "only from the local Hugging Face cache, else no).",
+        "from the local Hugging Face cache only), and where that cannot be read, its role "
+        "(vision: yes).",
     )
     autoscaling: AutoscalingConfig | None = Field(
         None,

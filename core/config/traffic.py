@@ -14,12 +14,14 @@ from core.types import Depth, PriorityClass, Role
 
 __all__ = [
     "DEFAULT_DEPTH_ROUTES",
+    "IMAGE_FORMATS",
     "ApiKeyConfig",
     "BatchConfig",
     "DepthConfig",
     "DepthRoute",
     "GatewayConfig",
     "KeyFields",
+    "MediaConfig",
 ]
 
 
@@ -145,6 +147,39 @@ class DepthConfig(Frozen):
         return self
 
 
+ImageFormat = Literal["png", "jpeg", "webp", "gif", "bmp", "tiff"]
+IMAGE_FORMATS: tuple[ImageFormat, ...] = ("png", "jpeg", "webp", "gif")
+
+
+class MediaConfig(Frozen):
+    """What an image a request carries may be. Checked at the edge from the image's own header,
+    before an engine decodes it: an image that would take an engine's memory with it (a
+    decompression bomb) or that it cannot read is the client's 400, never a dead replica."""
+
+    # The engines are started with the same limit (vLLM's limit_mm_per_prompt), unless a
+    # model's engine_kwargs set a higher one.
+    max_images_per_request: int = Field(
+        8,
+        ge=0,
+        description="The most images one request may carry (0: none). Image-reading engines "
+        "are started with it as vLLM's limit_mm_per_prompt; a model's engine_kwargs may not "
+        "set a lower one.",
+    )
+    max_image_bytes: int = Field(
+        10 * 1024 * 1024, ge=1024, description="The largest image, in bytes once decoded."
+    )
+    # 8K by 4K: past any screenshot; an engine resizes it down to its tiles anyway.
+    max_image_pixels: int = Field(
+        33_177_600, ge=1, description="The most pixels (width x height) an image may have."
+    )
+    image_formats: tuple[ImageFormat, ...] = Field(
+        IMAGE_FORMATS,
+        min_length=1,
+        description="The image formats taken, by what the image's bytes are (not what the "
+        "data URL claims).",
+    )
+
+
 class GatewayConfig(Frozen):
     """The front door: request limits, default class, replicas, where it runs."""
 
@@ -161,6 +196,9 @@ class GatewayConfig(Frozen):
     # lets 8 MiB of empty messages through. 10k is far past any real conversation.
     max_messages: int = Field(
         10_000, ge=1, description="The most messages a request may hold (400 past it)."
+    )
+    media: MediaConfig = Field(
+        default_factory=MediaConfig, description="What images a request may carry."
     )
     default_priority: PriorityClass = Field(
         PriorityClass.USER, description="The class of a request with no key and no X-Priority."

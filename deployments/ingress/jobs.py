@@ -27,6 +27,7 @@ from policy.request import (
     check_tool_support,
 )
 from policy.request.engine_schema import check_engine_schema
+from policy.request.images import check_images
 from policy.request.messages import carries_images
 
 __all__ = ["SESSION_HEADER", "Jobs", "validate_chat", "with_session"]
@@ -180,6 +181,7 @@ class Jobs:
 def validate_chat(payload: dict[str, Any], limits: GatewayConfig) -> ChatRequest:
     """The request as our ChatRequest, or ApiError 400: never another exception."""
     check_chat_request(payload, max_messages=limits.max_messages)
+    check_images(payload["messages"], limits.media)
     return _as_request(ChatRequest, payload, "chat")
 
 

@@ -356,6 +356,19 @@ def test_an_image_sent_to_a_text_model_is_read_by_the_vision_model(http: httpx.C
     assert cards["smollm2"]["input_modalities"] == ["text"]
 
 
+def test_images_past_the_gateways_limits_are_400s_that_name_them(http: httpx.Client) -> None:
+    parts = [{"type": "image_url", "image_url": {"url": RED}}] * 3  # gateway.yaml takes 2
+    body = chat_body(model="vision", messages=[{"role": "user", "content": parts}])
+    error = assert_openai_error(
+        http.post("/v1/chat/completions", json=body), 400, "invalid_request"
+    )
+    assert "gateway.media.max_images_per_request" in error["message"]
+    text = "data:image/png;base64," + base64.b64encode(b"not a picture").decode()
+    error = assert_openai_error(ask_about(http, text), 400, "invalid_request")
+    assert "is not an image this gateway reads" in error["message"]
+    assert_serves(http)
+
+
 def test_an_image_by_url_is_refused_and_never_fetched(http: httpx.Client) -> None:
     response = ask_about(http, "http://169.254.169.254/latest/meta-data/")
     error = assert_openai_error(response, 400, "invalid_request")

@@ -15,8 +15,13 @@ from core.types import PriorityClass
 from deployments.ingress.auth import Caller
 from deployments.ingress.jobs import Jobs
 
+# A 1x1 PNG.
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 PICTURE = [
-    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    {"type": "image_url", "image_url": {"url": PNG}},
     {"type": "text", "text": "What is this?"},
 ]
 ANYONE = Caller("anyone", PriorityClass.USER, PriorityClass.USER)
@@ -59,13 +64,22 @@ def test_a_model_that_reads_images_keeps_them(tmp_path: Path) -> None:
     assert chat_to(Jobs(cluster), "coding") == "coding"
 
 
-@pytest.mark.parametrize("vision_reads", [False, None])
-def test_no_model_that_reads_images_is_a_400_that_says_so(
-    vision_reads: bool | None, tmp_path: Path
+def test_a_vision_model_whose_config_cannot_be_read_here_is_taken_at_its_role(
+    tmp_path: Path,
 ) -> None:
-    # None: vision's folder holds no config.json, so it is taken for a text model.
+    # A hub id not in this node's Hugging Face cache (nothing is downloaded to decide).
+    assert chat_to(Jobs(config(None, tmp_path)), "orchestrator") == "vision"
+
+
+@pytest.mark.parametrize("said", [False, None])
+def test_no_model_that_reads_images_is_a_400_that_says_so(
+    said: bool | None, tmp_path: Path
+) -> None:
+    # None: vision's config.json is a text model's (the demo model served as vision).
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ApiError) as refused:
-        chat_to(Jobs(config(vision_reads, tmp_path)), "orchestrator")
+        chat_to(Jobs(config(said, tmp_path)), "orchestrator")
     assert refused.value.status == 400
     assert "no model here reads them" in refused.value.message
     assert refused.value.param == "messages"

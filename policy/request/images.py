@@ -1,0 +1,89 @@
+"""The images a chat carries, checked at the edge against `gateway.media`.
+
+Each image's format and size come from its own header (Pillow opens it lazily: the pixels are not
+decoded here), so a decompression bomb, a file that is not an image, or one in a format the
+operator did not take is the client's 400 naming the part, before an engine spends memory on it.
+`check_image_url` (messages.py) has already made each one a base64 data URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+from typing import Any, NoReturn
+
+from core.config import MediaConfig
+from core.errors import ApiError, ErrorCode
+from policy.request.fields import fail
+
+__all__ = ["check_images"]
+
+
+def check_images(messages: Any, media: MediaConfig) -> None:
+    places = [
+        (f"messages[{i}].content[{j}].image_url.url", part["image_url"]["url"])
+        for i, message in enumerate(messages if isinstance(messages, list) else [])
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for j, part in enumerate(message["content"])
+        if isinstance(part, dict) and part.get("type") == "image_url"
+    ]
+    if len(places) > media.max_images_per_request:
+        raise ApiError(
+            400,
+            ErrorCode.INVALID_REQUEST,
+            f"The request carries {len(places)} images; this gateway takes at most "
+            f"{media.max_images_per_request} per request (gateway.media.max_images_per_request).",
+            param="messages",
+        )
+    for where, url in places:
+        _check_image(url, where, media)
+
+
+def _check_image(url: str, where: str, media: MediaConfig) -> None:
+    data = url.partition(",")[2]
+    # Base64 holds 3 bytes in 4 characters: too long encoded is too large decoded.
+    if len(data) // 4 * 3 > media.max_image_bytes + 2:
+        _too_large(where, media)
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except binascii.Error:
+        fail(where, "holds data that is not valid base64")
+    if len(raw) > media.max_image_bytes:
+        _too_large(where, media)
+    from PIL import Image, UnidentifiedImageError  # only where a request carries an image
+
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns past its own bomb limit and raises past twice it: our limit decides.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as image:
+                kind = (image.format or "").lower()
+                width, height = image.size
+    except Image.DecompressionBombError:  # past twice Pillow's own limit: far past ours
+        fail(
+            where, f"has more than {media.max_image_pixels} pixels (gateway.media.max_image_pixels)"
+        )
+    except (UnidentifiedImageError, OSError, ValueError):
+        fail(where, f"is not an image this gateway reads ({', '.join(media.image_formats)})")
+    if kind not in media.image_formats:
+        fail(
+            where,
+            f"is a {kind.upper()} image; this gateway takes {', '.join(media.image_formats)} "
+            "(gateway.media.image_formats)",
+        )
+    if width * height > media.max_image_pixels:
+        fail(
+            where,
+            f"is {width} x {height} pixels; this gateway takes at most "
+            f"{media.max_image_pixels} pixels an image (gateway.media.max_image_pixels)",
+        )
+
+
+def _too_large(where: str, media: MediaConfig) -> NoReturn:
+    fail(
+        where,
+        f"is larger than {media.max_image_bytes} bytes, the most an image may be "
+        "(gateway.media.max_image_bytes)",
+    )
