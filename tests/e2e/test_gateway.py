@@ -2,48 +2,19 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import time
 import uuid
 from typing import Any
 
 import httpx
-import numpy as np
 import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
-from PIL import Image
 
 from core.config import ClusterConfig
+from tests.e2e.gateway_calls import HELLO, assert_openai_error, assert_serves, chat_body
 
-HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello in three words."}]
 LIMITED_KEY = "test-orchestrator-only"  # gateway.yaml's orchestrator-only key
-
-
-def chat_body(**overrides: Any) -> dict[str, Any]:
-    return {"model": "smollm2", "messages": HELLO, "max_tokens": 8, **overrides}
-
-
-def assert_serves(http: httpx.Client) -> None:
-    """The app still answers a good request (after a bad one)."""
-    response = http.post("/v1/chat/completions", json=chat_body())
-    assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["message"]["content"]
-
-
-def assert_openai_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["code"] == code
-    assert error["message"]
-    assert error["type"]
-    assert "Traceback" not in response.text
-    # The id Serve tagged the request's log lines with (made by its proxy unless the client
-    # sent one): in the body as in the header.
-    assert error["request_id"] == response.headers["x-request-id"]
-    return dict(error)
 
 
 def test_lists_roles_aliases_and_auto(client: openai.OpenAI, config: ClusterConfig) -> None:
@@ -307,71 +278,3 @@ def test_metrics_count_answers_by_status(http: httpx.Client) -> None:
     text = http.get("/metrics").text
     assert 'gps_requests_total{endpoint="chat",status="404"}' in text
     assert "gps_response_start_seconds_bucket" in text
-
-
-def data_url(image: Image.Image) -> str:
-    png = io.BytesIO()
-    image.save(png, "PNG")
-    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
-
-
-RED = data_url(Image.new("RGB", (64, 64), "red"))
-NOISE = data_url(
-    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 48, 3), dtype=np.uint8))
-)
-
-
-def ask_about(http: httpx.Client, url: str, model: str = "vision") -> httpx.Response:
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": "What is in this picture?"},
-    ]
-    body = chat_body(model=model, messages=[{"role": "user", "content": parts}], temperature=0)
-    return http.post("/v1/chat/completions", json=body)
-
-
-def test_the_vision_model_reads_an_image_and_its_answer_depends_on_it(
-    http: httpx.Client,
-) -> None:
-    answers = []
-    for url in (RED, NOISE, RED):
-        response = ask_about(http, url)
-        assert response.status_code == 200, response.text
-        assert response.headers["x-backend"] == "vision@local"
-        # The engine counted the image's tiles: a square is 5 tiles of 64 tokens.
-        assert response.json()["usage"]["prompt_tokens"] > 5 * 64
-        answers.append(response.json()["choices"][0]["message"]["content"])
-    red, noise, red_again = answers
-    assert red == red_again  # greedy: the same image, the same answer
-    assert noise != red
-
-
-def test_an_image_sent_to_a_text_model_is_read_by_the_vision_model(http: httpx.Client) -> None:
-    response = ask_about(http, RED, model="smollm2")
-    assert response.status_code == 200, response.text
-    assert response.headers["x-backend"] == "vision@local"
-    # The catalog says who reads them (the vision model, read from its config.json).
-    cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
-    assert cards["vision"]["input_modalities"] == ["text", "image"]
-    assert cards["smollm2"]["input_modalities"] == ["text"]
-
-
-def test_images_past_the_gateways_limits_are_400s_that_name_them(http: httpx.Client) -> None:
-    parts = [{"type": "image_url", "image_url": {"url": RED}}] * 3  # gateway.yaml takes 2
-    body = chat_body(model="vision", messages=[{"role": "user", "content": parts}])
-    error = assert_openai_error(
-        http.post("/v1/chat/completions", json=body), 400, "invalid_request"
-    )
-    assert "gateway.media.max_images_per_request" in error["message"]
-    text = "data:image/png;base64," + base64.b64encode(b"not a picture").decode()
-    error = assert_openai_error(ask_about(http, text), 400, "invalid_request")
-    assert "is not an image this gateway reads" in error["message"]
-    assert_serves(http)
-
-
-def test_an_image_by_url_is_refused_and_never_fetched(http: httpx.Client) -> None:
-    response = ask_about(http, "http://169.254.169.254/latest/meta-data/")
-    error = assert_openai_error(response, 400, "invalid_request")
-    assert "data URL" in error["message"]
-    assert error["param"] == "messages[0].content[0].image_url.url"
-    assert_serves(http)

@@ -1,7 +1,7 @@
 """The demo vision model that `make model` builds (cluster/vision_model.py): a real Idefics3 that
 transformers' own processor and model read without torchvision, whose greedy answers depend on
 the image, and whose GGUF and projector llama.cpp's `llama-server --mmproj` reads and counts as
-transformers does. vLLM serving it is tested end to end (tests/e2e/test_gateway.py)."""
+transformers does. vLLM serving it is tested end to end (tests/e2e/test_images.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,114 @@
+"""Images through the gateway to the vision role's model (the demo vision model, make model):
+read and answered through chat, the Responses API and Anthropic's Messages API; sent to a text
+model, read by the vision model; past gateway.media's limits, or by URL, a 400."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from tests.e2e.gateway_calls import assert_openai_error, assert_serves, chat_body
+
+
+def data_url(image: Image.Image) -> str:
+    png = io.BytesIO()
+    image.save(png, "PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+
+
+RED = data_url(Image.new("RGB", (64, 64), "red"))
+NOISE = data_url(
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 48, 3), dtype=np.uint8))
+)
+
+
+def ask_about(http: httpx.Client, url: str, model: str = "vision") -> httpx.Response:
+    parts = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "What is in this picture?"},
+    ]
+    body = chat_body(model=model, messages=[{"role": "user", "content": parts}], temperature=0)
+    return http.post("/v1/chat/completions", json=body)
+
+
+def test_the_vision_model_reads_an_image_and_its_answer_depends_on_it(
+    http: httpx.Client,
+) -> None:
+    answers = []
+    for url in (RED, NOISE, RED):
+        response = ask_about(http, url)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-backend"] == "vision@local"
+        # The engine counted the image's tiles: a square is 5 tiles of 64 tokens.
+        assert response.json()["usage"]["prompt_tokens"] > 5 * 64
+        answers.append(response.json()["choices"][0]["message"]["content"])
+    red, noise, red_again = answers
+    assert red == red_again  # greedy: the same image, the same answer
+    assert noise != red
+
+
+def test_an_image_sent_to_a_text_model_is_read_by_the_vision_model(http: httpx.Client) -> None:
+    response = ask_about(http, RED, model="smollm2")
+    assert response.status_code == 200, response.text
+    assert response.headers["x-backend"] == "vision@local"
+    # The catalog says who reads them (the vision model, read from its config.json).
+    cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
+    assert cards["vision"]["input_modalities"] == ["text", "image"]
+    assert cards["smollm2"]["input_modalities"] == ["text"]
+
+
+def test_images_past_the_gateways_limits_are_400s_that_name_them(http: httpx.Client) -> None:
+    parts = [{"type": "image_url", "image_url": {"url": RED}}] * 3  # gateway.yaml takes 2
+    body = chat_body(model="vision", messages=[{"role": "user", "content": parts}])
+    error = assert_openai_error(
+        http.post("/v1/chat/completions", json=body), 400, "invalid_request"
+    )
+    assert "gateway.media.max_images_per_request" in error["message"]
+    text = "data:image/png;base64," + base64.b64encode(b"not a picture").decode()
+    error = assert_openai_error(ask_about(http, text), 400, "invalid_request")
+    assert "is not an image this gateway reads" in error["message"]
+    assert_serves(http)
+
+
+def test_an_image_by_url_is_refused_and_never_fetched(http: httpx.Client) -> None:
+    response = ask_about(http, "http://169.254.169.254/latest/meta-data/")
+    error = assert_openai_error(response, 400, "invalid_request")
+    assert "data URL" in error["message"]
+    assert error["param"] == "messages[0].content[0].image_url.url"
+    assert_serves(http)
+
+
+def test_the_responses_and_messages_apis_send_their_images_to_the_model(
+    http: httpx.Client,
+) -> None:
+    question = {"type": "input_text", "text": "What is in this picture?"}
+    body = {
+        "model": "vision",
+        "input": [
+            {"role": "user", "content": [{"type": "input_image", "image_url": RED}, question]}
+        ],
+        "max_output_tokens": 8,
+        "temperature": 0,
+        "store": False,
+    }
+    response = http.post("/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-backend"] == "vision@local"
+    assert response.json()["usage"]["input_tokens"] > 5 * 64  # the image's tiles were read
+    source = {"type": "base64", "media_type": "image/png", "data": RED.partition(",")[2]}
+    blocks = [{"type": "image", "source": source}, {"type": "text", "text": question["text"]}]
+    body = {"model": "vision", "max_tokens": 8, "messages": [{"role": "user", "content": blocks}]}
+    response = http.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-backend"] == "vision@local"
+    assert response.json()["usage"]["input_tokens"] > 5 * 64
+    # A url source is Anthropic's own 400, naming the field: nothing is fetched.
+    blocks[0] = {"type": "image", "source": {"type": "url", "url": "http://10.0.0.1/a.png"}}
+    refused = http.post("/v1/messages", json=body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert "data URL" in refused.json()["error"]["message"]
