@@ -120,7 +120,7 @@ $(LLAMA_SERVER): | $(INSTALLED)
 	rm -rf $(LLAMA_WHEELS)/src
 
 # llama.cpp's converter from the same pinned source, kept (the server's build deletes its tree):
-# it writes the vision model's GGUF and projector for the fallback's llama-server --mmproj.
+# it writes the vision model's GGUF and projector, which llama-server --mmproj reads.
 LLAMA_CONVERT := $(LLAMA_WHEELS)/convert-$(LLAMA_CPP_VERSION)
 $(LLAMA_CONVERT)/.ready: | $(INSTALLED)
 	rm -rf $(LLAMA_CONVERT) && mkdir -p $(LLAMA_CONVERT)/sdist
@@ -132,7 +132,8 @@ $(LLAMA_CONVERT)/.ready: | $(INSTALLED)
 	rm -rf $(LLAMA_CONVERT)/sdist
 	touch $@
 
-# What the vision model is built from is a prerequisite too: prepare's stamps decide what is redone.
+# What the vision model is built from is a prerequisite too; prepare's stamps (which record the
+# builder, template, converter and demo model) decide what is redone.
 $(DEMO_MODEL): $(INSTALLED) $(LLAMA_CONVERT)/.ready cluster/vision_model.py \
 		ray_configs/templates/chatml_tools.jinja | $(VENV)/bin/llama-server
 	$(PY) -m cluster.models prepare --llama-convert $(LLAMA_CONVERT)

@@ -99,8 +99,8 @@ def llm_config_for(
             # engine_kwargs may still say otherwise.
             **({"scheduling_policy": "priority"} if config.router.engine_priority else {}),
             **lora_engine_kwargs(config, model),
-            **image_engine_kwargs(config, model),
             **model.engine_kwargs,
+            **image_engine_kwargs(config, model),  # merged with engine_kwargs' own limits
             **tool_engine_kwargs(config, model),
         },
         "deployment_config": options,
@@ -125,11 +125,13 @@ def llm_config_for(
 
 def image_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, Any]:
     """An image-reading engine takes as many images a prompt as the gateway lets through
-    (gateway.media.max_images_per_request; engine_kwargs may set more, never fewer: the
-    config's check)."""
+    (gateway.media.max_images_per_request), beside engine_kwargs' own limits for other media;
+    engine_kwargs may set more images, never fewer (the config's check)."""
     if not config.reads_images(model):
         return {}
-    return {"limit_mm_per_prompt": {"image": config.gateway.media.max_images_per_request}}
+    limits = {"image": config.gateway.media.max_images_per_request}
+    own = model.engine_kwargs.get("limit_mm_per_prompt")
+    return {"limit_mm_per_prompt": {**limits, **own} if isinstance(own, dict) else limits}
 
 
 # vLLM's accepted max_lora_rank values (vllm/config/lora.py, MaxLoRARanks).

@@ -101,9 +101,16 @@ def prepare(dest: Path = DEFAULT_DEST) -> Path:
     return target
 
 
-def _vision_stamp(demo: Path) -> str:
-    template = hashlib.sha256(vision_model.CHAT_TEMPLATE.read_bytes()).hexdigest()[:12]
-    return f"{VisionShape()} template {template} from {(demo / STAMP).read_text()}"
+def _vision_stamp(demo: Path, llama_convert: Path) -> str:
+    """What the vision model is made of: its builder, template and shape, the converter's
+    version (its folder's name) and the demo model it grows from."""
+    made_of = hashlib.sha256()
+    for source in (Path(vision_model.__file__), vision_model.CHAT_TEMPLATE):
+        made_of.update(source.read_bytes())
+    return (
+        f"{VisionShape()} {made_of.hexdigest()[:12]} {llama_convert.resolve().name} "
+        f"from {(demo / STAMP).read_text()}"
+    )
 
 
 def prepare_vision(dest: Path, llama_convert: Path) -> Path:
@@ -115,7 +122,7 @@ def prepare_vision(dest: Path, llama_convert: Path) -> Path:
     ready = [dest / VISION_GGUF, dest / VISION_MMPROJ]
     if (
         stamp.is_file()
-        and stamp.read_text() == _vision_stamp(demo)
+        and stamp.read_text() == _vision_stamp(demo, llama_convert)
         and all(map(Path.is_file, ready))
     ):
         print(f"{target} is ready (nothing to do)")
@@ -126,7 +133,7 @@ def prepare_vision(dest: Path, llama_convert: Path) -> Path:
         steps.set_postfix_str("building the vision tower around the demo model")
         vision_model.build(demo, built)
         steps.update()
-        steps.set_postfix_str("converting to GGUF for the CPU fallback")
+        steps.set_postfix_str("converting to GGUF for llama.cpp")
         try:
             vision_model.convert(
                 built, llama_convert, Path(tmp) / VISION_GGUF, Path(tmp) / VISION_MMPROJ
@@ -138,7 +145,7 @@ def prepare_vision(dest: Path, llama_convert: Path) -> Path:
             raise PrepareError(f"llama.cpp's converter failed:\n{tail}") from None
         steps.update()
         shutil.rmtree(target, ignore_errors=True)
-        (built / STAMP).write_text(_vision_stamp(demo))
+        (built / STAMP).write_text(_vision_stamp(demo, llama_convert))
         built.rename(target)
         for name in (VISION_GGUF, VISION_MMPROJ):
             (Path(tmp) / name).replace(dest / name)

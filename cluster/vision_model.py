@@ -13,8 +13,9 @@ blend of words, not like noise an order of magnitude louder than any word, and g
 come out as text that changes with the image.
 
 llama.cpp's converter (the `convert_hf_to_gguf.py` tree of the pinned llama.cpp source) then
-writes the language model as a Q8_0 GGUF and the vision tower as an `--mmproj` file, for the CPU
-fallback's `llama-server --mmproj`.
+writes the language model as a Q8_0 GGUF and the vision tower as an `--mmproj` file, which
+llama.cpp's `llama-server --mmproj` reads (tests/integration/test_vision_model.py). The CPU
+fallback does not use them yet: it reads no images (docs/how-it-works.md).
 """
 
 from __future__ import annotations

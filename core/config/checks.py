@@ -42,6 +42,8 @@ def _image_limits(config: ClusterConfig) -> list[str]:
     for i, model in enumerate(config.models):
         limits = model.engine_kwargs.get("limit_mm_per_prompt")
         image = limits.get("image") if isinstance(limits, dict) else None
+        if isinstance(image, dict):  # vLLM's long form, {count: n, ...}
+            image = image.get("count")
         if isinstance(image, int) and image < most:
             problems.append(
                 f"models[{i}].engine_kwargs.limit_mm_per_prompt.image: {image} is fewer than "

@@ -2,20 +2,20 @@
 
 Read from the model's own config.json: a vision-language model's has a `vision_config` (Idefics3,
 LLaVA, Qwen2-VL, Gemma 3, ...). A local folder is read as it is, a hub id only from the local
-Hugging Face cache (nothing is downloaded to decide); where neither holds it, None: the model's
-role decides (ClusterConfig.reads_images).
+Hugging Face cache (nothing is downloaded to decide). Where neither holds it, or it names no
+`vision_config` (some vision models, Phi-3-vision's, keep theirs elsewhere), None: the model's
+role decides (ClusterConfig.reads_images). The loader settles it once (load.py), so every
+process the config is pickled to routes alike.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 __all__ = ["config_reads_images"]
 
 
-@functools.lru_cache(maxsize=64)  # a config is read once, not at every target built from it
 def config_reads_images(source: str) -> bool | None:
     folder = Path(source).expanduser()
     config = folder / "config.json" if folder.is_dir() else _cached_config(source)
@@ -25,7 +25,9 @@ def config_reads_images(source: str) -> bool | None:
         settings = json.loads(config.read_text())
     except (OSError, ValueError):
         return None
-    return isinstance(settings, dict) and isinstance(settings.get("vision_config"), dict)
+    if isinstance(settings, dict) and isinstance(settings.get("vision_config"), dict):
+        return True
+    return None
 
 
 def _cached_config(source: str) -> Path | None:

@@ -66,9 +66,16 @@ def parse_config(
     if env_keys.strip():
         data["api_keys"] = [*(data.get("api_keys") or ()), *keys_from_env(env_keys)]
     try:
-        return ClusterConfig.model_validate(data)
+        config = ClusterConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_describe(error)) from None
+    # Which models read images, settled here from their files: every replica the config is
+    # pickled to then agrees, whatever its node holds.
+    models = tuple(
+        m if m.images is not None else m.model_copy(update={"images": config.reads_images(m)})
+        for m in config.models
+    )
+    return config.model_copy(update={"models": models})
 
 
 def _overlaid(base: Any, overrides: Mapping[str, Any]) -> Any:

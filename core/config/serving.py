@@ -257,9 +257,9 @@ class ModelConfig(Frozen):
     images: bool | None = Field(
         None,
         description="Whether its engine reads images: requests with images go only to models "
-        "that do. None: read from the model's config.json (a `vision_config` says yes; a hub id "
-        "from the local Hugging Face cache only), and where that cannot be read, its role "
-        "(vision: yes).",
+        "that do. None: settled when the config is loaded, from the model's config.json (a "
+        "`vision_config` says yes; a hub id from the local Hugging Face cache only), else its "
+        "role (vision: yes).",
     )
     autoscaling: AutoscalingConfig | None = Field(
         None,

@@ -165,12 +165,17 @@ class MediaConfig(Frozen):
         "are started with it as vLLM's limit_mm_per_prompt; a model's engine_kwargs may not "
         "set a lower one.",
     )
+    # Anthropic's limit too; in base64 it is 6.7 MiB, within max_body_bytes' default 8.
     max_image_bytes: int = Field(
-        10 * 1024 * 1024, ge=1024, description="The largest image, in bytes once decoded."
+        5 * 1024 * 1024, ge=1024, description="The largest image, in bytes once decoded."
     )
-    # 8K by 4K: past any screenshot; an engine resizes it down to its tiles anyway.
+    # 8K by 4K: past any screenshot; an engine resizes it down to its tiles anyway. Pillow
+    # refuses to open past twice its own bomb limit (178,956,970): the most ours can be.
     max_image_pixels: int = Field(
-        33_177_600, ge=1, description="The most pixels (width x height) an image may have."
+        33_177_600,
+        ge=1,
+        le=178_956_970,
+        description="The most pixels (width x height) an image may have.",
     )
     image_formats: tuple[ImageFormat, ...] = Field(
         IMAGE_FORMATS,

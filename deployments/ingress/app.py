@@ -200,7 +200,8 @@ class Ingress(FilesRoutes, KeyRoutes):
         caller = self._keys.authenticate(authorization(request.headers))
         payload = await self._payload(request)
         messages, tools = to_counted(payload)
-        # The translated messages: image blocks are `image_url` parts there (the vision model).
+        # The translated messages: image blocks are `image_url` parts there, counted by a model
+        # that reads them.
         model = self._jobs.counted_model({"model": payload["model"], "messages": messages}, caller)
         count = await self._router.count_tokens.remote(model, messages, tools)
         if count is None:

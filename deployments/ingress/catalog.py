@@ -40,7 +40,7 @@ def model_cards(
             "role": base.role.value if base and base.role else None,
             "aliases": list(base.aliases) if base and adapter is None else [],
             "input_modalities": ["text", "image"]
-            if (base.name in readers if base else readers)
+            if (base.name in readers if base else bool(readers))
             else ["text"],
         }
     return cards

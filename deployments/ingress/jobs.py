@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from core.config import ClusterConfig, GatewayConfig
 from core.errors import ApiError, ErrorCode, invalid_fields
 from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
-from core.types import Depth, Role
+from core.types import AUTO_MODEL, Depth, Role
 from core.wire import ChatJob
 from deployments.ingress.auth import Caller, claimed_priority
 from policy.context.tokens import message_text
@@ -73,7 +73,9 @@ class Jobs:
         chat_request = validate_chat(payload, limits)
         depth = None
         context_share = 1.0
-        if model is None:  # `model: auto`: the depth router picks the model and the budget
+        if carries_images(chat_request.messages):  # before the depth router: only a reader will do
+            model = self._reader_of_images(model, caller)
+        elif model is None:  # `model: auto`: the depth router picks the model and the budget
             effort = payload.get("reasoning_effort")
             depth = self._depth_for(
                 _latest_user_text(payload),
@@ -82,8 +84,6 @@ class Jobs:
             )
             model, context_share = self._config.depth_route(depth.depth)
             _check_allowed(caller, model, model)  # `auto` was allowed; its choice must be too
-        if carries_images(chat_request.messages):
-            model = self._reader_of_images(model, caller)
         check_tool_support(payload, payload["model"], self._config.base_model(model).tools)
         return ChatJob(chat_request, model, claimed, caller.name, context_share), depth
 
@@ -118,7 +118,9 @@ class Jobs:
         """The model whose tokenizer counts a request's prompt (`auto`: the balanced depth's
         model, the one a request with no other sign goes to)."""
         model = self._model_for(payload, caller)
-        if model is None:
+        if carries_images(payload.get("messages")):  # counted where they would be read
+            model = self._reader_of_images(model, caller)
+        elif model is None:
             model = self._config.depth_route(Depth.BALANCED)[0]
             _check_allowed(caller, model, model)
         return self._config.base_model(model).name
@@ -150,17 +152,19 @@ class Jobs:
         _check_kind(name, model, vectors, self._config)
         return model
 
-    def _reader_of_images(self, model: str, caller: Caller) -> str:
-        """A request with images goes to the model asked where it reads them, else to the
-        vision role's model: a text model cannot read them, and none is dropped unread."""
-        if self._config.reads_images(self._config.base_model(model)):
+    def _reader_of_images(self, model: str | None, caller: Caller) -> str:
+        """A request with images goes to the model asked where it reads them, else (`auto`
+        too) to the vision role's model: a text model cannot read them, and none is dropped
+        unread."""
+        if model is not None and self._config.reads_images(self._config.base_model(model)):
             return model
         vision = self._served.get(Role.VISION.value)
         if vision is None or not self._config.reads_images(self._config.base_model(vision)):
+            asked = AUTO_MODEL if model is None else model
             raise ApiError(
                 400,
                 ErrorCode.INVALID_REQUEST,
-                f"The model {model!r} cannot read images, and no model here reads them: send "
+                f"The model {asked!r} cannot read images, and no model here reads them: send "
                 "text only, or serve a vision-language model as role vision.",
                 param="messages",
             )

@@ -20,6 +20,9 @@ from policy.request.fields import fail
 
 __all__ = ["check_images"]
 
+# Pillow's names for kinds of a format: a phone camera's JPEG with an MPO extension is a JPEG.
+_SAME_AS = {"mpo": "jpeg"}
+
 
 def check_images(messages: Any, media: MediaConfig) -> None:
     places = [
@@ -67,6 +70,9 @@ def _check_image(url: str, where: str, media: MediaConfig) -> None:
         )
     except (UnidentifiedImageError, OSError, ValueError):
         fail(where, f"is not an image this gateway reads ({', '.join(media.image_formats)})")
+    except Exception:  # noqa: BLE001 - a parser's own error on hostile bytes: still the client's
+        fail(where, f"is not an image this gateway reads ({', '.join(media.image_formats)})")
+    kind = _SAME_AS.get(kind, kind)
     if kind not in media.image_formats:
         fail(
             where,

@@ -58,6 +58,12 @@ def refusal(*urls: str, **media: Any) -> ApiError:
 def test_images_within_the_limits_pass() -> None:
     chat(RED, data_url(Image.new("RGB", (8, 8)), "JPEG", "jpeg"), max_images_per_request=2)
     chat(data_url(Image.new("RGB", (8, 8)), "WEBP", "webp"))
+    # A phone camera's JPEG with a second picture (MPO, to Pillow) is a JPEG.
+    mpo = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(
+        mpo, "MPO", save_all=True, append_images=[Image.new("RGB", (8, 8))]
+    )
+    chat("data:image/jpeg;base64," + base64.b64encode(mpo.getvalue()).decode())
 
 
 def test_more_images_than_a_request_may_carry_is_a_400_naming_the_limit() -> None:
@@ -122,7 +128,13 @@ def test_image_reading_engines_take_the_gateways_limit_and_never_fewer(tmp_path:
     assert kwargs["limit_mm_per_prompt"] == {"image": 3}
     text = llm_config_for(config, Backend(model="coding", pool="local")).engine_kwargs
     assert "limit_mm_per_prompt" not in text
+    backend = Backend(model="vision", pool="local")
     more = vision_config(tmp_path, {"limit_mm_per_prompt": {"image": 5}}, images=3)
-    assert more.model_named("vision").engine_kwargs["limit_mm_per_prompt"] == {"image": 5}
-    with pytest.raises(ConfigError, match=r"limit_mm_per_prompt.image: 2 is fewer than"):
-        vision_config(tmp_path, {"limit_mm_per_prompt": {"image": 2}}, images=3)
+    assert llm_config_for(more, backend).engine_kwargs["limit_mm_per_prompt"] == {"image": 5}
+    # Limits of other media keep the gateway's image count beside them.
+    video = vision_config(tmp_path, {"limit_mm_per_prompt": {"video": 1}}, images=3)
+    limits = llm_config_for(video, backend).engine_kwargs["limit_mm_per_prompt"]
+    assert limits == {"image": 3, "video": 1}
+    for fewer in (2, {"count": 2}):
+        with pytest.raises(ConfigError, match=r"limit_mm_per_prompt.image: 2 is fewer than"):
+            vision_config(tmp_path, {"limit_mm_per_prompt": {"image": fewer}}, images=3)

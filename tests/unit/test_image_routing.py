@@ -71,15 +71,22 @@ def test_a_vision_model_whose_config_cannot_be_read_here_is_taken_at_its_role(
     assert chat_to(Jobs(config(None, tmp_path)), "orchestrator") == "vision"
 
 
-@pytest.mark.parametrize("said", [False, None])
-def test_no_model_that_reads_images_is_a_400_that_says_so(
-    said: bool | None, tmp_path: Path
-) -> None:
-    # None: vision's config.json is a text model's (the demo model served as vision).
-    (tmp_path / "vision").mkdir()
-    (tmp_path / "vision" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+def test_no_model_that_reads_images_is_a_400_that_says_so(tmp_path: Path) -> None:
     with pytest.raises(ApiError) as refused:
-        chat_to(Jobs(config(said, tmp_path)), "orchestrator")
+        chat_to(Jobs(config(False, tmp_path)), "orchestrator")
     assert refused.value.status == 400
     assert "no model here reads them" in refused.value.message
     assert refused.value.param == "messages"
+
+
+def test_the_loader_settles_who_reads_images_once(tmp_path: Path) -> None:
+    # A vision model whose config.json keeps its tower elsewhere (Phi-3-vision's) reads images
+    # by its role; a text model's config.json says nothing either, and its role decides.
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "config.json").write_text(json.dumps({"model_type": "phi3_v"}))
+    settled = config(None, tmp_path)
+    assert [(m.name, m.images) for m in settled.models] == [
+        ("orchestrator", False),
+        ("coding", False),
+        ("vision", True),
+    ]

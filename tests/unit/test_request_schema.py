@@ -386,7 +386,7 @@ ACCEPTED = {
     "plain": chat(),
     "text parts": user([{"type": "text", "text": "Hi."}, {"type": "text", "text": ""}]),
     "image part": user([{"type": "image_url", "image_url": {"url": PNG, "detail": "low"}}]),
-    "image part, media type in capitals": user(
+    "image part, scheme in capitals": user(
         [{"type": "image_url", "image_url": {"url": PNG.replace("data:image", "DATA:image")}}]
     ),
     "audio part": user([{"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]),
