@@ -55,6 +55,19 @@ def test_images_go_to_the_vision_model_whatever_text_model_was_asked(tmp_path: P
     assert chat_to(jobs, "orchestrator", "Text only.") == "orchestrator"
 
 
+def test_auto_with_images_skips_the_depth_router_and_counting_follows_the_images(
+    tmp_path: Path,
+) -> None:
+    jobs = Jobs(config(True, tmp_path))
+    body = {"model": "auto", "messages": [{"role": "user", "content": PICTURE}]}
+    # A quick question would have had a quarter of a text model's window.
+    job, depth = jobs.chat(body, ANYONE, None, "quick")
+    assert (job.model, job.context_share, depth) == ("vision", 1.0, None)
+    # Anthropic's count_tokens counts with the model that would read the images.
+    assert jobs.counted_model({**body, "model": "orchestrator"}, ANYONE) == "vision"
+    assert jobs.counted_model(body, ANYONE) == "vision"
+
+
 def test_a_model_that_reads_images_keeps_them(tmp_path: Path) -> None:
     folder = tmp_path / "coding"
     folder.mkdir()
