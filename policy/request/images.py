@@ -1,8 +1,9 @@
 """The images a chat carries, checked at the edge against `gateway.media`.
 
-Each image's format and size come from its own header (Pillow opens it lazily: the pixels are not
-decoded here), so a decompression bomb, a file that is not an image, or one in a format the
-operator did not take is the client's 400 naming the part, before an engine spends memory on it.
+Each image's format and size come from its own header first (Pillow opens it lazily), so a
+decompression bomb or a format the operator did not take is the client's 400 naming the part
+before a pixel is decoded; then, within those limits, its pixels are decoded once, so a damaged
+or truncated file is refused here too, never an engine's error that could count against a link.
 `check_image_url` (messages.py) has already made each one a base64 data URL.
 """
 
@@ -55,7 +56,7 @@ def _check_image(url: str, where: str, media: MediaConfig) -> None:
         fail(where, "holds data that is not valid base64")
     if len(raw) > media.max_image_bytes:
         _too_large(where, media)
-    from PIL import Image, UnidentifiedImageError  # only where a request carries an image
+    from PIL import Image  # only where a request carries an image
 
     try:
         with warnings.catch_warnings():
@@ -63,22 +64,35 @@ def _check_image(url: str, where: str, media: MediaConfig) -> None:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(raw)) as image:
                 kind = (image.format or "").lower()
-                width, height = image.size
+                kind = _SAME_AS.get(kind, kind)
+                _check_header(kind, image.size, where, media)
+                if kind == "jpeg":  # decoded at an eighth of its size: all its data still read
+                    image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
+                # The pixels, once, within the limits just checked: bytes an engine could not
+                # decode (a truncated file) are the client's 400 here, not an engine's error.
+                image.load()
+    except ApiError:
+        raise
     except Image.DecompressionBombError:  # past twice Pillow's own limit: far past ours
         fail(
             where, f"has more than {media.max_image_pixels} pixels (gateway.media.max_image_pixels)"
         )
-    except (UnidentifiedImageError, OSError, ValueError):
-        fail(where, f"is not an image this gateway reads ({', '.join(media.image_formats)})")
-    except Exception:  # noqa: BLE001 - a parser's own error on hostile bytes: still the client's
-        fail(where, f"is not an image this gateway reads ({', '.join(media.image_formats)})")
-    kind = _SAME_AS.get(kind, kind)
+    except Exception:  # noqa: BLE001 - any parser's error on hostile bytes is the client's
+        fail(
+            where,
+            f"is not an image this gateway reads ({', '.join(media.image_formats)}), or it is "
+            "damaged or truncated",
+        )
+
+
+def _check_header(kind: str, size: tuple[int, int], where: str, media: MediaConfig) -> None:
     if kind not in media.image_formats:
         fail(
             where,
             f"is a {kind.upper()} image; this gateway takes {', '.join(media.image_formats)} "
             "(gateway.media.image_formats)",
         )
+    width, height = size
     if width * height > media.max_image_pixels:
         fail(
             where,

@@ -9,8 +9,10 @@ little for them. Imported by path: tests are not a package.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,30 @@ PLACEHOLDER = "__FUZZ__"
 PNG = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
     "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def _png_claiming(width: int, height: int) -> str:
+    """A PNG whose header claims `width` x `height` (a decompression bomb's header)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+        )
+
+    size = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    raw = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", size) + chunk(b"IDAT", zlib.compress(b"\0"))
+    return "data:image/png;base64," + base64.b64encode(raw + chunk(b"IEND", b"")).decode()
+
+
+# Malformed images: each the client's 400 at the edge, never an engine's error.
+BAD_IMAGES = (
+    PNG[:-24],  # truncated
+    _png_claiming(60_000, 60_000),  # huge dimensions
+    "data:image/png;base64,@@not-base64@@",
+    "data:image/png;base64," + base64.b64encode(b"plain text, not a picture").decode(),
+    PNG.replace("image/png", "text/plain"),  # wrong MIME
+    "http://169.254.169.254/latest/meta-data/",  # a URL: never fetched
 )
 TOOL = {
     "type": "function",
@@ -48,7 +74,12 @@ PART_TYPES = (
     "image_embeds", "thinking", "input_text", "bogus", "", "TEXT", None, 7,
 )
 PART_PAYLOADS: dict[str, list[dict[str, Any]]] = {
-    "image_url": [{"image_url": {"url": PNG}}, {"image_url": PNG}, {"image_url": {"url": 5}}],
+    "image_url": [
+        {"image_url": {"url": PNG}},
+        {"image_url": PNG},
+        {"image_url": {"url": 5}},
+        *({"image_url": {"url": url}} for url in BAD_IMAGES),
+    ],
     "input_audio": [{"input_audio": {"data": "AAAA", "format": "wav"}}, {"input_audio": {}}],
     "file": [{"file": {"file_data": "AAAA", "filename": "a.pdf"}}],
     "video_url": [{"video_url": {"url": "data:video/mp4;base64,AAAA"}}],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import httpx
 import numpy as np
@@ -46,9 +47,31 @@ def test_the_vision_model_reads_an_image_and_its_answer_depends_on_it(
         # The engine counted the image's tiles: a square is 5 tiles of 64 tokens.
         assert response.json()["usage"]["prompt_tokens"] > 5 * 64
         answers.append(response.json()["choices"][0]["message"]["content"])
+        if url == RED:
+            whole_usage = response.json()["usage"]
     red, noise, red_again = answers
     assert red == red_again  # greedy: the same image, the same answer
     assert noise != red
+    # Streamed, the same answer and the same count of the image's tokens.
+    parts = [
+        {"type": "image_url", "image_url": {"url": RED}},
+        {"type": "text", "text": "What is in this picture?"},
+    ]
+    body = chat_body(model="vision", messages=[{"role": "user", "content": parts}], temperature=0)
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    pieces, usage = [], None
+    with http.stream("POST", "/v1/chat/completions", json=body) as streamed:
+        assert streamed.status_code == 200
+        assert streamed.headers["x-backend"] == "vision@local"
+        for line in streamed.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            pieces += [c["delta"].get("content") or "" for c in chunk["choices"]]
+            usage = chunk.get("usage") or usage
+    assert "".join(pieces) == red
+    assert usage is not None
+    assert usage["prompt_tokens"] == whole_usage["prompt_tokens"]
 
 
 def test_an_image_sent_to_a_text_model_is_read_by_the_vision_model(http: httpx.Client) -> None:

@@ -97,14 +97,38 @@ def test_a_format_not_taken_is_a_400_by_what_the_bytes_are_not_what_the_url_clai
     assert "gateway.media.image_formats" in error.message
 
 
+def encoded(image: Image.Image, kind: str) -> bytes:
+    out = io.BytesIO()
+    image.save(out, kind)
+    return out.getvalue()
+
+
+NOISE = Image.frombytes("RGB", (64, 64), random.Random(1).randbytes(64 * 64 * 3))
+
+
 @pytest.mark.parametrize(
     "data",
-    [b"not an image at all", b"\x89PNG\r\n\x1a\n", b"GIF89a"],
-    ids=["text", "a PNG signature alone", "a GIF signature alone"],
+    [
+        b"not an image at all",
+        b"\x89PNG\r\n\x1a\n",
+        b"GIF89a",
+        encoded(NOISE, "PNG")[:-600],  # a valid header, its pixels cut short
+        encoded(NOISE, "JPEG")[:-600],
+    ],
+    ids=[
+        "text",
+        "a PNG signature alone",
+        "a GIF signature alone",
+        "truncated PNG",
+        "truncated JPEG",
+    ],
 )
-def test_bytes_that_are_not_an_image_are_a_400(data: bytes) -> None:
+def test_bytes_that_are_not_a_whole_image_are_a_400(data: bytes) -> None:
+    # Refused here: an engine that failed to decode them might count it against its link.
     url = "data:image/png;base64," + base64.b64encode(data).decode()
-    assert "is not an image this gateway reads" in refusal(url).message
+    message = refusal(url).message
+    assert "is not an image this gateway reads" in message
+    assert "damaged or truncated" in message
 
 
 def vision_config(tmp_path: Path, engine_kwargs: dict[str, Any], images: int = 8) -> Any:
