@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from core.config import MediaConfig
 from core.errors import ApiError, ErrorCode
 from policy.request.fields import fail
+from policy.request.messages import image_parts
 
 __all__ = ["check_images"]
 
@@ -27,11 +28,8 @@ _SAME_AS = {"mpo": "jpeg"}
 
 def check_images(messages: Any, media: MediaConfig) -> None:
     places = [
-        (f"messages[{i}].content[{j}].image_url.url", part["image_url"]["url"])
-        for i, message in enumerate(messages if isinstance(messages, list) else [])
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for j, part in enumerate(message["content"])
-        if isinstance(part, dict) and part.get("type") == "image_url"
+        (f"{where}.image_url.url", part["image_url"]["url"])
+        for where, part in image_parts(messages)
     ]
     if len(places) > media.max_images_per_request:
         raise ApiError(

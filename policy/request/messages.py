@@ -8,7 +8,7 @@ wrong shape must be refused here. Each role may send the part types OpenAI allow
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from core.errors import ApiError, ErrorCode
@@ -23,6 +23,7 @@ __all__ = [
     "carries_images",
     "check_image_url",
     "check_messages",
+    "image_parts",
 ]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -43,16 +44,18 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 ASSISTANT_WITHOUT_CONTENT = ("tool_calls", "refusal")
 
 
+def image_parts(messages: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each image part of the messages, with where it is (`messages[i].content[j]`)."""
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            for j, part in enumerate(message["content"]):
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    yield f"messages[{i}].content[{j}]", part
+
+
 def carries_images(messages: Any) -> bool:
     """Whether any message holds an image part (only a model that reads images may take it)."""
-    if not isinstance(messages, list):
-        return False
-    return any(
-        isinstance(part, dict) and part.get("type") == "image_url"
-        for message in messages
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for part in message["content"]
-    )
+    return next(image_parts(messages), None) is not None
 
 
 def check_messages(messages: Any, limit: int) -> None:
