@@ -33,6 +33,8 @@ class FakeStream:
     def __init__(self, owner: FakeBackend, items: list[Any]) -> None:
         self._owner = owner
         self._items = list(items)
+        self._given = 0
+        self._first = not owner.streams
         self._done = False
         self.cancelled = False
         owner.running += 1
@@ -43,14 +45,28 @@ class FakeStream:
 
     async def __anext__(self) -> Any:
         await asyncio.sleep(self._owner.step_s)
+        while self._held():  # noqa: ASYNC110 - the fakes' state, no event to wait on
+            await asyncio.sleep(0.001)
         if self.cancelled or not self._items:
             self._finish()
             raise StopAsyncIteration
         item = self._items.pop(0)
+        self._given += 1
         if isinstance(item, Exception):
             self._finish()
             raise item
         return item
+
+    def _held(self) -> bool:
+        """The backend's first stream waits after `hold_at` items until a second call comes."""
+        hold_at = self._owner.hold_at
+        return (
+            self._first
+            and hold_at is not None
+            and self._given >= hold_at
+            and self._owner.calls < 2
+            and not self.cancelled
+        )
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -66,10 +82,17 @@ class FakeBackend:
     """A backend port answering from `behaviour`; healthy to probes, no KV reading by default."""
 
     def __init__(
-        self, behaviour: Behaviour, step_s: float = 0.0, kv_usage: float | None = None
+        self,
+        behaviour: Behaviour,
+        step_s: float = 0.0,
+        kv_usage: float | None = None,
+        hold_at: int | None = None,
     ) -> None:
         self.behaviour = behaviour
         self.step_s = step_s
+        # The first stream stops after `hold_at` items until a second call arrives: the window
+        # a test's second job must come in, which a loaded machine's timers could close first.
+        self.hold_at = hold_at
         self.kv_usage = kv_usage
         self.healthy = True
         self.deployment: DeploymentKey = (APP, "unnamed")

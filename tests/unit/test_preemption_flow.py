@@ -77,7 +77,7 @@ async def background_then_user(router: Any, backend: FakeBackend) -> tuple[list[
 
 
 def test_a_user_pauses_a_background_stream_which_goes_on_as_the_same_answer() -> None:
-    coding = FakeBackend(script, step_s=0.01)
+    coding = FakeBackend(script, step_s=0.01, hold_at=3)
     router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)))
     labels = {"backend": "coding@local", "class": "background"}
     before = sample("gps_preemptions_total", **labels)
@@ -120,7 +120,7 @@ def test_a_user_pauses_a_background_stream_which_goes_on_as_the_same_answer() ->
 
 
 def test_without_preemption_the_background_stream_runs_beside_the_user() -> None:
-    coding = FakeBackend(script, step_s=0.01)
+    coding = FakeBackend(script, step_s=0.01, hold_at=3)
     router = make_router(make_config(), two(coding, FakeBackend(script)))
     background, _ = asyncio.run(background_then_user(router, coding))
     lines = lines_of(background)
@@ -151,7 +151,7 @@ def whole(chat_job: ChatJob) -> ChatJob:
 
 
 def test_a_whole_background_answer_is_paused_and_handed_back_whole() -> None:
-    coding = FakeBackend(script, step_s=0.01)
+    coding = FakeBackend(script, step_s=0.01, hold_at=3)
     router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)))
 
     async def run() -> Any:
@@ -266,7 +266,7 @@ def test_a_reload_turns_preemption_on_in_place() -> None:
     old = make_config()
     new = make_config(router=PREEMPT)
     assert reload_changes(old, new).live == ("router.preempt",)
-    coding = FakeBackend(script, step_s=0.01)
+    coding = FakeBackend(script, step_s=0.01, hold_at=3)
     router = make_router(old, two(coding, FakeBackend(script)))
     router.apply_config(new)
     background, _ = asyncio.run(background_then_user(router, coding))
@@ -276,7 +276,7 @@ def test_a_reload_turns_preemption_on_in_place() -> None:
 
 def test_a_paused_answer_whose_client_leaves_as_its_slot_comes_back_gives_the_slot_back() -> None:
     async def scenario() -> tuple[int, dict[PriorityClass, int]]:
-        coding = FakeBackend(script, step_s=0.01)
+        coding = FakeBackend(script, step_s=0.01, hold_at=3)
         router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)))
         queue = router._links["coding@local"].gate.queue
         chat = router.chat(job(priority=PriorityClass.BACKGROUND))
@@ -357,7 +357,7 @@ def two_routers(shared: bool) -> tuple[Any, Any, FakeBackend]:
     config = make_config(router=PREEMPT)
     config = changed(config, gateway={**config.gateway.model_dump(mode="json"),
                                       "ingress_replicas": 2})  # fmt: skip
-    coding, ledger = FakeBackend(script, step_s=0.01), SlotLedger(routers=2)
+    coding, ledger = FakeBackend(script, step_s=0.01, hold_at=3), SlotLedger(routers=2)
 
     def router(name: str) -> Any:
         slots = LedgerSlots(ledger, name) if shared else None
