@@ -67,6 +67,10 @@ class Routed:
     pauses: int = 0
     # How far the tools' descriptions were shortened to fit (policy.context.tool_fit; 0: not).
     tools_shortened: int = 0
+    # Images replaced by a marker to fit (policy.context.images).
+    dropped_images: int = 0
+    # Whether `prompt_tokens` is the prompt's count (else a bound that proved it fits).
+    prompt_counted: bool = False
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from core.requests import PromptCount, Request
 from deployments.engine.adapters import ConfiguredAdapterLoader
 from deployments.engine.answers import plain, vllm_item
 from deployments.engine.cpu_features import node_has_native_bf16
+from deployments.engine.image_tokens import image_tokens
 from deployments.engine.quiet_polls import quiet_polls
 from deployments.engine.requests import vllm_request
 from policy.context.tokens import ChatTemplateCounter, TokenCounter
@@ -205,6 +206,17 @@ class ObservedLLMServer(LLMServer):  # type: ignore[misc]
             "prefix_queries": stats.prefix_queries,
             "prefix_hits": stats.prefix_hits,
         }
+
+    async def image_tokens(self, sizes: list[tuple[int, int]]) -> list[int] | None:
+        """The tokens an image of each (width, height) adds to a chat prompt, by this engine's
+        chat template and processor (deployments/engine/image_tokens.py); None where the model
+        reads no images."""
+        client = getattr(self.engine, "_engine_client", None)
+        model_config = getattr(client, "model_config", None)
+        if model_config is None or not model_config.is_multimodal_model:
+            return None
+        model = self._llm_config.model_loading_config.model_id
+        return await image_tokens(self.engine, model, [(int(w), int(h)) for w, h in sizes])
 
     async def chat(self, request: Request, raw_request_info: Any = None) -> AsyncIterator[Any]:
         async for item in self._answered(super().chat, request, raw_request_info):

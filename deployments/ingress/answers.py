@@ -46,6 +46,10 @@ def routing_headers(
         headers["X-Pauses"] = str(routed.pauses)
     if routed.tools_shortened:  # 1: first sentences, 2: no descriptions (tool_fit)
         headers["X-Context-Tools-Shortened"] = str(routed.tools_shortened)
+    if routed.dropped_images:
+        headers["X-Context-Dropped-Images"] = str(routed.dropped_images)
+    if routed.prompt_counted:  # the count the prompt was fitted by, as the model counts it
+        headers["X-Prompt-Tokens"] = str(routed.prompt_tokens)
     if depth is not None:
         headers["X-Depth"] = depth.depth.value
         headers["X-Depth-Reason"] = depth.reason

@@ -31,7 +31,7 @@ much.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from policy.context.compress import compress
@@ -97,6 +97,8 @@ class Fit:
     # far (policy.context.tool_fit's steps).
     tools: list[Message] | None = None
     tools_shortened: int = 0
+    # Images replaced by a marker to make room (policy.context.images).
+    dropped_images: int = 0
 
     @property
     def fitted(self) -> bool:
@@ -105,6 +107,7 @@ class Fit:
             or self.dropped_messages > 0
             or self.compressed_messages > 0
             or self.tools_shortened > 0
+            or self.dropped_images > 0
         )
 
 
@@ -217,7 +220,10 @@ def fit_messages(
     counter: TokenCounter,
     policy: FitPolicy = FitPolicy(),
     tools: Sequence[Message] | None = None,
+    media: Callable[[Message], int] | None = None,
 ) -> Fit:
+    """`media`: the tokens a message's images add (policy.context.images), which the exact
+    count includes and the search's estimates must too."""
     quick = pass_through(
         messages,
         window=window,
@@ -244,7 +250,7 @@ def fit_messages(
             continue
         try:
             draft, prompt_tokens = _plan(
-                messages, counter, policy, listed, budget, window, compress_notes
+                messages, counter, policy, listed, budget, window, compress_notes, media
             )
         except ContextOverflow as error:
             overflow = error
@@ -277,11 +283,12 @@ def _plan(
     budget: Budget,
     window: int,
     compress_notes: bool = False,
+    media: Callable[[Message], int] | None = None,
 ) -> tuple[_Draft, int]:
     """A draft within the input budget, else within the output's share too (the tail alone
     needs more); `compress_notes`: the latter only, the system notes after the latest user
     message compressed (the output gave way already, without that)."""
-    planner = Planner(list(messages), counter, policy, tools)
+    planner = Planner(list(messages), counter, policy, tools, media)
     squeezed_budget = window - budget.margin - min(policy.min_output_tokens, budget.max_tokens)
     if not compress_notes:
         try:
@@ -325,10 +332,12 @@ class Planner:
         counter: TokenCounter,
         policy: FitPolicy,
         tools: Sequence[Message] | None = None,
+        media: Callable[[Message], int] | None = None,
     ) -> None:
         self._messages = messages
         self._counter = counter
         self._policy = policy
+        self._media = media
         # The tools' room comes off every target; the exact count renders them.
         self._tools = list(tools) if tools else None
         self._listed = counter.count_tools(tools) if tools else 0
@@ -356,7 +365,8 @@ class Planner:
         raise NoRoom(exact)
 
     def _cost(self, message: Message) -> int:
-        return self._counter.count_text(message_text(message)) + MESSAGE_OVERHEAD_TOKENS
+        images = self._media(message) if self._media is not None else 0
+        return self._counter.count_text(message_text(message)) + MESSAGE_OVERHEAD_TOKENS + images
 
     def _cost_of(self, indices: Sequence[int]) -> int:
         return sum(self._cost(self._messages[i]) for i in indices)

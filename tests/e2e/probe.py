@@ -91,3 +91,7 @@ class Probe:
     async def engine_counters(self) -> dict[str, Any] | None:
         counters: dict[str, Any] | None = await self._inner.engine_counters.remote()
         return counters
+
+    async def image_tokens(self, sizes: list[tuple[int, int]]) -> list[int] | None:
+        counts: list[int] | None = await self._inner.image_tokens.remote(sizes)
+        return counts

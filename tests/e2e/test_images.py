@@ -44,8 +44,11 @@ def test_the_vision_model_reads_an_image_and_its_answer_depends_on_it(
         response = ask_about(http, url)
         assert response.status_code == 200, response.text
         assert response.headers["x-backend"] == "vision@local"
-        # The engine counted the image's tiles: a square is 5 tiles of 64 tokens.
-        assert response.json()["usage"]["prompt_tokens"] > 5 * 64
+        # The engine counted the image's tiles: a square is 5 tiles of 64 tokens. The router
+        # fitted the prompt by the same count (the engine's cost of an image of its size).
+        prompt_tokens = response.json()["usage"]["prompt_tokens"]
+        assert prompt_tokens > 5 * 64
+        assert response.headers["x-prompt-tokens"] == str(prompt_tokens)
         answers.append(response.json()["choices"][0]["message"]["content"])
         if url == RED:
             whole_usage = response.json()["usage"]
@@ -63,6 +66,7 @@ def test_the_vision_model_reads_an_image_and_its_answer_depends_on_it(
     with http.stream("POST", "/v1/chat/completions", json=body) as streamed:
         assert streamed.status_code == 200
         assert streamed.headers["x-backend"] == "vision@local"
+        counted = int(streamed.headers["x-prompt-tokens"])
         for line in streamed.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -71,7 +75,47 @@ def test_the_vision_model_reads_an_image_and_its_answer_depends_on_it(
             usage = chunk.get("usage") or usage
     assert "".join(pieces) == red
     assert usage is not None
-    assert usage["prompt_tokens"] == whole_usage["prompt_tokens"]
+    assert usage["prompt_tokens"] == whole_usage["prompt_tokens"] == counted
+
+
+def test_a_conversation_of_images_over_the_window_loses_its_oldest_image_first(
+    http: httpx.Client,
+) -> None:
+    # The vision window is 1,536 tokens; each image here is 333 and the answer about the first
+    # about 960: with both images the prompt does not fit, without the first it does.
+    answer = "The picture shows" + " a red square on white," * 160
+    messages = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": RED}},
+                                     {"type": "text", "text": "Describe this picture."}]},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": NOISE}},
+                                     {"type": "text", "text": "And this one?"}]},
+    ]  # fmt: skip
+    body = chat_body(model="vision", messages=messages, max_tokens=16, temperature=0)
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-context-fitted"] == "true"
+    assert response.headers["x-context-dropped-images"] == "1"
+    assert response.headers["x-context-dropped-messages"] == "0"  # the words all stayed
+    prompt_tokens = response.json()["usage"]["prompt_tokens"]
+    assert response.headers["x-prompt-tokens"] == str(prompt_tokens)
+    assert 1536 - 16 >= prompt_tokens > 960 + 333  # the newest image and the whole answer
+
+    # Where the client says nothing may be cut (the Responses API's truncation: disabled),
+    # the 400 names the window.
+    def parts(url: str, text: str) -> list[dict[str, str]]:
+        return [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": text}]
+
+    conversation = [
+        {"role": "user", "content": parts(RED, "Describe this picture.")},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": parts(NOISE, "And this one?")},
+    ]
+    body = {"model": "vision", "input": conversation, "truncation": "disabled", "store": False}
+    error = assert_openai_error(
+        http.post("/v1/responses", json=body), 400, "context_length_exceeded"
+    )
+    assert "1536 tokens" in error["message"]
 
 
 def test_an_image_sent_to_a_text_model_is_read_by_the_vision_model(http: httpx.Client) -> None:
@@ -128,7 +172,14 @@ def test_the_responses_and_messages_apis_send_their_images_to_the_model(
     response = http.post("/v1/messages", json=body)
     assert response.status_code == 200, response.text
     assert response.headers["x-backend"] == "vision@local"
-    assert response.json()["usage"]["input_tokens"] > 5 * 64
+    input_tokens = response.json()["usage"]["input_tokens"]
+    assert input_tokens > 5 * 64
+    # Anthropic's count_tokens counts the image as the engine read it.
+    counted = http.post(
+        "/v1/messages/count_tokens", json={"model": "vision", "messages": body["messages"]}
+    )
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] == input_tokens
     # A url source is Anthropic's own 400, naming the field: nothing is fetched.
     blocks[0] = {"type": "image", "source": {"type": "url", "url": "http://10.0.0.1/a.png"}}
     refused = http.post("/v1/messages", json=body)

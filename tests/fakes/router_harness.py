@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,9 @@ class FakeBackend:
         self.counter_readings: list[tuple[str, EngineCounters]] = []
         self.counter_calls = 0
         self.routable: int | None = None  # Serve's handle's replica count; None: it cannot tell
+        # Tokens an image adds, by (width, height); None: the backend cannot say.
+        self.image_costs: Callable[[tuple[int, int]], int] | None = None
+        self.image_asks: list[list[tuple[int, int]]] = []
 
     stream_type: type[FakeStream] = FakeStream
 
@@ -135,6 +138,11 @@ class FakeBackend:
 
     async def kv_cache_usage(self) -> float | None:
         return self.kv_usage
+
+    async def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int] | None:
+        self.image_asks.append(list(sizes))
+        costs = self.image_costs
+        return None if costs is None else [costs(size) for size in sizes]
 
     async def engine_counters(self) -> tuple[str, EngineCounters] | None:
         """The next of `counter_readings` (the last one again once they run out)."""

@@ -24,6 +24,7 @@ from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed
 from deployments.router.adapters.in_process import InProcessRouter
 from deployments.router.router import Router
+from policy.context.images import IMAGE_MARKER
 from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
 from policy.engine_counters import EngineCounters
 from tests.fakes.clock import FakeClock
@@ -46,6 +47,7 @@ from tests.fakes.router_harness import (
     sse,
     two,
 )
+from tests.unit.test_image_fit import png_url
 
 
 def raised_by_the_replica(_: int) -> list[Any]:
@@ -497,14 +499,56 @@ def test_a_job_that_may_call_tools_skips_links_without_them_and_is_fitted_with_t
     assert called.prompt_tokens >= plain.prompt_tokens + listing > plain.prompt_tokens + 100
 
 
+def picture_job(*urls: str, text: str = "what is this", max_tokens: int = 8) -> ChatJob:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    parts.append({"type": "text", "text": text})
+    request = ChatRequest(
+        model="coding", messages=[{"role": "user", "content": parts}], max_tokens=max_tokens
+    )
+    return ChatJob(request, Role.CODING, PriorityClass.USER, "t")
+
+
+def test_a_job_with_images_is_counted_with_what_its_engine_says_an_image_costs() -> None:
+    coding = FakeBackend(ok)
+    coding.image_costs = lambda size: size[0] + size[1]  # tokens by width and height
+    router = make_router(make_config(images_on=("coding",)), two(coding, FakeBackend(ok)))
+    text = asyncio.run(collect(router, picture_job()))[0]
+    small, large = png_url(8, 8), png_url(300, 200)
+    [routed, *_] = asyncio.run(collect(router, picture_job(small, large, small)))
+    assert isinstance(routed, Routed)
+    assert isinstance(text, Routed)
+    # Counted, not bounded: the text as before and each image at its engine's cost.
+    assert routed.prompt_counted
+    assert routed.prompt_tokens == text.prompt_tokens + 16 + 500 + 16
+    assert coding.image_asks == [[(8, 8), (300, 200)]]  # each size asked once
+    asyncio.run(collect(router, picture_job(large)))
+    assert coding.image_asks == [[(8, 8), (300, 200)]]  # and then known
+
+
+def test_images_an_engine_cannot_count_are_estimated_and_dropped_past_the_window() -> None:
+    coding = FakeBackend(ok)
+    router = make_router(make_config(images_on=("coding",)), two(coding, FakeBackend(ok)))
+    # The engine cannot say: 1024 x 1024 is estimated at 74 x 74 patches, 5,476 tokens, more
+    # than the window of 4,096 holds: the images go, each behind a marker.
+    first, second = png_url(64, 64, "red"), png_url(1024, 1024, "blue")
+    [routed, *_] = asyncio.run(collect(router, picture_job(first, second, max_tokens=64)))
+    assert isinstance(routed, Routed)
+    assert routed.dropped_images == 2
+    assert routed.context_fitted
+    sent = coding.requests[-1].messages[-1]["content"]
+    assert sent == f"{IMAGE_MARKER}\n{IMAGE_MARKER}\nwhat is this"
+    coding.image_costs = lambda size: 300
+    [routed, *_] = asyncio.run(collect(router, picture_job(first, second, max_tokens=64)))
+    assert isinstance(routed, Routed)
+    assert routed.dropped_images == 0  # asked again, and now counted
+
+
 def test_a_job_with_images_goes_only_to_links_that_read_them() -> None:
     coding = FakeBackend(ok)
     handles = {"coding@local": coding, "orchestrator@local": FakeBackend(ok)}
     handles["cpu-fallback"] = FakeBackend(ok)
     router = make_router(make_config(images_on=("coding",)), handles)
-    picture = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
-    request = ChatRequest(model="coding", messages=[{"role": "user", "content": picture}])
-    image_job = ChatJob(request, Role.CODING, PriorityClass.USER, "t")
+    image_job = picture_job(png_url(8, 8))
     [routed, *_] = asyncio.run(collect(router, image_job))
     assert isinstance(routed, Routed)
     assert routed.backend == "coding@local"

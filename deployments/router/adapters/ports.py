@@ -6,7 +6,7 @@ unit tests pass fakes, so a Router runs without Ray or a tokenizer.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -14,6 +14,7 @@ from core.clock import Clock
 from core.config import ClusterConfig
 from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.wire import PlacementView, ScalingNews
+from policy.context.images import ImageSize
 from policy.context.tokens import TokenCounter
 from policy.engine_counters import EngineCounters
 from policy.slot_leases import SlotAnswer, SlotReport
@@ -58,6 +59,11 @@ class Backend(Protocol):
     async def engine_counters(self) -> tuple[str, EngineCounters] | None:
         """One replica's engine counts since its start, and which replica it is; None when
         the backend has no such counts to give."""
+        ...
+
+    async def image_tokens(self, sizes: Sequence[ImageSize]) -> list[int] | None:
+        """The tokens an image of each (width, height) adds to a chat prompt on this backend's
+        engine; None when it cannot say."""
         ...
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -33,6 +33,7 @@ from deployments.router.adapters.ports import (
 )
 from deployments.router.slot_broker import ensure_slot_broker, work_from_wire, work_to_wire
 from policy.context.counters import counters_for
+from policy.context.images import ImageSize
 from policy.engine_counters import EngineCounters
 from policy.load_scaling import LoadReport
 from policy.slot_leases import Lease, SlotAnswer, SlotReport
@@ -100,6 +101,15 @@ class ServeBackend:
             int(reading["preemptions"]), int(reading["prefix_queries"]), int(reading["prefix_hits"])
         )
         return str(reading["replica"]), counters
+
+    async def image_tokens(self, sizes: Sequence[ImageSize]) -> list[int] | None:
+        try:
+            counts: list[int] | None = await self._unary.image_tokens.remote(list(sizes))
+        except (AttributeError, RayServeException) as error:
+            if _method_missing(error):  # a plain LLMServer, or the CPU fallback
+                return None
+            raise
+        return counts
 
 
 def _method_missing(error: BaseException) -> bool:

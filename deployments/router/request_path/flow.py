@@ -34,11 +34,13 @@ from deployments.router.request_path.faults import (
     Paused,
     stream_error_event,
 )
+from deployments.router.request_path.image_costs import ImageCosts
 from deployments.router.request_path.link import Link
 from deployments.router.request_path.serving import AnyFit, Seat, Serving
 from policy.context.continuation_fit import fit_continuation
 from policy.context.embed_fit import EmbedFit, fit_inputs
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
+from policy.context.images import fit_with_images
 from policy.context.prompt_fit import NoFim, PromptFit, fit_prompt
 from policy.context.tokens import TokenCounter, message_text
 from policy.gate import Shed
@@ -86,6 +88,7 @@ class Flow:
         # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
         # that off the event loop that relays every stream (and fits one at a time, in order).
         self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
+        self._image_costs = ImageCosts(self._fitter)
 
     def use_config(self, config: ClusterConfig) -> None:
         """A reload's config for jobs from now on (a job under way keeps its chain)."""
@@ -181,9 +184,12 @@ class Flow:
         names = [name for name in self._placement.chain(model) if name in self._links]
         if not names:
             return None
-        counter = self._counters[self._links[names[0]].target.counter_key]
-        work = functools.partial(counter.count_prompt, messages, tools or None)
+        link = self._links[names[0]]
+        counter: TokenCounter = self._counters[link.target.counter_key]
         try:
+            if carries_images(messages) and link.target.images:
+                counter = await self._image_costs.counter(link, counter, messages)
+            work = functools.partial(counter.count_prompt, messages, tools or None)
             return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
         except Exception as error:  # noqa: BLE001 - a template's refusal of the client's messages
             message = f"The model's chat template cannot render these messages: {error}"
@@ -242,7 +248,7 @@ class Flow:
         """The job fitted to `link` and holding one of its slots, or why not. `continuing`:
         the job goes on with an answer begun (its last message); a paused one waits at the
         head of its class (its first arrival, `arrived`)."""
-        fitted = await self._fit_or_refusal(job, link.target, continuing is not None)
+        fitted = await self._fit_or_refusal(job, link, continuing is not None)
         if isinstance(fitted, Refusal):
             return fitted
         pauses = continuing.pauses if continuing is not None else 0
@@ -251,15 +257,16 @@ class Flow:
         return ticket if isinstance(ticket, Refusal) else (fitted, Seat(ticket, pauses))
 
     async def _fit_or_refusal(
-        self, job: ChatJob, target: Target, continues: bool
+        self, job: ChatJob, link: Link, continues: bool
     ) -> Fit | PromptFit | EmbedFit | Refusal:
+        target = link.target
         try:
             request = job.request
             if isinstance(request, EmbeddingRequest):
                 return await self._fit_inputs(request, target)
             if isinstance(request, CompletionRequest):
                 return await self._fit_prompt(request, job.context_share, target)
-            fit = await self._fit(request, job.context_share, target, continues)
+            fit = await self._fit(request, job.context_share, link, continues)
             if fit.fitted and not job.truncate and not continues:
                 return _untruncated(target.context_window)
             return fit
@@ -300,12 +307,12 @@ class Flow:
         metrics.SEATS.labels(link.target.name, job.priority.value).inc()
         return ticket
 
-    async def _fit(
-        self, request: ChatRequest, share: float, target: Target, continues: bool
-    ) -> Fit:
+    async def _fit(self, request: ChatRequest, share: float, link: Link, continues: bool) -> Fit:
         """Fit a chat to the window of the link that will serve it (windows differ; `share`:
         the part of it the depth router gave the job); a continuation's answer so far may be
-        cut to its newest part, like old turns."""
+        cut to its newest part, like old turns. Images count as the link's engine expands them
+        (policy.context.images)."""
+        target = link.target
         counter = self._counters[target.counter_key]
         fit_args: dict[str, Any] = {
             "window": max(1, int(target.context_window * share)),
@@ -315,7 +322,12 @@ class Flow:
         messages = [dict(m) for m in request.messages]
         if request.tools:  # the template lists them in the prompt (measured once per tool set)
             fit_args["tools"] = rendered_tools(request.tools)  # as vLLM renders them
-        else:
+        if carries_images(messages):
+            fit_args["counter"] = await self._image_costs.counter(link, counter, messages)
+            if not continues:
+                work = functools.partial(fit_with_images, messages, **fit_args)
+                return await asyncio.get_running_loop().run_in_executor(self._fitter, work)
+        elif not request.tools:
             quick = pass_through(messages, **fit_args)
             if quick is not None:  # most requests: proven to fit without tokenizing
                 return quick

@@ -385,6 +385,8 @@ def _routed(link: Link, fit: AnyFit, failovers: int, engine_wait_s: float) -> Ro
         failovers=failovers,
         engine_wait_s=engine_wait_s,
         tools_shortened=fit.tools_shortened if isinstance(fit, Fit) else 0,
+        dropped_images=fit.dropped_images if isinstance(fit, Fit) else 0,
+        prompt_counted=fit.counted,
     )
 
 
