@@ -14,7 +14,7 @@ from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 from autoscale.placer import placement_matters
 from autoscale.serve_scaling import ReplicaPolicy, policy_kwargs
 from core.config import ClusterConfig, ModelConfig
-from core.topology import RESOURCE_SLIVER, Backend
+from core.topology import RESOURCE_SLIVER, Backend, fallback_mmproj
 from core.types import DEPLOYMENT_PREFIX
 from deployments.engine.adapters import ADAPTERS_ENV
 from deployments.engine.llm_server import ObservedLLMServer
@@ -197,6 +197,7 @@ def fallback_settings(config: ClusterConfig) -> FallbackSettings:
     return FallbackSettings(
         engine=fallback.engine,
         source=config.fallback_source,
+        mmproj=fallback_mmproj(config),
         model_id=config.fallback_target.model_id,
         context_window=fallback.context_window,
         threads=fallback.threads,

@@ -26,6 +26,7 @@ __all__ = [
     "backends",
     "chain",
     "default_model",
+    "fallback_mmproj",
     "fallback_models",
     "fallback_source",
     "fallback_target",
@@ -145,8 +146,15 @@ def fallback_target(config: ClusterConfig) -> Target:
         else source,
         pool=fallback.pool,
         tools=fallback.tools is not None,
+        images=fallback.mmproj is not None,
         chat_template=_template(config, fallback.tools),
     )
+
+
+def fallback_mmproj(config: ClusterConfig) -> str | None:
+    """The fallback's projector GGUF as an absolute path, where it reads images."""
+    mmproj = config.fallback.mmproj
+    return None if mmproj is None else str((config.base_dir / Path(mmproj).expanduser()).resolve())
 
 
 def backend_target(config: ClusterConfig, backend: Backend) -> Target:

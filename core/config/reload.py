@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core import topology
 from core.config.cluster import ClusterConfig
 
 __all__ = ["ReloadChanges", "reload_changes"]
@@ -108,6 +109,8 @@ def _dump(config: ClusterConfig) -> dict[str, Any]:
     dump["batches"]["directory"] = str(config.batch_directory)
     fallback, raw_fallback = config.fallback, dump["fallback"]
     raw_fallback["source"] = config.fallback_source
+    if fallback.mmproj:
+        raw_fallback["mmproj"] = topology.fallback_mmproj(config)
     if fallback.tokenizer:
         raw_fallback["tokenizer"] = config.resolve_path(fallback.tokenizer)
     if fallback.tools is not None:

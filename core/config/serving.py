@@ -349,6 +349,13 @@ class FallbackConfig(Frozen):
         min_length=1,
         description="A .gguf path (relative to the config), or for Ollama a model name to pull.",
     )
+    mmproj: str | None = Field(
+        None,
+        description="The model's multimodal projector, a .gguf path (relative to the config; "
+        "llama.cpp's convert_hf_to_gguf.py --mmproj writes it): llama-server loads it "
+        "(--mmproj) and the fallback reads images, so an image chain's last link still answers "
+        "one. With it, auto chooses llama-server; Ollama and llama_cpp read no images here.",
+    )
     context_window: int = Field(2048, ge=256, description="Its window, in tokens.")
     max_concurrency: int = Field(8, description="The router's cap on it.")
     pool: Name | None = Field(None, description="CPU pool to run on; none means the head node.")
@@ -398,6 +405,17 @@ class FallbackConfig(Frozen):
                 f"source {self.source!r}: the {self.engine} engine serves a GGUF file; give the "
                 "path of a .gguf file, or use engine ollama to pull a model by name"
             )
+        if self.mmproj is not None:
+            if not self.mmproj.endswith(".gguf") or not self.is_gguf_file:
+                raise ValueError(
+                    "mmproj: llama-server reads images with a projector .gguf beside the model's "
+                    ".gguf file; give both as .gguf paths"
+                )
+            if self.engine in ("ollama", "llama_cpp"):
+                raise ValueError(
+                    f"mmproj: the {self.engine} engine reads no images here; use engine "
+                    "llama_server (or auto), or leave mmproj out"
+                )
         if self.tools is not None and self.tools.chat_template is not None:
             if self.engine == "ollama":
                 raise ValueError(

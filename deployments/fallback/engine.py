@@ -7,9 +7,9 @@ router cannot tell the fallback from a vLLM replica.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from core.types import FALLBACK_ENGINE_MARKER
 
@@ -106,4 +106,13 @@ class FallbackEngine(Protocol):
 
     async def aclose(self) -> None:
         """Stop the engine and wait until its processes have exited."""
+        ...
+
+
+@runtime_checkable
+class ReadsImages(Protocol):
+    """An engine that reads images (llama-server with a projector, `fallback.mmproj`)."""
+
+    async def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int]:
+        """The tokens an image of each (width, height) adds to a chat prompt."""
         ...

@@ -23,7 +23,7 @@ endpoints:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -40,6 +40,7 @@ from deployments.fallback.engine import (
 from deployments.fallback.llama_cpp_python_server import loosened_schema
 from deployments.fallback.supervised_engine import SupervisedEngine
 from deployments.fallback.tool_calls import CALL_CLOSE, CALL_OPEN
+from policy.context.images import ImageSize, blank_image_url, image_data
 
 SLOT_WINDOW_ROUND = 256  # llama-server rounds each slot's window up to a multiple of this
 _NOT_OUTPUT = frozenset({"eos", "word"})  # a stop whose last sampled token is not in the text
@@ -60,6 +61,7 @@ class LlamaServerEngine(SupervisedEngine):
         n_gpu_layers: int = 0,
         chat_template: str | None = None,
         prompt_cache_mib: int = 0,
+        mmproj: str | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
     ) -> None:
         self.parallel = parallel
@@ -76,6 +78,7 @@ class LlamaServerEngine(SupervisedEngine):
                 *("--fit", "off", "--jinja", "--no-prefill-assistant", "--no-webui"),
                 *("--cache-ram", str(prompt_cache_mib)),
                 *(("--chat-template-file", chat_template) if chat_template else ()),
+                *(("--mmproj", mmproj) if mmproj else ()),
             ]
 
         super().__init__(command, n_gpu_layers=n_gpu_layers, ready_check=self_test, sleep=sleep)
@@ -89,6 +92,12 @@ class LlamaServerEngine(SupervisedEngine):
     ) -> AsyncGenerator[Piece | Finish, None]:
         client = self._client()
         prompt = await self._render(client, params) + (CALL_OPEN if forced is not None else "")
+        images = image_data(params.messages)
+        if images:
+            turn = self._with_images(client, params, prompt, images, resume_text, forced)
+            async for item in turn:
+                yield item
+            return
         base = await self._tokenize(client, prompt)
         continued = prompt + params.continue_text
         resumed = continued + resume_text
@@ -117,6 +126,73 @@ class LlamaServerEngine(SupervisedEngine):
                 yield Piece(CALL_CLOSE)
             yield item
 
+    async def _with_images(
+        self,
+        client: httpx.AsyncClient,
+        params: ChatParams,
+        prompt: str,
+        images: list[str],
+        resume_text: str,
+        forced: dict[str, Any] | None,
+    ) -> AsyncGenerator[Piece | Finish, None]:
+        """A chat with images: its rendered prompt (a media marker where each image was) and
+        the images' bytes, which llama-server's projector reads and counts (the prompt cannot
+        be tokenized here). Its count is llama-server's, less what follows the rendered prompt."""
+        after = params.continue_text + resume_text
+        following = len(await self._tokenize(client, after, special=False)) if after else 0
+        done = (
+            following - len(await self._tokenize(client, params.continue_text, special=False))
+            if resume_text
+            else 0
+        )
+        max_tokens = params.max_tokens - done
+        if max_tokens <= 0:
+            raise PromptTooLong("the answer so far has reached the request's max_tokens")
+        body: dict[str, Any] = {
+            "prompt": {"prompt_string": prompt + after, "multimodal_data": images},
+            "n_predict": max_tokens,
+            "stop": list(params.stop),
+            **_sampling(params.temperature, params.top_p, params.seed),
+        }
+        if forced is not None:
+            body["json_schema"] = loosened_schema(forced)
+            yield Piece(CALL_OPEN)
+        async for item in self._generate(client, body, None, done, following):
+            if isinstance(item, Finish) and forced is not None and item.reason == "stop":
+                yield Piece(CALL_CLOSE)
+            yield item
+
+    async def image_tokens(self, sizes: Sequence[ImageSize]) -> list[int]:
+        """The tokens an image of each (width, height) adds to a chat prompt, by llama-server's
+        template and projector: a chat of one blank image of the size and one text part, less
+        the same chat without the image, as llama-server evaluates each."""
+        client = self._client()
+        text = {"type": "text", "text": "."}
+        base = await self._evaluated(client, [text], [])
+        counts = []
+        for size in sizes:
+            url = blank_image_url(size)
+            image = {"type": "image_url", "image_url": {"url": url}}
+            counts.append(
+                await self._evaluated(client, [image, text], [url.partition(",")[2]]) - base
+            )
+        return counts
+
+    async def _evaluated(
+        self, client: httpx.AsyncClient, content: list[dict[str, Any]], images: list[str]
+    ) -> int:
+        messages = [{"role": "user", "content": content}]
+        prompt = await self._render(client, ChatParams(messages=messages, max_tokens=1))
+        body = {
+            "prompt": {"prompt_string": prompt, "multimodal_data": images} if images else prompt,
+            "n_predict": 0,
+            "cache_prompt": False,
+        }
+        reply = await self._post(client, "/completion", body)
+        if reply.status_code != 200:
+            raise EngineUnavailable(f"llama-server would not count an image: {_message(reply)}")
+        return int(reply.json()["tokens_evaluated"])
+
     async def complete(self, params: CompletionParams) -> AsyncGenerator[Piece | Finish, None]:
         """One attempt: a completion is not resumed on a restarted server (its client sees a
         503 and may retry; the router has already tried every other link)."""
@@ -141,8 +217,15 @@ class LlamaServerEngine(SupervisedEngine):
             yield item
 
     async def _generate(
-        self, client: httpx.AsyncClient, body: dict[str, Any], prompt_tokens: int, done: int
+        self,
+        client: httpx.AsyncClient,
+        body: dict[str, Any],
+        prompt_tokens: int | None,
+        done: int,
+        following: int = 0,
     ) -> AsyncGenerator[Piece | Finish, None]:
+        """The answer's pieces and its Finish. `prompt_tokens` None: llama-server's count of
+        the prompt it evaluated, less the `following` tokens after the rendered prompt."""
         body = {**body, "stream": True, "cache_prompt": True}
         try:
             async with client.stream("POST", "/completion", json=body, timeout=None) as reply:
@@ -162,6 +245,8 @@ class LlamaServerEngine(SupervisedEngine):
                         if stop_type in _NOT_OUTPUT and generated:
                             generated -= 1
                         reason = "length" if stop_type == "limit" else "stop"
+                        if prompt_tokens is None:
+                            prompt_tokens = int(chunk.get("tokens_evaluated", 0)) - following
                         yield Finish(reason, prompt_tokens, done + generated)
                         return
         except httpx.HTTPError as error:  # the server died, or never answered
@@ -177,9 +262,12 @@ class LlamaServerEngine(SupervisedEngine):
             raise InvalidChat(f"the chat template rejects the messages: {_message(reply)}")
         return str(reply.json()["prompt"])
 
-    async def _tokenize(self, client: httpx.AsyncClient, text: str) -> list[int]:
-        """Tokens as `/completion` would make them of this text: with the BOS, specials parsed."""
-        body = {"content": text, "add_special": True, "parse_special": True}
+    async def _tokenize(
+        self, client: httpx.AsyncClient, text: str, special: bool = True
+    ) -> list[int]:
+        """Tokens as `/completion` would make them of this text: with the BOS (unless not
+        `special`: a piece after the prompt), specials parsed."""
+        body = {"content": text, "add_special": special, "parse_special": True}
         reply = await self._post(client, "/tokenize", body)
         if reply.status_code != 200:
             raise EngineUnavailable(f"llama-server /tokenize: HTTP {reply.status_code}")

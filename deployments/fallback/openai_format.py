@@ -17,6 +17,7 @@ from deployments.fallback.engine import ChatParams, CompletionParams, Finish
 from deployments.fallback.tool_calls import ReadCalls, read_calls
 from policy.context.tokens import template_message
 from policy.request.completion import single_prompt
+from policy.request.messages import carries_images
 from policy.request.rendered import rendered_tools
 
 DONE = "data: [DONE]\n\n"
@@ -67,8 +68,12 @@ def completion_params(request: CompletionRequest, default_max_tokens: int) -> Co
 
 def _plain(original: Any) -> dict[str, Any]:
     """A message as vLLM gives it to a template (text content, call arguments as objects), so
-    the fallback renders what the router counted (image parts cannot be read here)."""
-    return template_message(dict(original))
+    the fallback renders what the router counted; one with images keeps its parts (the router
+    sends images here only where llama-server reads them: fallback.mmproj)."""
+    message = template_message(dict(original))
+    if carries_images([original]):
+        message["content"] = original["content"]
+    return message
 
 
 def error_response(status: int, kind: str, message: str) -> EngineError:

@@ -36,6 +36,7 @@ from deployments.fallback.engine import (
     InvalidChat,
     Piece,
     PromptTooLong,
+    ReadsImages,
 )
 from deployments.fallback.openai_format import (
     ChatShaper,
@@ -72,6 +73,7 @@ class FallbackSettings:
     parallel: int = 4  # sequences decoded at once (llama-server's slots, OLLAMA_NUM_PARALLEL)
     prompt_cache_mib: int = 0  # llama-server's --cache-ram
     chat_template: str | None = None  # llama.cpp: the template file for the GGUF's own (tools)
+    mmproj: str | None = None  # llama-server: the projector GGUF it reads images with
     # The line's rules as built (router.aging_s, class_shares, engine_priorities): TurnRules
     # at the engine's width, which only the engine knows; a reload retunes them.
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -84,10 +86,20 @@ def choose_engine(
     jinja_template: bool = False,
     llama_server_binary: str | None = None,
     llama_cpp_installed: bool = True,
+    reads_images: bool = False,
 ) -> str:
     """`auto` prefers Ollama, unless a Jinja chat template is configured (`fallback.tools`),
     which only llama.cpp renders; then llama.cpp's own server where make install built it,
-    else the Python one. llama.cpp needs a GGUF file, Ollama needs its binary."""
+    else the Python one. llama.cpp needs a GGUF file, Ollama needs its binary. A projector
+    (`fallback.mmproj`: images) is read by llama-server only."""
+    if reads_images:
+        if llama_server_binary is None:
+            raise NoEngine(
+                "fallback.mmproj: only llama-server reads images here, and there is no "
+                "`llama-server` binary beside this node's Python or on its PATH (make install "
+                "builds it)"
+            )
+        return "llama_server"
     if requested == "auto":
         if ollama_binary is not None and not (jinja_template and source_is_file):
             requested = "ollama"
@@ -137,6 +149,7 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
         llama_server_binary=server,
         # An optional extra (make llama-cpp-python): the default engine is llama-server.
         llama_cpp_installed=importlib.util.find_spec("llama_cpp") is not None,
+        reads_images=settings.mmproj is not None,
     )
     if chosen == "ollama":
         from deployments.fallback.ollama import OllamaEngine
@@ -165,6 +178,7 @@ def make_engine(settings: FallbackSettings) -> FallbackEngine:
             n_gpu_layers=settings.n_gpu_layers,
             chat_template=settings.chat_template,
             prompt_cache_mib=settings.prompt_cache_mib,
+            mmproj=settings.mmproj,
         )
     from deployments.fallback.llama_cpp_python_engine import LlamaCppEngine
 
@@ -355,6 +369,13 @@ class CpuFallback:
 
     async def check_health(self) -> None:
         await self._engine.check_health()
+
+    async def image_tokens(self, sizes: list[tuple[int, int]]) -> list[int] | None:
+        """The tokens an image of each (width, height) adds to a chat prompt here; None where
+        the fallback reads no images (no `fallback.mmproj`)."""
+        if self._settings.mmproj is None or not isinstance(self._engine, ReadsImages):
+            return None
+        return await self._engine.image_tokens([(int(w), int(h)) for w, h in sizes])
 
     async def kv_cache_usage(self) -> float | None:
         """No KV-cache reading: the router's pressure breaker leaves the fallback alone."""

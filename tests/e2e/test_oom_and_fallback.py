@@ -21,6 +21,7 @@ import ray
 from ray.serve.handle import DeploymentHandle
 
 from cluster.driver_handles import deployment_handle
+from tests.e2e.test_images import NOISE, RED
 from tests.waiting import wait_for
 
 VISION, CODING, FALLBACK = "vision@local", "coding@local", "cpu-fallback"
@@ -47,7 +48,19 @@ def words(tag: str, count: int) -> str:
     return f"{tag}: " + " ".join(WORDS[i % len(WORDS)] for i in range(count))
 
 
-def ask(model: str = "vision", text: str = "Say OK.", **extra: Any) -> dict[str, Any]:
+def image_body(url: str) -> dict[str, Any]:
+    parts = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "What is in this picture?"},
+    ]
+    return ask(content=parts, max_tokens=8, temperature=0)
+
+
+def ask(
+    model: str = "vision", text: str = "Say OK.", content: Any = None, **extra: Any
+) -> dict[str, Any]:
+    if content is not None:
+        return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
     return {"model": model, "messages": [{"role": "user", "content": text}], **extra}
 
 
@@ -168,6 +181,21 @@ def test_an_out_of_memory_replica_answers_503_and_the_chain_ends_on_the_fallback
     assert (reply.headers["x-backend"], reply.headers["x-context-fitted"]) == (FALLBACK, "true")
     prompt_tokens = reply.json()["usage"]["prompt_tokens"]
     assert prompt_tokens + int(reply.headers["x-max-tokens"]) <= FALLBACK_WINDOW
+
+    # An image: coding@local reads none, so the CPU fallback takes it and reads it with its
+    # projector (fallback.mmproj), counted as its llama-server counts (333 tokens a square).
+    answers = []
+    for url in (RED, NOISE, RED):
+        reply = http.post("/v1/chat/completions", json=image_body(url))
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-backend"] == FALLBACK
+        prompt_tokens = reply.json()["usage"]["prompt_tokens"]
+        assert prompt_tokens > 5 * 64
+        assert reply.headers["x-prompt-tokens"] == str(prompt_tokens)
+        answers.append(reply.json()["choices"][0]["message"]["content"])
+    red, noise, red_again = answers
+    assert red == red_again  # greedy: the same image, the same answer
+    assert noise != red
 
 
 def test_serve_replaces_the_out_of_memory_replica_and_its_breaker_closes(

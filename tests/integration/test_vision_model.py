@@ -129,3 +129,70 @@ def test_llama_server_reads_the_projector_and_counts_as_the_processor(processor:
         client.close()
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_cpu_fallback_reads_images_with_the_projector_and_counts_them_as_the_processor(
+    processor: Any,
+) -> None:
+    """fallback.mmproj: the CpuFallback replica on llama-server, without Serve. Its count of
+    an image of a size is the processor's, and a chat with one is read (the answer depends on
+    it) and counted by llama-server."""
+    import asyncio
+
+    from core.answers import WholeAnswer
+    from core.requests import ChatRequest
+    from deployments.fallback.replica import CpuFallback, FallbackSettings
+
+    settings = FallbackSettings(
+        engine="auto",
+        source=str(MODELS / VISION_GGUF),
+        mmproj=str(MODELS / VISION_MMPROJ),
+        model_id="cpu-fallback",
+        context_window=1024,
+        threads=1,
+        ollama_model="unused",
+        keep_alive="1m",
+        parallel=1,
+    )
+
+    async def scenario() -> tuple[list[int] | None, list[tuple[int, str]]]:
+        replica = CpuFallback.__new__(CpuFallback)
+        await CpuFallback.__init__(replica, settings)  # Serve awaits it
+        try:
+            counts = await replica.image_tokens([(64, 64), (300, 60)])
+            answers = []
+            for image in (red, noise, red):
+                parts = [{"type": "image_url", "image_url": {"url": data_url(image)}}]
+                parts.append({"type": "text", "text": "What is this?"})
+                request = ChatRequest(
+                    model="cpu-fallback",
+                    messages=[{"role": "user", "content": parts}],
+                    max_tokens=8,
+                    temperature=0,
+                )
+                [whole] = [item async for item in replica.chat(request)]
+                assert isinstance(whole, WholeAnswer), whole
+                body = whole.body
+                answer = (body["usage"]["prompt_tokens"], body["choices"][0]["message"]["content"])
+                answers.append(answer)
+            return counts, answers
+        finally:
+            await replica.aclose()
+
+    red = Image.new("RGB", (64, 64), "red")
+    noise = Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 48, 3), dtype=np.uint8))
+    counts, answers = asyncio.run(scenario())
+    text_only = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}],
+        add_generation_prompt=True,
+    )
+    plain = len(processor(text=text_only)["input_ids"][0])
+    wide = Image.new("RGB", (300, 60), "blue")
+    assert counts == [
+        len(tokens_for(processor, red)) - plain,
+        len(tokens_for(processor, wide)) - plain,
+    ]
+    (counted, said), (_, other), again = answers
+    assert counted == len(tokens_for(processor, red))  # llama-server's count of the prompt
+    assert other != said
+    assert again == (counted, said)

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from core.config import ClusterConfig, parse_config
+from cluster.backends import fallback_settings
+from core.config import ClusterConfig, ConfigError, parse_config
 from core.errors import ApiError
 from core.types import PriorityClass
+from deployments.fallback.replica import NoEngine, choose_engine
 from deployments.ingress.auth import Caller
 from deployments.ingress.jobs import Jobs
 
@@ -103,3 +105,43 @@ def test_the_loader_settles_who_reads_images_once(tmp_path: Path) -> None:
         ("coding", False),
         ("vision", True),
     ]
+
+
+def fallback_config(tmp_path: Path, **fallback: Any) -> ClusterConfig:
+    raw = {
+        "pools": [{"name": "local", "kind": "local"}],
+        "models": [
+            {
+                "role": "vision",
+                "source": str(tmp_path / "vision"),
+                "context_window": 4096,
+                "pools": ["local"],
+            }
+        ],
+        "fallback": {"source": "fallback.gguf", **fallback},
+    }
+    return parse_config(raw, base_dir=tmp_path, environ={})
+
+
+def test_a_fallback_with_a_projector_reads_images_on_llama_server(tmp_path: Path) -> None:
+    plain = fallback_config(tmp_path)
+    assert not plain.fallback_target.images
+    assert plain.targets["vision@local"].images  # the chain's only reader
+    reading = fallback_config(tmp_path, mmproj="fallback.mmproj.gguf")
+    assert reading.fallback_target.images
+    assert fallback_settings(reading).mmproj == str(tmp_path / "fallback.mmproj.gguf")
+    # Only llama-server reads them: auto chooses it, whatever else the node has.
+    server = "/venv/bin/llama-server"
+    chosen = choose_engine("auto", "/usr/bin/ollama", True, llama_server_binary=server,
+                           reads_images=True)  # fmt: skip
+    assert chosen == "llama_server"
+    with pytest.raises(NoEngine, match="only llama-server reads images"):
+        choose_engine("auto", "/usr/bin/ollama", True, reads_images=True)
+
+
+def test_a_projector_for_an_engine_that_reads_no_images_is_refused(tmp_path: Path) -> None:
+    for engine in ("ollama", "llama_cpp"):
+        with pytest.raises(ConfigError, match=f"mmproj: the {engine} engine reads no images"):
+            fallback_config(tmp_path, engine=engine, mmproj="fallback.mmproj.gguf")
+    with pytest.raises(ConfigError, match=r"projector \.gguf"):
+        fallback_config(tmp_path, mmproj="fallback.mmproj.bin")
