@@ -267,6 +267,7 @@ check: lint unit
 bench: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	@status=0; \
 	$(PY) -m bench.context || status=1; \
+	$(PY) -m bench.image_fit || status=1; \
 	$(PY) -m bench.overhead || status=1; \
 	$(PY) -m bench.pace || status=1; \
 	$(PY) -m bench.translation || status=1; \

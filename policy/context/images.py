@@ -21,13 +21,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from policy.context.fit import (
+    MESSAGE_OVERHEAD_TOKENS,
+    PROMPT_OVERHEAD_TOKENS,
     ContextOverflow,
     Fit,
     FitPolicy,
     budget_for,
     fit_messages,
 )
-from policy.context.tokens import FimMarkers, Message, TokenCounter
+from policy.context.tokens import FimMarkers, Message, TokenCounter, message_text
 
 __all__ = [
     "IMAGE_MARKER",
@@ -47,6 +49,9 @@ IMAGE_MARKER = "[An image was omitted here to fit the context window.]"
 # (SigLIP, Qwen2-VL before its 2x2 merge), so more than any tiling processor gives.
 ESTIMATE_PATCH_PIXELS = 14
 DEFAULT_POLICY = FitPolicy()
+# How far the estimate may stray from the exact count (besides 2 tokens a message, a template's
+# frame, and 5% of the budget) before a chat it puts over the budget is counted exactly anyway.
+ESTIMATE_SLACK_TOKENS = 64
 
 
 def image_urls(message: Message) -> Iterator[tuple[int, str]]:
@@ -153,13 +158,8 @@ def fit_with_images(
     older = [place for place in places if place[0] < newest]
     own = [place for place in places if place[0] >= newest]
     budget = budget_for(window, requested_max_tokens, counter, policy)
-    current, dropped = list(messages), 0
-    count = counter.count_prompt(current, tools)
-    for place in older:
-        if count <= budget.prompt:
-            break
-        current, dropped = _without_image(current, place), dropped + 1
-        count = counter.count_prompt(current, tools)
+    current, count = _older_images_dropped(list(messages), older, counter, budget.prompt, tools)
+    dropped = len(places) - sum(1 for m in current for _ in image_urls(m))
     if count <= budget.prompt:  # as sent, or with old images gone: no turn need go
         max_tokens = min(budget.max_tokens, window - count - budget.margin)
         return Fit(
@@ -187,11 +187,61 @@ def fit_with_images(
         except ContextOverflow:
             if not own:
                 raise
-            current, dropped = _without_image(current, own.pop(0)), dropped + 1
+            current = _without_image(current, own.pop(0))
             continue
         # Images of turns that went whole count too: the model sees none of them.
         kept = sum(1 for m in fit.messages for _ in image_urls(m))
         return replace(fit, dropped_images=len(places) - kept)
+
+
+def _older_images_dropped(
+    messages: list[Message],
+    older: list[tuple[int, str]],
+    counter: ImageCounter,
+    budget: int,
+    tools: Sequence[Message] | None,
+) -> tuple[list[Message], int]:
+    """The messages with the fewest of the `older` images gone that bring the prompt within
+    `budget` (all of them where none do), and the prompt's count: exact where it is within the
+    budget, else above it."""
+    count = _estimate(messages, counter, tools)
+    if count <= budget + ESTIMATE_SLACK_TOKENS + 2 * len(messages) + budget // 20:
+        count = counter.count_prompt(messages, tools)  # near or within the budget: exactly
+    if count <= budget or not older:
+        return messages, count
+    # By their costs less their markers' (a long chat's exact count takes milliseconds: counted
+    # once they are gone); one more at a time where that estimate fell short.
+    marker = counter.count_text(IMAGE_MARKER) + 1
+    gains = [counter.costs[url] - marker for _, url in older]
+    needed = next((k for k in range(1, len(older)) if count - sum(gains[:k]) <= budget), len(older))
+    for place in older[:needed]:
+        messages = _without_image(messages, place)
+    if count - sum(gains[:needed]) > budget:
+        return messages, budget + 1  # over even with them all gone: the turns' fit decides
+    count = counter.count_prompt(messages, tools)
+    for place in older[needed:]:
+        if count <= budget:
+            break
+        messages = _without_image(messages, place)
+        count = counter.count_prompt(messages, tools)
+    return messages, count
+
+
+def _estimate(
+    messages: Sequence[Message], counter: ImageCounter, tools: Sequence[Message] | None
+) -> int:
+    """The prompt's count from its messages' contents, each counted once and kept by the
+    tokenizer's cache (policy.context.tokens): within a few percent of the exact count, so a chat
+    far over its budget is known to be without tokenizing all of it again."""
+    listed = counter.count_tools(tools) if tools else 0
+    return (
+        PROMPT_OVERHEAD_TOKENS
+        + listed
+        + sum(
+            counter.count_text(message_text(m)) + MESSAGE_OVERHEAD_TOKENS + counter.images(m)
+            for m in messages
+        )
+    )
 
 
 def _without_image(messages: list[Message], place: tuple[int, str]) -> list[Message]:
