@@ -126,13 +126,21 @@ def llm_config_for(
 def image_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, Any]:
     """An image-reading engine takes as many images a prompt as the gateway lets through
     (gateway.media.max_images_per_request), beside engine_kwargs' own limits for other media;
-    engine_kwargs may set more images, never fewer (the config's check)."""
+    engine_kwargs may set more images, never fewer (the config's check). It fetches nothing."""
     if not config.reads_images(model):
         return {}
     limits = {"image": config.gateway.media.max_images_per_request}
     own = model.engine_kwargs.get("limit_mm_per_prompt")
-    return {"limit_mm_per_prompt": {**limits, **own} if isinstance(own, dict) else limits}
+    return {
+        "limit_mm_per_prompt": {**limits, **own} if isinstance(own, dict) else limits,
+        # The gateway sends images inline (it fetches any URL itself): the engine fetches from
+        # no host, whatever a request carries (vLLM's allowed_media_domains; `.invalid` never
+        # resolves), and reads no local file (its allowed_local_media_path stays unset).
+        "allowed_media_domains": [NO_MEDIA_DOMAIN],
+    }
 
+
+NO_MEDIA_DOMAIN = "images-come-inline.invalid"  # RFC 2606: a name that never resolves
 
 # vLLM's accepted max_lora_rank values (vllm/config/lora.py, MaxLoRARanks).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

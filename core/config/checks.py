@@ -31,6 +31,21 @@ def cross_section_problems(config: ClusterConfig) -> list[str]:
         *_keys(config),
         *_gateway_resource(config),
         *_image_limits(config),
+        *_media_fetching(config),
+    ]
+
+
+# vLLM's own fetching of media by URL or path: the gateway fetches (gateway.media) and sends
+# engines the bytes, and starts them fetching nothing (cluster/backends.py).
+MEDIA_ENGINE_KWARGS = frozenset({"allowed_media_domains", "allowed_local_media_path"})
+
+
+def _media_fetching(config: ClusterConfig) -> list[str]:
+    return [
+        f"models[{i}].engine_kwargs.{key}: the gateway fetches images itself and sends "
+        "engines their bytes; list hosts in gateway.media.allowed_domains instead"
+        for i, model in enumerate(config.models)
+        for key in sorted(MEDIA_ENGINE_KWARGS & set(model.engine_kwargs))
     ]
 
 

@@ -149,6 +149,14 @@ class DepthConfig(Frozen):
 
 ImageFormat = Literal["png", "jpeg", "webp", "gif", "bmp", "tiff"]
 IMAGE_FORMATS: tuple[ImageFormat, ...] = ("png", "jpeg", "webp", "gif")
+# A host name of two labels or more whose last is not a number (so never an address), lower
+# case, or `*.` and one: its subdomains.
+DomainPattern = Annotated[
+    str,
+    Field(
+        pattern=r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"
+    ),
+]
 
 
 class MediaConfig(Frozen):
@@ -182,6 +190,21 @@ class MediaConfig(Frozen):
         min_length=1,
         description="The image formats taken, by what the image's bytes are (not what the "
         "data URL claims).",
+    )
+    # Off by default: an image URL is a request to fetch from wherever the fetcher runs.
+    allowed_domains: tuple[DomainPattern, ...] = Field(
+        (),
+        description="Hosts the gateway fetches images by URL from (http or https), once, itself, "
+        "before routing: a name (`images.example.com`) or its subdomains (`*.example.com`), "
+        "never an address. Whatever DNS answers, an address that is not public (loopback, "
+        "private, link-local and cloud metadata, unique-local, IPv4 forms inside IPv6) is "
+        "refused, at every redirect. Empty: an image must come inline, as a data URL.",
+    )
+    fetch_timeout_s: float = Field(
+        10.0, gt=0, le=120, description="The longest an image's fetch may take, redirects and all."
+    )
+    max_redirects: int = Field(
+        3, ge=0, le=10, description="Redirects a fetch follows, each checked as the first URL."
     )
 
 

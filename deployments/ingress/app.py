@@ -44,6 +44,7 @@ from deployments.ingress.error_response import install_error_handlers
 from deployments.ingress.files_routes import FilesRoutes, files_routes
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
 from deployments.ingress.key_routes import KeyRoutes, key_routes, serve_run_time_keys
+from deployments.ingress.media_fetch import ImageFetcher, Resolve, system_resolve
 from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
 from deployments.ingress.responses.conversation import input_items, page, with_ids
 from deployments.ingress.responses.http import responses_answer
@@ -61,6 +62,7 @@ from policy.depth import DEPTH_HEADER, DepthDecision
 from policy.model_access import may_use, usable_names
 from policy.request import parse_object
 from policy.request.fields import fail
+from policy.request.remote_images import ANTHROPIC, CHAT, RESPONSES
 
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
@@ -90,12 +92,14 @@ class Ingress(FilesRoutes, KeyRoutes):
         registry: Callable[[], Any] | None = None,
         build: str = "",
         responses: Callable[[], ResponseKeeperClient] | None = None,
+        resolve: Resolve = system_resolve,
     ) -> None:
         """`router` None: this replica runs its own Router over `backends`
         (`gateway.router_in_ingress`). `start_batches`: start the app's batch service now (in
         Serve), so batches a restart cut off go on without waiting for a call. `build`: this
         build of the app's token, whose reloads it applies (deployments/live_config.py).
-        `responses`: the stored responses' keeper (the app's actor unless given)."""
+        `responses`: the stored responses' keeper (the app's actor unless given). `resolve`:
+        host names to addresses for the image fetcher (the system's resolver unless given)."""
         if router is None:
             from deployments.router.router import ServeRouter  # only where the router runs here
 
@@ -106,6 +110,8 @@ class Ingress(FilesRoutes, KeyRoutes):
         self._served = config.served_names
         self._cards = model_cards(config, self._served)
         self._jobs = Jobs(config)
+        # gateway.media is fixed at build (the engines' image limits follow it): kept as built.
+        self._fetcher = ImageFetcher(config.gateway.media, resolve)
         self._router = router
         self._router_stream = router.options(stream=True)  # cached: each .options() costs
         self._metering = KeyMetering(
@@ -198,7 +204,7 @@ class Ingress(FilesRoutes, KeyRoutes):
         """What the client sent, counted with the model's own tokenizer and chat template, as
         Anthropic counts: before any fitting."""
         caller = self._keys.authenticate(authorization(request.headers))
-        payload = await self._payload(request)
+        payload = await self._fetcher.inline(await self._payload(request), ANTHROPIC)
         messages, tools = to_counted(payload)
         # The translated messages: image blocks are `image_url` parts there, counted by a model
         # that reads them.
@@ -286,6 +292,8 @@ class Ingress(FilesRoutes, KeyRoutes):
         payload = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         try:
             caller = self._keys.named(owner)
+            if endpoint == "/v1/chat/completions":  # its image URLs fetched as for a request
+                payload = await self._fetcher.inline(payload, CHAT)
             job, depth = builders[endpoint](payload, caller, PriorityClass.BACKGROUND.value, None)
             response = await self._metered(job, depth, started)
             answer = json.loads(bytes(response.body))
@@ -361,7 +369,7 @@ class Ingress(FilesRoutes, KeyRoutes):
         return Response(metrics.render() + routing + keys, media_type=metrics.CONTENT_TYPE)
 
     async def _chat(self, request: Request, started: float) -> Response:
-        return await self._serve(request, started, self._jobs.chat)
+        return await self._serve(request, started, self._jobs.chat, images=CHAT)
 
     async def _complete(self, request: Request, started: float) -> Response:
         return await self._serve(request, started, self._jobs.completion)
@@ -371,7 +379,7 @@ class Ingress(FilesRoutes, KeyRoutes):
 
     async def _anthropic(self, request: Request, started: float) -> Response:
         caller = self._keys.authenticate(authorization(request.headers))
-        payload = await self._payload(request)
+        payload = await self._fetcher.inline(await self._payload(request), ANTHROPIC)
         chat = to_chat(payload)
         headers = request.headers
         job, depth = self._jobs.chat(
@@ -402,6 +410,8 @@ class Ingress(FilesRoutes, KeyRoutes):
         if previous is not None:
             prior = await self._previous(previous, caller)
         new_items = input_items(payload.get("input"))
+        # Fetched once here: stored with the response, a later turn does not fetch them again.
+        new_items = (await self._fetcher.inline({"input": new_items}, RESPONSES))["input"]
         translated = to_response_chat({**payload, "input": [*prior, *new_items]})
         headers = request.headers
         # A flex tier's work may wait: the background class, where X-Priority does not say.
@@ -450,9 +460,14 @@ class Ingress(FilesRoutes, KeyRoutes):
         body = await read_body(request, limits.max_body_bytes)
         return parse_object(body, limits.max_json_depth)
 
-    async def _serve(self, request: Request, started: float, build: JobBuilder) -> Response:
+    async def _serve(
+        self, request: Request, started: float, build: JobBuilder, images: str | None = None
+    ) -> Response:
+        """`images`: the API whose image URLs the body may carry, fetched here first."""
         caller = self._keys.authenticate(request.headers.get("authorization"))
         payload = await self._payload(request)
+        if images is not None:
+            payload = await self._fetcher.inline(payload, images)
         headers = request.headers
         job, depth = build(payload, caller, headers.get(PRIORITY_HEADER), headers.get(DEPTH_HEADER))
         job = with_session(job, headers.get(SESSION_HEADER))

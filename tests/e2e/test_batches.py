@@ -18,12 +18,13 @@ import ray
 from ray.serve.handle import DeploymentHandle
 
 from deployments.batch.actor import batch_actor_name
+from tests.e2e.test_images import RED
 
 POLL_S = 0.5
 CHUNK = 16  # batches.chunk_rounds (16) x coding@local's background slots (a cap of 2, half)
 
 
-def request_line(custom_id: str, content: str, max_tokens: Any = 4) -> dict[str, Any]:
+def request_line(custom_id: str, content: Any, max_tokens: Any = 4) -> dict[str, Any]:
     return {
         "custom_id": custom_id,
         "method": "POST",
@@ -63,6 +64,13 @@ def test_a_batch_runs_to_completed_and_a_bad_body_fails_only_its_own_line(
 ) -> None:
     lines = [request_line(f"q-{n}", f"Say the number {n}.") for n in range(12)]
     lines[5] = request_line("q-5", "This one is bad.", max_tokens=-3)
+    # An image, as a request carries it: read by the vision model; and one by URL, which this
+    # gateway fetches from no host (gateway.media.allowed_domains): that line fails alone.
+    lines[6] = request_line("q-6", [{"type": "image_url", "image_url": {"url": RED}},
+                                    {"type": "text", "text": "What is this?"}])  # fmt: skip
+    lines[7] = request_line(
+        "q-7", [{"type": "image_url", "image_url": {"url": "http://10.0.0.1/a.png"}}]
+    )
     file_id = upload(client, lines)
     assert client.files.retrieve(file_id).purpose == "batch"
     batch = client.batches.create(
@@ -75,19 +83,24 @@ def test_a_batch_runs_to_completed_and_a_bad_body_fails_only_its_own_line(
     batch = wait_until(client, batch.id, {"completed", "failed"}, 600)
     assert batch.status == "completed", batch
     assert batch.request_counts is not None
-    assert (batch.request_counts.total, batch.request_counts.completed) == (12, 11)
-    assert batch.request_counts.failed == 1
+    assert (batch.request_counts.total, batch.request_counts.completed) == (12, 10)
+    assert batch.request_counts.failed == 2
     output = lines_of(client, batch.output_file_id)
     assert sorted(entry["custom_id"] for entry in output) == sorted(
-        f"q-{n}" for n in range(12) if n != 5
+        f"q-{n}" for n in range(12) if n not in (5, 7)
     )
     for entry in output:
         assert entry["response"]["status_code"] == 200
         assert entry["response"]["body"]["choices"][0]["message"]["content"]
-    [error] = lines_of(client, batch.error_file_id)
-    assert error["custom_id"] == "q-5"
-    assert error["response"]["status_code"] == 400
-    assert error["response"]["body"]["error"]["param"] == "max_tokens"
+    [image] = [entry for entry in output if entry["custom_id"] == "q-6"]
+    assert image["response"]["body"]["usage"]["prompt_tokens"] > 5 * 64  # its tiles were read
+    errors = {
+        entry["custom_id"]: entry["response"] for entry in lines_of(client, batch.error_file_id)
+    }
+    assert sorted(errors) == ["q-5", "q-7"]
+    assert errors["q-5"]["status_code"] == errors["q-7"]["status_code"] == 400
+    assert errors["q-5"]["body"]["error"]["param"] == "max_tokens"
+    assert errors["q-7"]["body"]["error"]["param"] == "messages[0].content[0].image_url.url"
     assert batch.id in [b.id for b in client.batches.list()]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from cluster.backends import llm_config_for
+from cluster.backends import NO_MEDIA_DOMAIN, llm_config_for
 from core.config import ConfigError, GatewayConfig, MediaConfig, parse_config
 from core.errors import ApiError
 from core.topology import Backend
@@ -162,3 +162,13 @@ def test_image_reading_engines_take_the_gateways_limit_and_never_fewer(tmp_path:
     for fewer in (2, {"count": 2}):
         with pytest.raises(ConfigError, match=r"limit_mm_per_prompt.image: 2 is fewer than"):
             vision_config(tmp_path, {"limit_mm_per_prompt": {"image": fewer}}, images=3)
+
+
+def test_engines_fetch_no_media_and_may_not_be_told_to(tmp_path: Path) -> None:
+    config = vision_config(tmp_path, {}, images=3)
+    kwargs = llm_config_for(config, Backend(model="vision", pool="local")).engine_kwargs
+    assert kwargs["allowed_media_domains"] == [NO_MEDIA_DOMAIN]
+    assert NO_MEDIA_DOMAIN.endswith(".invalid")  # a name that never resolves
+    for key in ("allowed_media_domains", "allowed_local_media_path"):
+        with pytest.raises(ConfigError, match=f"engine_kwargs.{key}: the gateway fetches"):
+            vision_config(tmp_path, {key: ["example.com"]}, images=3)
