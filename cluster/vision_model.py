@@ -119,7 +119,10 @@ def build(demo: Path, out: Path, shape: VisionShape = VisionShape()) -> None:
         # Each image feature (unit variance after the tower's norm) weighs one real word's
         # embedding; 1/sqrt(inputs) keeps the sum at a word's norm.
         projection.copy_(embeddings[chosen].T / math.sqrt(projection.shape[1]))
-    model.save_pretrained(out, safe_serialization=True)
+    # In bfloat16, as the engines serve it: vLLM warns of every weight it narrows on load (175
+    # lines at each start in float32), and widens one to float32 silently where a CPU has no
+    # bfloat16 math (models[].cpu_dtype: auto).
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     images = Idefics3ImageProcessorPil(
         size={"longest_edge": shape.longest_edge}, max_image_size={"longest_edge": shape.tile}
     )
