@@ -100,6 +100,11 @@ def llm_config_for(
             **({"scheduling_policy": "priority"} if config.router.engine_priority else {}),
             **lora_engine_kwargs(config, model),
             **model.engine_kwargs,
+            # The gateway sends media inline (it fetches a URL itself, gateway.media): an engine
+            # fetches from no host, whatever a request carries (vLLM's allowed_media_domains; a
+            # `.invalid` name never resolves), and reads no local file (allowed_local_media_path
+            # stays unset). The config refuses either in engine_kwargs.
+            "allowed_media_domains": [NO_MEDIA_DOMAIN],
             **image_engine_kwargs(config, model),  # merged with engine_kwargs' own limits
             **tool_engine_kwargs(config, model),
         },
@@ -126,18 +131,12 @@ def llm_config_for(
 def image_engine_kwargs(config: ClusterConfig, model: ModelConfig) -> dict[str, Any]:
     """An image-reading engine takes as many images a prompt as the gateway lets through
     (gateway.media.max_images_per_request), beside engine_kwargs' own limits for other media;
-    engine_kwargs may set more images, never fewer (the config's check). It fetches nothing."""
+    engine_kwargs may set more images, never fewer (the config's check)."""
     if not config.reads_images(model):
         return {}
     limits = {"image": config.gateway.media.max_images_per_request}
     own = model.engine_kwargs.get("limit_mm_per_prompt")
-    return {
-        "limit_mm_per_prompt": {**limits, **own} if isinstance(own, dict) else limits,
-        # The gateway sends images inline (it fetches any URL itself): the engine fetches from
-        # no host, whatever a request carries (vLLM's allowed_media_domains; `.invalid` never
-        # resolves), and reads no local file (its allowed_local_media_path stays unset).
-        "allowed_media_domains": [NO_MEDIA_DOMAIN],
-    }
+    return {"limit_mm_per_prompt": {**limits, **own} if isinstance(own, dict) else limits}
 
 
 NO_MEDIA_DOMAIN = "images-come-inline.invalid"  # RFC 2606: a name that never resolves

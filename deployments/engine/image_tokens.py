@@ -9,6 +9,7 @@ part, less the same chat without the image. The router fits with these (policy.c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,9 @@ async def image_tokens(engine: Any, model: str, sizes: Sequence[ImageSize]) -> l
     base = await _prompt_tokens(engine, model, [_TEXT])
     counts = []
     for size in sizes:
-        image = {"type": "image_url", "image_url": {"url": blank_image_url(size)}}
+        # Megapixels to encode: off the event loop that relays this replica's streams.
+        url = await asyncio.to_thread(blank_image_url, size)
+        image = {"type": "image_url", "image_url": {"url": url}}
         counts.append(await _prompt_tokens(engine, model, [image, _TEXT]) - base)
     return counts
 

@@ -22,6 +22,7 @@ endpoints:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
@@ -146,8 +147,9 @@ class LlamaServerEngine(SupervisedEngine):
             else 0
         )
         max_tokens = params.max_tokens - done
-        if max_tokens <= 0:
-            raise PromptTooLong("the answer so far has reached the request's max_tokens")
+        if max_tokens <= 0:  # the resumed text had reached the limit, as the text path says
+            yield Finish("length", 0, done)
+            return
         body: dict[str, Any] = {
             "prompt": {"prompt_string": prompt + after, "multimodal_data": images},
             "n_predict": max_tokens,
@@ -171,7 +173,7 @@ class LlamaServerEngine(SupervisedEngine):
         base = await self._evaluated(client, [text], [])
         counts = []
         for size in sizes:
-            url = blank_image_url(size)
+            url = await asyncio.to_thread(blank_image_url, size)  # off the replica's event loop
             image = {"type": "image_url", "image_url": {"url": url}}
             counts.append(
                 await self._evaluated(client, [image, text], [url.partition(",")[2]]) - base

@@ -28,6 +28,7 @@ from policy.request.fields import fail
 from policy.request.remote_images import (
     address_refusal,
     checked_url,
+    count_images,
     remote_image_urls,
     with_inline_images,
 )
@@ -55,19 +56,24 @@ class ImageFetcher:
         places = remote_image_urls(payload, api)
         if not places:
             return payload
-        urls = list(dict.fromkeys(url for _, url in places))
-        if len(places) > self._media.max_images_per_request:
+        images = count_images(payload, api)  # inline ones too: all of them are the limit's
+        if images > self._media.max_images_per_request:
             raise ApiError(
                 400,
                 ErrorCode.INVALID_REQUEST,
-                f"The request carries {len(places)} images; this gateway takes at most "
+                f"The request carries {images} images; this gateway takes at most "
                 f"{self._media.max_images_per_request} per request "
                 "(gateway.media.max_images_per_request).",
                 param="messages" if api != "responses" else "input",
             )
         first = {url: where for where, url in reversed(places)}
-        fetched = await asyncio.gather(*(self.fetch(url, first[url]) for url in urls))
-        return with_inline_images(payload, api, dict(zip(urls, fetched, strict=True)))
+        tasks = {url: asyncio.ensure_future(self.fetch(url, where)) for url, where in first.items()}
+        try:
+            fetched = {url: await task for url, task in tasks.items()}
+        finally:  # one refused (the client's 400 at once): the others stop, not run on unread
+            for task in tasks.values():
+                task.cancel()
+        return with_inline_images(payload, api, fetched)
 
     async def fetch(self, url: str, where: str) -> str:
         """The image at `url` as a data URL, or the client's 400 naming `where`."""
@@ -77,7 +83,7 @@ class ImageFetcher:
         except TimeoutError:
             fail(where, f"could not be fetched within {self._media.fetch_timeout_s:g} s "
                         "(gateway.media.fetch_timeout_s)")  # fmt: skip
-        except aiohttp.ClientError as error:
+        except (aiohttp.ClientError, ValueError) as error:  # yarl's refusal of a URL too
             fail(where, f"could not be fetched: {type(error).__name__}")
 
     async def _follow(self, url: str, where: str) -> str:
@@ -92,7 +98,7 @@ class ImageFetcher:
                 session.get(url, allow_redirects=False, headers={"Accept": "image/*"}) as reply,
             ):
                 if reply.status in _REDIRECTS and "Location" in reply.headers:
-                    url = urljoin(url, reply.headers["Location"])
+                    url = _joined(url, reply.headers["Location"], where)
                     continue
                 if reply.status != 200:
                     fail(where, f"could not be fetched: HTTP {reply.status}")
@@ -127,6 +133,14 @@ class ImageFetcher:
             if len(body) > limit:
                 fail(where, f"is larger than {limit} bytes (gateway.media.max_image_bytes)")
         return f"data:{kind};base64,{base64.b64encode(body).decode()}"
+
+
+def _joined(url: str, location: str, where: str) -> str:
+    """A redirect's target, or the client's 400 where it is not a URL (`http://[::1`)."""
+    try:
+        return urljoin(url, location)
+    except ValueError:
+        fail(where, "redirects to something that is not a URL")
 
 
 class _Pinned(AbstractResolver):

@@ -22,7 +22,7 @@ and the assistant's, which templates that want turns to alternate would refuse t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from policy.context.fit import (
@@ -58,6 +58,7 @@ class _Request:
     counter: TokenCounter
     policy: FitPolicy
     tools: Sequence[Message] | None
+    media: Callable[[Message], int] | None = None
 
     @property
     def marker_tokens(self) -> int:
@@ -78,15 +79,17 @@ def fit_continuation(
     counter: TokenCounter,
     policy: FitPolicy | None = None,
     tools: Sequence[Message] | None = None,
+    media: Callable[[Message], int] | None = None,
 ) -> Fit:
     """`messages` with `answer` as the final assistant message to continue, within `window`;
-    `requested_max_tokens` is what is left of the answer's budget."""
+    `requested_max_tokens` is what is left of the answer's budget. `media`: the tokens a
+    message's images add (policy.context.images), as for fit_messages."""
     policy = policy or FitPolicy()
-    job = _Request(messages, answer, window, requested_max_tokens, counter, policy, tools)
+    job = _Request(messages, answer, window, requested_max_tokens, counter, policy, tools, media)
     budget = budget_for(window, requested_max_tokens, counter, policy)
     whole = [*messages, {"role": "assistant", "content": answer}]
     try:
-        draft, prompt_tokens = Planner(whole, counter, policy, tools).plan(budget.prompt)
+        draft, prompt_tokens = Planner(whole, counter, policy, tools, media).plan(budget.prompt)
     except NoRoom:
         pass
     else:
@@ -129,9 +132,9 @@ def _with_newest_part(
     """The prompt fitted into `prompt_room`, then the newest part of the answer that fits in
     what it left of `total`; NoRoom (with what the prompt needs) when that part would be under
     `MIN_ANSWER_TOKENS`."""
-    draft, prompt_tokens = Planner(list(job.messages), job.counter, job.policy, job.tools).plan(
-        prompt_room
-    )
+    draft, prompt_tokens = Planner(
+        list(job.messages), job.counter, job.policy, job.tools, job.media
+    ).plan(prompt_room)
     room = total - prompt_tokens - MESSAGE_OVERHEAD_TOKENS
     least = job.least_answer(job.counter.count_text(job.answer)) - MESSAGE_OVERHEAD_TOKENS
     for _ in range(MAX_ATTEMPTS):

@@ -7,8 +7,9 @@ template, plus each image's, as the engine would expand it.
 
 A chat that does not fit loses its oldest images first, each replaced by a text marker where it
 was; then old turns, as a text chat does (policy.context.fit); the newest message's own images
-go last, oldest first, only where nothing else can make room. A request that still does not fit
-is a ContextOverflow (the client's 400, naming the window).
+go last, oldest first, only where nothing else can make room, and never on an estimate of their
+cost (ImagesNotCounted: the engine could not say). A request that still does not fit is a
+ContextOverflow (the client's 400, naming the window).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "IMAGE_MARKER",
     "ImageCounter",
     "ImageSize",
+    "ImagesNotCounted",
     "blank_image_url",
     "estimated_image_tokens",
     "fit_with_images",
@@ -48,7 +50,11 @@ IMAGE_MARKER = "[An image was omitted here to fit the context window.]"
 # Where an engine cannot say: one token a 14-pixel patch, the finest ViT patching in use
 # (SigLIP, Qwen2-VL before its 2x2 merge), so more than any tiling processor gives.
 ESTIMATE_PATCH_PIXELS = 14
+# Qwen2-VL's and Qwen2.5-VL's processors by default: at most 12,845,056 pixels, a token per
+# 28 x 28 of them.
+MOST_IMAGE_TOKENS = 16_384
 DEFAULT_POLICY = FitPolicy()
+EXIF_ORIENTATION = 0x0112
 # How far the estimate may stray from the exact count (besides 2 tokens a message, a template's
 # frame, and 5% of the budget) before a chat it puts over the budget is counted exactly anyway.
 ESTIMATE_SLACK_TOKENS = 64
@@ -74,7 +80,10 @@ def image_size(url: str) -> ImageSize:
     raw = base64.b64decode(url.partition(",")[2])
     with Image.open(io.BytesIO(raw)) as image:
         width, height = image.size
-    return width, height
+        orientation = image.getexif().get(EXIF_ORIENTATION)
+    # Engines turn an image upright by its EXIF orientation before they tile it (vLLM's
+    # normalize_image): 5 to 8 are a quarter turn, so its tiles are those of the size turned.
+    return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
 
 
 def blank_image_url(size: ImageSize) -> str:
@@ -93,9 +102,16 @@ def image_data(messages: Sequence[Message]) -> list[str]:
 
 
 def estimated_image_tokens(size: ImageSize) -> int:
-    """An image's tokens where its engine cannot say: above what any processor gives."""
+    """An image's tokens where its engine cannot say: above what any processor gives, and no
+    more than the most any gives (Qwen2-VL's, at its default largest size)."""
     width, height = size
-    return math.ceil(width / ESTIMATE_PATCH_PIXELS) * math.ceil(height / ESTIMATE_PATCH_PIXELS)
+    patches = math.ceil(width / ESTIMATE_PATCH_PIXELS) * math.ceil(height / ESTIMATE_PATCH_PIXELS)
+    return min(patches, MOST_IMAGE_TOKENS)
+
+
+class ImagesNotCounted(Exception):
+    """The newest message's own images would have to go, by an estimate of their cost (their
+    engine could not say): never done on a guess. The request may be tried again."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +187,7 @@ def fit_with_images(
             dropped_messages=0,
             compressed_messages=0,
             output_clamped=requested_max_tokens is None or max_tokens < requested_max_tokens,
+            counted=counter.exact,  # not where an image's cost was estimated
             dropped_images=dropped,
         )
     while True:
@@ -187,11 +204,13 @@ def fit_with_images(
         except ContextOverflow:
             if not own:
                 raise
+            if not counter.costs_exact:
+                raise ImagesNotCounted from None
             current = _without_image(current, own.pop(0))
             continue
         # Images of turns that went whole count too: the model sees none of them.
         kept = sum(1 for m in fit.messages for _ in image_urls(m))
-        return replace(fit, dropped_images=len(places) - kept)
+        return replace(fit, dropped_images=len(places) - kept, counted=counter.exact)
 
 
 def _older_images_dropped(

@@ -133,8 +133,9 @@ def check_image_url(url: str, where: str) -> None:
     if not head.lower().startswith("data:"):
         fail(
             where,
-            "must be a data URL (data:image/png;base64,...): this gateway does not fetch "
-            "images from the network; send the image's bytes inline",
+            "must be a data URL (data:image/png;base64,...): this gateway fetches images "
+            "from the network only from hosts its operator lists in "
+            "gateway.media.allowed_domains, and not here; send the image's bytes inline",
         )
     kind = head.lower()
     if not comma or not kind.startswith("data:image/") or not kind.endswith(";base64"):
@@ -154,7 +155,13 @@ def _audio_part(part: dict[str, Any], where: str) -> None:
 def _url_part(field: str) -> Callable[[dict[str, Any], str], None]:
     def check(part: dict[str, Any], where: str) -> None:
         media = require(part, field, dict, "an object with a url", where)
-        require(media, "url", str, "a string", f"{where}.{field}")
+        url = require(media, "url", str, "a string", f"{where}.{field}")
+        if url[:5].lower() != "data:":  # an engine told to fetch it would, from its node
+            fail(
+                f"{where}.{field}.url",
+                "must be a data URL: this gateway fetches no audio or video from the network; "
+                "send the bytes inline",
+            )
 
     return check
 

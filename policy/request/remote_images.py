@@ -31,12 +31,23 @@ __all__ = [
     "RemoteUrl",
     "address_refusal",
     "checked_url",
+    "count_images",
     "host_allowed",
     "remote_image_urls",
     "with_inline_images",
 ]
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# Not public, whatever a CPython patch release's `is_global` says of them (its tables changed
+# within 3.11): IETF protocol assignments (Oracle Cloud's metadata is 192.0.0.192), shared
+# address space, benchmarking, reserved, "this network", site-local, local-use NAT64.
+_NOT_PUBLIC = tuple(
+    ipaddress.ip_network(network)
+    for network in (
+        "0.0.0.0/8", "100.64.0.0/10", "192.0.0.0/24", "198.18.0.0/15", "240.0.0.0/4",
+        "fec0::/10", "64:ff9b:1::/48",
+    )
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,6 +136,8 @@ def address_refusal(address: str) -> str | None:
         ip = carried
     if not ip.is_global or ip.is_multicast or ip.is_reserved or ip.is_unspecified:
         return f"{address} is not a public address"
+    if any(ip.version == network.version and ip in network for network in _NOT_PUBLIC):
+        return f"{address} is not a public address"
     return None
 
 
@@ -174,32 +187,43 @@ def with_inline_images(
     return body
 
 
+def count_images(payload: dict[str, Any], api: str) -> int:
+    """The images a request body carries, inline or by URL."""
+    return sum(1 for _ in _images(payload, api))
+
+
 def _places(payload: dict[str, Any], api: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(where, url, the part or block holding it) for each image URL not inline."""
+    field = {CHAT: "image_url.url", ANTHROPIC: "source.url"}.get(api, "image_url")
+    for where, part in _images(payload, api):
+        url = _url_of(part, api)
+        if isinstance(url, str) and url[:5].lower() != "data:":
+            yield f"{where}.{field}", url, part
+
+
+def _images(payload: dict[str, Any], api: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, part) for each image part or block of the body's messages (or input items)."""
     key = "input" if api == RESPONSES else "messages"
     items = payload.get(key)
     if not isinstance(items, list):
         return
+    kind = {CHAT: "image_url", ANTHROPIC: "image"}.get(api, "input_image")
     for i, item in enumerate(items):
         content = item.get("content") if isinstance(item, dict) else None
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if not isinstance(part, dict):
-                continue
-            where = f"{key}[{i}].content[{j}]"
-            url = _url_of(part, api)
-            if isinstance(url, str) and url[:5].lower() != "data:":
-                field = {CHAT: "image_url.url", ANTHROPIC: "source.url"}.get(api, "image_url")
-                yield f"{where}.{field}", url, part
+            if isinstance(part, dict) and part.get("type") == kind:
+                yield f"{key}[{i}].content[{j}]", part
 
 
 def _url_of(part: dict[str, Any], api: str) -> Any:
-    if api == CHAT and part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
-        return part["image_url"].get("url")
-    if api == ANTHROPIC and part.get("type") == "image" and isinstance(part.get("source"), dict):
-        source = part["source"]
-        return source.get("url") if source.get("type") == "url" else None
-    if api == RESPONSES and part.get("type") == "input_image":
-        return part.get("image_url")
-    return None
+    if api == CHAT:
+        media = part.get("image_url")
+        return media.get("url") if isinstance(media, dict) else None
+    if api == ANTHROPIC:
+        source = part.get("source")
+        return (
+            source.get("url") if isinstance(source, dict) and source.get("type") == "url" else None
+        )
+    return part.get("image_url")

@@ -35,6 +35,8 @@ class Recording(BaseHTTPRequestHandler):
             self._redirect("/red.png?again")
         elif self.path == "/redirect-away":
             self._redirect(self.redirect_to)
+        elif self.path == "/redirect-broken":
+            self._redirect("http://[::1")
         else:
             self._send(404, "text/plain", b"no")
 

@@ -203,6 +203,7 @@ def test_each_redirect_is_checked_as_the_first_url(servers: Servers) -> None:
     )
     assert fetched.startswith("data:image/png;base64,")
     assert servers.hits() == (["/redirect-home", "/red.png?again"], [])
+    assert "not a URL" in refused(f"http://images.gps.test:{PORT}/redirect-broken").message
     none_allowed = MediaConfig(allowed_domains=("*.gps.test",), max_redirects=0)
     with pytest.raises(ApiError, match="redirects more than 0 times"):
         asyncio.run(
@@ -219,6 +220,20 @@ def test_what_is_not_an_image_or_is_too_large_is_a_400(servers: Servers) -> None
     off = ImageFetcher(MediaConfig(), resolve)
     with pytest.raises(ApiError, match="unless its operator lists the host"):
         asyncio.run(off.fetch(f"http://images.gps.test:{PORT}/red.png", "x"))
+
+
+def test_the_limit_counts_inline_images_too_and_nothing_is_fetched_past_it(
+    servers: Servers,
+) -> None:
+    servers.hits()
+    inline = "data:image/png;base64," + base64.b64encode(recording_server.red_png()).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url}}
+             for url in (inline, inline, f"http://images.gps.test:{PORT}/red.png")]  # fmt: skip
+    body = {"model": "coding", "messages": [{"role": "user", "content": parts}]}
+    two = MediaConfig(allowed_domains=("*.gps.test",), max_images_per_request=2)
+    with pytest.raises(ApiError, match="carries 3 images"):
+        asyncio.run(ImageFetcher(two, resolve).inline(body, "chat"))
+    assert servers.hits() == ([], [])
 
 
 def http_request(body: dict[str, Any]) -> Request:

@@ -17,6 +17,7 @@ from policy.context.fit import PROMPT_OVERHEAD_TOKENS, ContextOverflow, FitPolic
 from policy.context.images import (
     IMAGE_MARKER,
     ImageCounter,
+    ImagesNotCounted,
     estimated_image_tokens,
     fit_with_images,
     image_size,
@@ -68,8 +69,27 @@ def conversation(answer_words: int = 50) -> list[Message]:
     ]
 
 
-def test_the_images_header_gives_its_size() -> None:
+def test_the_images_header_gives_its_size_as_the_engine_turns_it_upright() -> None:
     assert image_size(png_url(640, 480)) == (640, 480)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # a phone held upright: stored on its side, shown turned a quarter
+    jpeg = io.BytesIO()
+    Image.new("RGB", (640, 480)).save(jpeg, "JPEG", exif=exif)
+    url = "data:image/jpeg;base64," + base64.b64encode(jpeg.getvalue()).decode()
+    assert image_size(url) == (480, 640)
+
+
+def test_the_newest_messages_images_never_go_on_an_estimate_of_their_cost() -> None:
+    messages = [user("look at this " + words(20), A)]
+    guessed = ImageCounter(COUNTER, {A: 500}, costs_exact=False)
+    with pytest.raises(ImagesNotCounted):
+        fit_with_images(messages, window=300, requested_max_tokens=50, counter=guessed)
+    # Older ones may: an estimate above the real cost drops no more than is needed to be sure.
+    older = [user("first", A), {"role": "assistant", "content": "ok"}, user("and now?")]
+    guessed = ImageCounter(COUNTER, {A: 500}, costs_exact=False)
+    fit = fit_with_images(older, window=300, requested_max_tokens=50, counter=guessed)
+    assert fit.dropped_images == 1
+    assert not fit.counted  # an estimate: X-Prompt-Tokens is not sent
 
 
 def test_a_chat_with_images_counts_each_image_as_its_engine_does() -> None:
@@ -136,6 +156,7 @@ def test_an_engine_that_cannot_count_leaves_an_estimate_above_any_processor() ->
     # Idefics3 at 512 pixels: 5 tiles of 64; Qwen2-VL: a token per 28 x 28 pixels.
     assert estimated_image_tokens((512, 512)) > 5 * 64 + 13
     assert estimated_image_tokens((1920, 1080)) > (1920 // 28 + 1) * (1080 // 28 + 1)
+    assert estimated_image_tokens((8000, 4000)) == 16_384  # the most any processor gives
     counter = ImageCounter(COUNTER, {A: 1}, costs_exact=False)
     assert not counter.exact  # so the fit keeps the estimate's margin
     window = 1000

@@ -166,9 +166,17 @@ def test_image_reading_engines_take_the_gateways_limit_and_never_fewer(tmp_path:
 
 def test_engines_fetch_no_media_and_may_not_be_told_to(tmp_path: Path) -> None:
     config = vision_config(tmp_path, {}, images=3)
-    kwargs = llm_config_for(config, Backend(model="vision", pool="local")).engine_kwargs
-    assert kwargs["allowed_media_domains"] == [NO_MEDIA_DOMAIN]
+    for model in ("vision", "coding"):  # a text model's engine may read audio or video URLs
+        kwargs = llm_config_for(config, Backend(model=model, pool="local")).engine_kwargs
+        assert kwargs["allowed_media_domains"] == [NO_MEDIA_DOMAIN]
     assert NO_MEDIA_DOMAIN.endswith(".invalid")  # a name that never resolves
+    # And the edge sends none: audio and video by URL are refused as images are.
+    for kind in ("audio_url", "video_url"):
+        part = {"type": kind, kind: {"url": "http://10.0.0.1/a"}}
+        body = {"model": "vision", "messages": [{"role": "user", "content": [part]}]}
+        with pytest.raises(ApiError, match="must be a data URL") as refused:
+            validate_chat(body, GatewayConfig())
+        assert refused.value.param == f"messages[0].content[0].{kind}.url"
     for key in ("allowed_media_domains", "allowed_local_media_path"):
         with pytest.raises(ConfigError, match=f"engine_kwargs.{key}: the gateway fetches"):
             vision_config(tmp_path, {key: ["example.com"]}, images=3)

@@ -76,7 +76,8 @@ def test_with_no_host_listed_every_url_is_refused_saying_how_to_allow_one() -> N
         "0.0.0.0", "224.0.0.1", "255.255.255.255", "::1", "::", "fc00::1", "fd00:ec2::254",
         "fe80::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "64:ff9b::a00:1",
         "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, its client 127.0.0.1
-        "198.51.100.7", "not an address",
+        "198.51.100.7", "192.0.0.192", "198.18.0.1", "fec0::1", "64:ff9b:1::a00:1",
+        "not an address",
     ],
 )  # fmt: skip
 def test_addresses_that_are_not_public_are_refused(address: str) -> None:

@@ -23,6 +23,7 @@ from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed
 from deployments.router.adapters.in_process import InProcessRouter
+from deployments.router.request_path.image_costs import ASK_AGAIN_AFTER_S
 from deployments.router.router import Router
 from policy.context.images import IMAGE_MARKER
 from policy.context.tokens import KNOWN_FIM_MARKERS, CharEstimateCounter, FimMarkers
@@ -508,10 +509,18 @@ def picture_job(*urls: str, text: str = "what is this", max_tokens: int = 8) -> 
     return ChatJob(request, Role.CODING, PriorityClass.USER, "t")
 
 
+class ExactChars(CharEstimateCounter):
+    """The estimate's counts, taken as a tokenizer's (exact) ones."""
+
+    exact = True
+
+
 def test_a_job_with_images_is_counted_with_what_its_engine_says_an_image_costs() -> None:
     coding = FakeBackend(ok)
     coding.image_costs = lambda size: size[0] + size[1]  # tokens by width and height
-    router = make_router(make_config(images_on=("coding",)), two(coding, FakeBackend(ok)))
+    config = make_config(images_on=("coding",))
+    counters = {t.counter_key: ExactChars() for t in config.targets.values()}
+    router = make_router(config, two(coding, FakeBackend(ok)), counters=counters)
     text = asyncio.run(collect(router, picture_job()))[0]
     small, large = png_url(8, 8), png_url(300, 200)
     [routed, *_] = asyncio.run(collect(router, picture_job(small, large, small)))
@@ -525,22 +534,51 @@ def test_a_job_with_images_is_counted_with_what_its_engine_says_an_image_costs()
     assert coding.image_asks == [[(8, 8), (300, 200)]]  # and then known
 
 
-def test_images_an_engine_cannot_count_are_estimated_and_dropped_past_the_window() -> None:
-    coding = FakeBackend(ok)
-    router = make_router(make_config(images_on=("coding",)), two(coding, FakeBackend(ok)))
+def test_images_an_engine_cannot_count_are_never_dropped_on_a_guess() -> None:
+    coding, clock = FakeBackend(ok), FakeClock()
+    config = make_config(images_on=("coding",))
+    router = make_router(config, two(coding, FakeBackend(ok)), clock=clock)
     # The engine cannot say: 1024 x 1024 is estimated at 74 x 74 patches, 5,476 tokens, more
-    # than the window of 4,096 holds: the images go, each behind a marker.
+    # than the window of 4,096 holds. The newest message's images go on no estimate: a 503.
     first, second = png_url(64, 64, "red"), png_url(1024, 1024, "blue")
-    [routed, *_] = asyncio.run(collect(router, picture_job(first, second, max_tokens=64)))
-    assert isinstance(routed, Routed)
-    assert routed.dropped_images == 2
-    assert routed.context_fitted
-    sent = coding.requests[-1].messages[-1]["content"]
-    assert sent == f"{IMAGE_MARKER}\n{IMAGE_MARKER}\nwhat is this"
+    [refusal] = asyncio.run(collect(router, picture_job(first, second, max_tokens=64)))
+    assert isinstance(refusal, Refusal)
+    assert (refusal.status, refusal.code) == (503, "backend_unavailable")
+    assert refusal.retry_after_s
+    assert "could not count" in refusal.message
+    # Not asked again at once (each ask waits out its timeout on a broken engine) ...
     coding.image_costs = lambda size: 300
+    asyncio.run(collect(router, picture_job(first, second, max_tokens=64)))
+    assert len(coding.image_asks) == 1
+    # ... and counted once asked again.
+    clock.now += ASK_AGAIN_AFTER_S
     [routed, *_] = asyncio.run(collect(router, picture_job(first, second, max_tokens=64)))
     assert isinstance(routed, Routed)
-    assert routed.dropped_images == 0  # asked again, and now counted
+    assert routed.dropped_images == 0
+
+
+def test_the_oldest_images_go_behind_markers_where_the_newest_do_not_fit_beside_them() -> None:
+    coding = FakeBackend(ok)
+    coding.image_costs = lambda size: 1900  # two of them do not fit the window of 4,096
+    router = make_router(make_config(images_on=("coding",)), two(coding, FakeBackend(ok)))
+    old, new = png_url(64, 64, "red"), png_url(32, 32, "blue")
+    messages = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": old}},
+                                     {"type": "text", "text": "this?"}]},
+        {"role": "assistant", "content": "a red square"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": new}},
+                                     {"type": "text", "text": "and this?"}]},
+    ]  # fmt: skip
+    request = ChatRequest(model="coding", messages=messages, max_tokens=64)
+    [routed, *_] = asyncio.run(
+        collect(router, ChatJob(request, Role.CODING, PriorityClass.USER, "t"))
+    )
+    assert isinstance(routed, Routed)
+    assert routed.dropped_images == 1
+    assert routed.context_fitted
+    sent = coding.requests[-1].messages
+    assert sent[0]["content"] == f"{IMAGE_MARKER}\nthis?"
+    assert sent[2]["content"][0]["image_url"]["url"] == new
 
 
 def test_a_job_with_images_goes_only_to_links_that_read_them() -> None:

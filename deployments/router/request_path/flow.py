@@ -40,7 +40,7 @@ from deployments.router.request_path.serving import AnyFit, Seat, Serving
 from policy.context.continuation_fit import fit_continuation
 from policy.context.embed_fit import EmbedFit, fit_inputs
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
-from policy.context.images import fit_with_images
+from policy.context.images import ImageCounter, ImagesNotCounted, fit_with_images
 from policy.context.prompt_fit import NoFim, PromptFit, fit_prompt
 from policy.context.tokens import TokenCounter, message_text
 from policy.gate import Shed
@@ -88,13 +88,14 @@ class Flow:
         # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
         # that off the event loop that relays every stream (and fits one at a time, in order).
         self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
-        self._image_costs = ImageCosts(self._fitter)
+        self._image_costs = ImageCosts(self._fitter, clock)
 
     def use_config(self, config: ClusterConfig) -> None:
         """A reload's config for jobs from now on (a job under way keeps its chain)."""
         self._config = config
         self._models = _model_names(config)
         self._serving = Serving(config.router)
+        self._image_costs.forget()
 
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
         """[Routed, items...] or [Refusal]; a refusal may follow items once an answer began."""
@@ -272,6 +273,13 @@ class Flow:
             return fit
         except ContextOverflow as overflow:
             return Refusal(400, ErrorCode.CONTEXT_LENGTH_EXCEEDED, str(overflow))
+        except ImagesNotCounted:
+            message = (
+                f"The backend {target.name} could not count this request's images, and they do "
+                "not fit its window by an estimate; retry later."
+            )
+            retry = max(1, round(self._config.router.breaker_cooldown_s))
+            return Refusal(503, ErrorCode.BACKEND_UNAVAILABLE, message, retry)
         except NoFim as no_fim:
             message = f"No backend of this model's chain can fill in the middle: {no_fim}."
             return Refusal(400, ErrorCode.FIM_NOT_SUPPORTED, message)
@@ -333,6 +341,8 @@ class Flow:
                 return quick
         if continues:
             *prompt, answer = messages
+            if isinstance(fit_args["counter"], ImageCounter):
+                fit_args["media"] = fit_args["counter"].images
             work = functools.partial(fit_continuation, prompt, message_text(answer), **fit_args)
         else:
             work = functools.partial(fit_messages, messages, **fit_args)
