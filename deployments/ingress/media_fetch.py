@@ -23,9 +23,10 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from core.config import MediaConfig
-from core.errors import ApiError, ErrorCode
 from policy.request.fields import fail
+from policy.request.images import check_image_count
 from policy.request.remote_images import (
+    RESPONSES,
     address_refusal,
     checked_url,
     count_images,
@@ -56,16 +57,9 @@ class ImageFetcher:
         places = remote_image_urls(payload, api)
         if not places:
             return payload
-        images = count_images(payload, api)  # inline ones too: all of them are the limit's
-        if images > self._media.max_images_per_request:
-            raise ApiError(
-                400,
-                ErrorCode.INVALID_REQUEST,
-                f"The request carries {images} images; this gateway takes at most "
-                f"{self._media.max_images_per_request} per request "
-                "(gateway.media.max_images_per_request).",
-                param="messages" if api != "responses" else "input",
-            )
+        # Inline ones too, before anything is fetched: all of them are the limit's.
+        param = "input" if api == RESPONSES else "messages"
+        check_image_count(count_images(payload, api), self._media, param)
         first = {url: where for where, url in reversed(places)}
         tasks = {url: asyncio.ensure_future(self.fetch(url, where)) for url, where in first.items()}
         try:

@@ -20,7 +20,7 @@ from core.errors import ApiError, ErrorCode
 from policy.request.fields import fail
 from policy.request.messages import image_parts
 
-__all__ = ["check_images"]
+__all__ = ["check_image_count", "check_images"]
 
 # Pillow's names for kinds of a format: a phone camera's JPEG with an MPO extension is a JPEG.
 _SAME_AS = {"mpo": "jpeg"}
@@ -31,16 +31,21 @@ def check_images(messages: Any, media: MediaConfig) -> None:
         (f"{where}.image_url.url", part["image_url"]["url"])
         for where, part in image_parts(messages)
     ]
-    if len(places) > media.max_images_per_request:
+    check_image_count(len(places), media)
+    for where, url in places:
+        _check_image(url, where, media)
+
+
+def check_image_count(count: int, media: MediaConfig, param: str = "messages") -> None:
+    """At most `max_images_per_request` images a request, or the client's 400 naming it."""
+    if count > media.max_images_per_request:
         raise ApiError(
             400,
             ErrorCode.INVALID_REQUEST,
-            f"The request carries {len(places)} images; this gateway takes at most "
+            f"The request carries {count} images; this gateway takes at most "
             f"{media.max_images_per_request} per request (gateway.media.max_images_per_request).",
-            param="messages",
+            param=param,
         )
-    for where, url in places:
-        _check_image(url, where, media)
 
 
 def _check_image(url: str, where: str, media: MediaConfig) -> None:
