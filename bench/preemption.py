@@ -17,7 +17,12 @@ and then on (the gateway redeployed in front of the very same engine replica):
 Targets (issue 37), preemption on: user p99 loaded <= 1.3 x unloaded, no user and no background
 errors, background tokens/s >= 0.5 x the run with preemption off.
 
-Run with `python -m bench.preemption` (`--requests`, `--above-running`, `--cap`,
+`--engine gpu-model` runs every variant on the test engine's model of a GPU under vLLM
+instead of the CPU engine (tests/fakes/gpu_cost.py, issue 56: a decode step nearly flat in its
+batch, prefill at a rate, vLLM V1's priority scheduler over a KV cache); every figure it prints
+says so beside it.
+
+Run with `python -m bench.preemption` (`--requests`, `--above-running`, `--cap`, `--engine`,
 `--resume-after`: hold-downs to try, `--ingress-replicas`: several routers, each setting also
 with `shared_slots` off, where each router weighs only what it runs); in `make bench`.
 
@@ -67,6 +72,8 @@ EMBEDDED_BACKGROUND_TARGET = 0.3  # of background alone
 # The router's own queue (overload.yaml's short one would shed the waiting streams).
 DEFAULT_QUEUE = {"max_queue": 64, "queue_timeout_s": 30.0}
 DEFAULTS = "shares, preemption off (the defaults)"  # the variant judged; the rest: the frontier
+GPU_MODEL = "h100-llama-3.1-8b"  # tests/fakes/gpu_cost.py's shape
+ENGINES = ("cpu", "gpu-model")
 
 
 # A long answer, streamed (the users' request is the overload bench's).
@@ -181,10 +188,22 @@ async def run_phase(
     return phase
 
 
-def sized(cap: int) -> dict[str, Any]:
-    """The config's one model with a cap of `cap`."""
+def sized(cap: int, engine: str = "cpu") -> dict[str, Any]:
+    """The config's one model with a cap of `cap`, on the CPU engine or the model of a GPU."""
     [model] = yaml.safe_load(CONFIG.read_text())["models"]
-    return {"models": [{**model, "max_concurrency": cap}]}
+    model = {**model, "max_concurrency": cap}
+    if engine == "gpu-model":
+        env = {"RAYLLM_VLLM_ENGINE_CLS": "tests.fakes.tiny_engine.TinyEngine"}
+        model["env_vars"] = {**env, "TINY_ENGINE_GPU": GPU_MODEL}
+        model["cpus_per_replica"] = 0.01  # it computes nothing: the machine is the gateway's
+    return {"models": [model]}
+
+
+def caveat(engine: str) -> str:
+    """What every figure of a run was measured on."""
+    if engine == "gpu-model":
+        return f"a model of a GPU ({GPU_MODEL}, tests/fakes/gpu_cost.py), not a GPU"
+    return "vLLM on this machine's CPU"
 
 
 def variants(
@@ -220,11 +239,12 @@ async def measure(
     above_running: list[int],
     routers: int,
     resume_after: list[float],
+    engine: str = "cpu",
 ) -> list[Phase]:
     phases = []
     streams = cap // 2  # the background share: admitted at once, never queued
     for name, overrides in variants(above_running, routers, resume_after).items():
-        config = stack.load(CONFIG, {**sized(cap), **overrides})
+        config = stack.load(CONFIG, {**sized(cap, engine), **overrides})
         stack.deploy_gateway(config, target.anchor)
         await run_phase("warm-up", target.base_url, target.gateway_url, 4, 0)
         for background_streams in (0, streams):
@@ -241,13 +261,14 @@ async def measure(
     return phases
 
 
-def report(phases: list[Phase]) -> bool:
+def report(phases: list[Phase], engine: str = "cpu") -> bool:
+    print(f"engine: {caveat(engine)}\n")
     print(
-        "| variant | background | user n | user p50 ms | user p99 ms | p99 vs unloaded "
+        "| engine | variant | background | user n | user p50 ms | user p99 ms | p99 vs unloaded "
         "| user errors | background tokens/s | background answers | background 429 "
         "| background errors | pauses | re-sent prompt tokens |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     unloaded: dict[str, float] = {}
     loaded: dict[str, Phase] = {}
     ratios: dict[str, float] = {}
@@ -261,7 +282,7 @@ def report(phases: list[Phase]) -> bool:
         p50 = 1000 * statistics.median(phase.user_latencies_s) if phase.user_latencies_s else 0
         rate = phase.background_tokens / phase.seconds if phase.seconds else 0.0
         print(
-            f"| {phase.path} | {'streams' if phase.background_clients else 'none'} "
+            f"| {engine} | {phase.path} | {'streams' if phase.background_clients else 'none'} "
             f"| {len(phase.user_latencies_s)} | {p50:.0f} | {p99:.0f} | {ratio:.2f} "
             f"| {phase.user_errors} | {rate:.1f} | {phase.background_answers} "
             f"| {phase.background_shed} | {phase.background_errors} | {phase.pauses:.0f} "
@@ -285,7 +306,7 @@ def report(phases: list[Phase]) -> bool:
             f"background errors {on.background_errors} (and {on.background_shed} shed with 429 "
             f"at admission), background tokens/s {share:.2f} x off's (target >= "
             f"{BACKGROUND_TARGET}); {on.pauses:.0f} pauses re-sent {on.reprefill_tokens:.0f} "
-            f"prompt tokens: {'met' if this else 'NOT met'}"
+            f"prompt tokens: {'met' if this else 'NOT met'} (on {caveat(engine)})"
         )
     return met
 
@@ -307,12 +328,14 @@ def embedded_variants() -> dict[str, Mapping[str, Any]]:
     return variants
 
 
-async def measure_embedded(target: stack.Stage, requests: int, interval_s: float) -> list[Phase]:
+async def measure_embedded(
+    target: stack.Stage, requests: int, interval_s: float, engine: str = "cpu"
+) -> list[Phase]:
     """Per variant: users alone, background alone, both (a user every `interval_s`)."""
     phases = []
     alone_s = requests * interval_s
     for name, overrides in embedded_variants().items():
-        config = stack.load(CONFIG, {**sized(EMBEDDED_CAP), **overrides})
+        config = stack.load(CONFIG, {**sized(EMBEDDED_CAP, engine), **overrides})
         stack.deploy_gateway(config, target.anchor)
         base, url = target.base_url, target.gateway_url
         await run_phase("warm-up", base, url, 4, 0)
@@ -323,13 +346,14 @@ async def measure_embedded(target: stack.Stage, requests: int, interval_s: float
     return phases
 
 
-def report_embedded(phases: list[Phase]) -> bool:
+def report_embedded(phases: list[Phase], engine: str = "cpu") -> bool:
+    print(f"engine: {caveat(engine)}\n")
     print(
-        "| variant | user p50 ms unloaded / loaded | user p99 ms unloaded / loaded "
+        "| engine | variant | user p50 ms unloaded / loaded | user p99 ms unloaded / loaded "
         "| p99 ratio | background tokens/s alone / with users | ratio | user errors "
         "| background 429 | background errors | pauses |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     met = True
     for users, alone, both in zip(phases[::3], phases[1::3], phases[2::3], strict=True):
         p99 = both.percentile_ms(0.99) / users.percentile_ms(0.99)
@@ -342,7 +366,7 @@ def report_embedded(phases: list[Phase]) -> bool:
             met = this
         p50s = [1000 * statistics.median(p.user_latencies_s) for p in (users, both)]
         print(
-            f"| {both.path} | {p50s[0]:.0f} / {p50s[1]:.0f} "
+            f"| {engine} | {both.path} | {p50s[0]:.0f} / {p50s[1]:.0f} "
             f"| {users.percentile_ms(0.99):.0f} / {both.percentile_ms(0.99):.0f} | {p99:.2f} "
             f"| {alone_rate:.1f} / {rate:.1f} | {share:.2f} | {both.user_errors} "
             f"| {both.background_shed} | {both.background_errors} | {both.pauses:.0f} |"
@@ -350,7 +374,8 @@ def report_embedded(phases: list[Phase]) -> bool:
     print(
         f"\ntargets: user p99 loaded / unloaded <= {EMBEDDED_P99_TARGET}, background tokens/s "
         f">= {EMBEDDED_BACKGROUND_TARGET} x alone, no errors (429s at admission apart): "
-        f"{'met' if met else 'NOT met'} by the defaults; the other rows are the frontier"
+        f"{'met' if met else 'NOT met'} by the defaults; the other rows are the frontier "
+        f"(on {caveat(engine)})"
     )
     return met
 
@@ -392,21 +417,30 @@ def main() -> None:
         help="router.preempt.resume_after_s values (the hold-down) to run each above_running "
         "with (comma separated; 0: none)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="cpu",
+        help="cpu: vLLM on this machine; gpu-model: the test engine's model of a GPU under vLLM "
+        "(tests/fakes/gpu_cost.py), each figure labelled so",
+    )
     args = parser.parse_args()
     embedded = args.shape == "embedded"
     cap = EMBEDDED_CAP if embedded else args.cap
-    target = stack.stage(CONFIG, PORT, sized(cap), server_cls=ObservedLLMServer)
+    target = stack.stage(CONFIG, PORT, sized(cap, args.engine), server_cls=ObservedLLMServer)
     try:
         above = [int(n) for n in args.above_running.split(",")]
         holds = [float(x) for x in args.resume_after.split(",")]
         phases = asyncio.run(
-            measure_embedded(target, args.requests, args.user_interval)
+            measure_embedded(target, args.requests, args.user_interval, args.engine)
             if embedded
-            else measure(target, args.cap, args.requests, above, args.ingress_replicas, holds)
+            else measure(
+                target, args.cap, args.requests, above, args.ingress_replicas, holds, args.engine
+            )
         )
     finally:
         stack.stop()
-    sys.exit(0 if (report_embedded if embedded else report)(phases) else 1)
+    sys.exit(0 if (report_embedded if embedded else report)(phases, args.engine) else 1)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,12 @@ What it does, so the suites see a replica that behaves like one:
 - starts a child process titled `TINY::EngineCore` (tiny_engine_core.py) the way vLLM starts
   its EngineCore, and stops it from `_engine_client.shutdown()` as ObservedLLMServer stops
   vLLM's, so "the replica's engine is gone" means what it means with vLLM;
-- reports no KV-cache readings (ObservedLLMServer then runs without its memory guard).
+- reports no KV-cache readings (ObservedLLMServer then runs without its memory guard);
+- or, with `TINY_ENGINE_GPU: <shape>` (tests/fakes/gpu_steps.py), generates as a GPU under vLLM
+  would, by a model: a decode step nearly flat in its batch up to a knee, prefill at a rate,
+  a KV cache that admits, queues and preempts as vLLM V1's scheduler does, each request at its
+  `priority` under `engine_kwargs.scheduling_policy` (issue 56; bench.preemption and
+  bench.pace run on it with `--engine gpu-model`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 from ray.llm._internal.serve.core.engine.protocol import LLMEngine
 
+from tests.fakes.gpu_cost import SHAPES
+from tests.fakes.gpu_scheduler import Policy
+from tests.fakes.gpu_steps import GPU_ENV, KV_TOKENS_ENV, GpuSteps
 from tests.fakes.scripted_reply import ScriptedCall, ScriptedText, scripted_reply
 
 DEFAULT_MAX_TOKENS = 16
@@ -86,6 +94,13 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
         self._model = llm_config.model_id
         self._max_num_seqs = int(llm_config.engine_kwargs.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS))
         self._token_s = float(os.environ.get(TOKEN_S_ENV, "0.02"))
+        self._gpu: GpuSteps | None = None
+        if shape := os.environ.get(GPU_ENV):
+            cost = SHAPES[shape]
+            policy = Policy(llm_config.engine_kwargs.get("scheduling_policy", "fcfs"))
+            seqs = int(llm_config.engine_kwargs.get("max_num_seqs", cost.max_num_seqs))
+            kv_tokens = int(os.environ.get(KV_TOKENS_ENV, "0")) or None
+            self._gpu = GpuSteps(cost, seqs, policy, kv_tokens)
         self._slots: asyncio.Semaphore | None = None
         self._engine_client: _Core | None = None  # the name ObservedLLMServer shuts down
 
@@ -185,7 +200,6 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
     async def _generate(
         self, request: Any, prompt: str, *, chat: bool
     ) -> AsyncGenerator[Any, None]:
-        assert self._slots is not None, "start() first"
         wanted = getattr(request, "max_completion_tokens", None) or request.max_tokens
         count = int(wanted or DEFAULT_MAX_TOKENS)
         reason = "length" if wanted else "stop"
@@ -200,23 +214,45 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
             "created": int(time.time()),
             "model": self._model,
         }
+        tokens = self._tokens(request, prompt_tokens, count)
+        if not request.stream:
+            async for _ in tokens:
+                pass
+            yield _whole(head, "".join(_word(i) for i in range(count)), reason, usage, chat=chat)
+            return
+        i = 0
+        async for _ in tokens:
+            yield _chunk(head, _word(i), reason if i == count - 1 else None, chat=chat)
+            i += 1
+        options = getattr(request, "stream_options", None)
+        if options is not None and getattr(options, "include_usage", False):
+            yield _sse({**head, **_object(chat, stream=True), "choices": [], "usage": usage})
+        yield "data: [DONE]\n\n"
+
+    async def _tokens(
+        self, request: Any, prompt_tokens: int, count: int
+    ) -> AsyncGenerator[None, None]:
+        """Once per token, when it is due: as the GPU modelled samples it, or one every
+        token_s within max_num_seqs (a whole answer in one sleep: bench.pace's zero-cost
+        engine yields nothing per token)."""
+        if self._gpu is not None:
+            priority = int(getattr(request, "priority", 0) or 0)
+            async for _ in self._gpu.generate(prompt_tokens, count, priority):
+                yield
+            return
+        assert self._slots is not None, "start() first"
         async with self._slots:
             if not request.stream:
                 await asyncio.sleep(self._token_s * count)
-                text = "".join(_word(i) for i in range(count))
-                yield _whole(head, text, reason, usage, chat=chat)
+                for _ in range(count):
+                    yield
                 return
             started = time.monotonic()
             for i in range(count):
                 # Each token is due at its own time from the start (bench/pace.py sets a GPU's
                 # rate): a late wake-up does not delay the tokens after it.
                 await asyncio.sleep(max(0.0, started + (i + 1) * self._token_s - time.monotonic()))
-                last = i == count - 1
-                yield _chunk(head, _word(i), reason if last else None, chat=chat)
-            options = getattr(request, "stream_options", None)
-            if options is not None and getattr(options, "include_usage", False):
-                yield _sse({**head, **_object(chat, stream=True), "choices": [], "usage": usage})
-            yield "data: [DONE]\n\n"
+                yield
 
 
 def _messages(request: Any) -> list[dict[str, Any]]:
