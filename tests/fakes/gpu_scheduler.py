@@ -68,19 +68,17 @@ class Scheduler:
     cost: GpuCost
     max_num_seqs: int
     policy: Policy = Policy.FCFS
-    kv_blocks: int | None = None  # default: the cost's
+    kv_blocks: int = 0  # 0: the cost's
     running: list[SimRequest] = field(default_factory=list)
     waiting: list[SimRequest] = field(default_factory=list)
     _arrivals: int = 0
     _used_blocks: int = 0
 
     def __post_init__(self) -> None:
-        if self.kv_blocks is None:
-            self.kv_blocks = self.cost.kv_blocks
+        self.kv_blocks = self.kv_blocks or self.cost.kv_blocks
 
     @property
     def free_blocks(self) -> int:
-        assert self.kv_blocks is not None
         return self.kv_blocks - self._used_blocks
 
     @property

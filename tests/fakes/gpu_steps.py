@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from tests.fakes.gpu_cost import GpuCost
 from tests.fakes.gpu_scheduler import Policy, Scheduler, SimRequest
@@ -43,9 +43,9 @@ class GpuSteps:
 
     async def generate(
         self, prompt_tokens: int, max_tokens: int, priority: int
-    ) -> AsyncIterator[None]:
+    ) -> AsyncGenerator[None, None]:
         """Once per token the modelled GPU samples for this request, until max_tokens."""
-        room = self._scheduler.kv_blocks or 0
+        room = self._scheduler.kv_blocks
         if -(-(prompt_tokens + max_tokens) // self._cost.block_tokens) > room:
             raise PromptTooLong(f"{prompt_tokens} + {max_tokens} tokens exceed the KV cache")
         rid = str(next(self._ids))
