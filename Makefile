@@ -276,6 +276,8 @@ bench: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(PY) -m bench.overload || status=1; \
 	$(PY) -m bench.preemption || status=1; \
 	$(PY) -m bench.preemption --shape embedded || status=1; \
+	$(PY) -m bench.preemption --engine gpu-model || status=1; \
+	$(PY) -m bench.pace --engine gpu-model --modes default || status=1; \
 	$(PY) -m bench.failover || status=1; \
 	$(PY) -m bench.fallback || status=1; \
 	$(PY) -m bench.placement || status=1; \

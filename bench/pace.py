@@ -21,7 +21,11 @@ The load generator runs on the same cores: at high client counts it takes its sh
 every path. Each Ray Serve mode (`--modes`: Serve as installed, then its high-throughput mode,
 HAProxy in front, whose CPU counts in every path's front) is a cluster of its own in the same
 run, the three paths in each, and a last table sets the gateway's figures side by side.
-Run with `python -m bench.pace` (`--rounds`, `--scale`, `--modes`, `--profile`); in `make bench`.
+`--engine gpu-model` puts the test engine's model of a GPU under vLLM behind the same three
+paths instead (tests/fakes/gpu_cost.py, issue 56: each answer takes the steps an H100 would, a
+batch's step nearly flat in its size); every table says so.
+Run with `python -m bench.pace` (`--rounds`, `--scale`, `--modes`, `--engine`, `--profile`); in
+`make bench`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 from ray.serve.handle import DeploymentHandle
@@ -78,6 +83,32 @@ MODES: dict[str, dict[str, str]] = {
     "throughput": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
 }
 HAPROXY = "haproxy"  # its process, whose CPU is every path's front in that mode
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What answers behind the three paths, and what every table says of it."""
+
+    name: str
+    whole: str  # the whole-request table's title
+    streams: str  # the streams table's
+    env: dict[str, str] = field(default_factory=dict)  # each model's env_vars, over pace.yaml's
+
+
+GPU_MODEL_SHAPE = "h100-llama-3.1-8b"
+ENGINES = {
+    "zero-cost": Engine(
+        "zero-cost",
+        "whole requests, instant engine (8 tokens):",
+        f"streams, {STREAM_TOKENS} tokens at {1 / PACED_TOKEN_S:.0f} tokens/s per stream:",
+    ),
+    "gpu-model": Engine(
+        "gpu-model",
+        f"whole requests (8 tokens) on a model of a GPU ({GPU_MODEL_SHAPE}), not a GPU:",
+        f"streams, {STREAM_TOKENS} tokens, on a model of a GPU ({GPU_MODEL_SHAPE}), not a GPU:",
+        {"TINY_ENGINE_GPU": GPU_MODEL_SHAPE, "TINY_ENGINE_TOKEN_S": "0"},
+    ),
+}
 
 
 class MinimalFront:
@@ -180,10 +211,16 @@ def routes_at(base_url: str, front: tuple[str, ...] = ()) -> list[Route]:
     ]
 
 
-def deploy(mode: str = "default") -> list[Route]:
+def engine_overrides(engine: Engine) -> dict[str, Any]:
+    """pace.yaml's models with the engine's env_vars laid over theirs."""
+    models = yaml.safe_load(CONFIG.read_text())["models"]
+    return {"models": [{**m, "env_vars": {**m["env_vars"], **engine.env}} for m in models]}
+
+
+def deploy(mode: str = "default", engine: Engine = ENGINES["zero-cost"]) -> list[Route]:
     # Our server class on the engine side (ray.serve.llm's LLMServer with the calls the router
     # makes in the background: counters, KV readings), for all three paths alike.
-    target = stack.stage(CONFIG, PORT, server_cls=ObservedLLMServer)
+    target = stack.stage(CONFIG, PORT, engine_overrides(engine), server_cls=ObservedLLMServer)
     # The anchor's replicas by backend (`model@pool`); a request names the model.
     engines = {backend.split("@")[0]: handle for backend, handle in target.anchor.items()}
     front = serve.deployment(MinimalFront, max_ongoing_requests=4096)
@@ -349,11 +386,13 @@ def _table(title: str, columns: list[str]) -> None:
     print("|---|" + "---:|" * (len(columns) - 1))
 
 
-def report_whole(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) -> bool:
+def report_whole(
+    routes: list[Route], runs: dict[tuple[str, bool, int], Run], engine: Engine
+) -> bool:
     anchor, gateway, _ = routes
     met = True
     _table(
-        "whole requests, instant engine (8 tokens):",
+        engine.whole,
         [
             *("path", "clients", "req/s", "ratio", "p50 ms", "p99 ms", "errors"),
             *("front CPU ms/req", "CPU ratio", "engine replica CPU ms/req"),
@@ -391,11 +430,13 @@ def report_whole(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) ->
     return met
 
 
-def report_streams(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) -> bool:
+def report_streams(
+    routes: list[Route], runs: dict[tuple[str, bool, int], Run], engine: Engine
+) -> bool:
     anchor, gateway, _ = routes
     met = True
     _table(
-        f"streams, {STREAM_TOKENS} tokens at {1 / PACED_TOKEN_S:.0f} tokens/s per stream:",
+        engine.streams,
         [
             *("path", "clients", "tokens/s per stream (p50)", "ratio", "TTFT p50 ms"),
             *("chunks/s", "errors", "front CPU ms/stream"),
@@ -418,13 +459,16 @@ def report_streams(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) 
 
 
 def report(
-    routes: list[Route], runs: dict[tuple[str, bool, int], Run], idle: dict[str, float]
+    routes: list[Route],
+    runs: dict[tuple[str, bool, int], Run],
+    idle: dict[str, float],
+    engine: Engine,
 ) -> bool:
     _table(f"idle, {IDLE_S:.0f} s with no request:", ["path", "front CPU ms/s"])
     for path in routes:
         print(f"| {path.name} | {idle[path.name]:.1f} |")
-    met = report_whole(routes, runs)
-    met &= report_streams(routes, runs)
+    met = report_whole(routes, runs, engine)
+    met &= report_streams(routes, runs, engine)
     print(f"\ntargets (issue 36): {'met' if met else 'NOT met'}")
     return met
 
@@ -444,13 +488,14 @@ async def profile_gateway(gateway: Route, seconds: int, out: Path, clients: int)
 
 def in_mode(mode: str, args: argparse.Namespace) -> tuple[list[Route], dict[Any, Run], bool]:
     """One cluster in `mode`: the three paths measured, reported, and stopped."""
-    print(f"\n## mode: {mode} {MODES[mode] or '(Ray Serve as installed)'}")
+    engine = ENGINES[args.engine]
+    print(f"\n## mode: {mode} {MODES[mode] or '(Ray Serve as installed)'}, engine: {engine.name}")
     os.environ.update(MODES[mode])
     try:
-        routes = deploy(mode)
+        routes = deploy(mode, engine)
         try:
             runs, idle = asyncio.run(measure(routes, args.rounds, args.scale))
-            met = report(routes, runs, idle)
+            met = report(routes, runs, idle, engine)
             if args.profile:
                 out = args.profile.with_name(f"{args.profile.name}.{mode}")
                 asyncio.run(profile_gateway(routes[1], 20, out, args.profile_clients))
@@ -462,10 +507,11 @@ def in_mode(mode: str, args: argparse.Namespace) -> tuple[list[Route], dict[Any,
     return routes, runs, met
 
 
-def report_modes(measured: dict[str, tuple[list[Route], dict[Any, Run]]]) -> None:
+def report_modes(measured: dict[str, tuple[list[Route], dict[Any, Run]]], engine: Engine) -> None:
     """The gateway in each mode, beside the minimal app and the anchor in the same mode."""
+    on = "" if engine.name == "zero-cost" else f", on a model of a GPU ({GPU_MODEL_SHAPE})"
     _table(
-        "the gateway by mode (whole requests; streams: tokens/s p50):",
+        f"the gateway by mode (whole requests; streams: tokens/s p50{on}):",
         [
             *("mode", "clients", "req/s", "over minimal", "over anchor", "front CPU ms/req"),
             *("stream tokens/s", "over anchor"),
@@ -499,6 +545,13 @@ def main() -> None:
         default=",".join(MODES),
         help=f"Ray Serve modes, one cluster each, in this order ({', '.join(MODES)})",
     )
+    parser.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default="zero-cost",
+        help="zero-cost: answers at once or at 2,000 tokens/s; gpu-model: the test engine's model "
+        "of a GPU under vLLM (tests/fakes/gpu_cost.py), each table labelled so",
+    )
     args = parser.parse_args()
     modes = [mode for mode in args.modes.split(",") if mode]
     unknown = sorted(set(modes) - MODES.keys())
@@ -510,7 +563,7 @@ def main() -> None:
         routes, runs, mode_met = in_mode(mode, args)
         measured[mode] = (routes, runs)
         met &= mode_met
-    report_modes(measured)
+    report_modes(measured, ENGINES[args.engine])
     sys.exit(0 if met else 1)
 
 

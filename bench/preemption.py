@@ -188,22 +188,36 @@ async def run_phase(
     return phase
 
 
-def sized(cap: int, engine: str = "cpu") -> dict[str, Any]:
-    """The config's one model with a cap of `cap`, on the CPU engine or the model of a GPU."""
+@dataclass(frozen=True)
+class Engine:
+    """What the backend runs: vLLM on this machine's CPU, or the test engine's model of a GPU
+    under vLLM, its KV cache `kv_tokens` large (0: an H100's)."""
+
+    kind: str = "cpu"
+    kv_tokens: int = 0
+
+    def caveat(self) -> str:
+        """What every figure of a run was measured on."""
+        if self.kind == "gpu-model":
+            kv = f", its KV cache {self.kv_tokens} tokens" if self.kv_tokens else ""
+            return f"a model of a GPU ({GPU_MODEL}{kv}, tests/fakes/gpu_cost.py), not a GPU"
+        return "vLLM on this machine's CPU"
+
+
+CPU = Engine()
+
+
+def sized(cap: int, engine: Engine = CPU) -> dict[str, Any]:
+    """The config's one model with a cap of `cap`, on `engine`."""
     [model] = yaml.safe_load(CONFIG.read_text())["models"]
     model = {**model, "max_concurrency": cap}
-    if engine == "gpu-model":
+    if engine.kind == "gpu-model":
         env = {"RAYLLM_VLLM_ENGINE_CLS": "tests.fakes.tiny_engine.TinyEngine"}
         model["env_vars"] = {**env, "TINY_ENGINE_GPU": GPU_MODEL}
+        if engine.kv_tokens:
+            model["env_vars"]["TINY_ENGINE_KV_TOKENS"] = str(engine.kv_tokens)
         model["cpus_per_replica"] = 0.01  # it computes nothing: the machine is the gateway's
     return {"models": [model]}
-
-
-def caveat(engine: str) -> str:
-    """What every figure of a run was measured on."""
-    if engine == "gpu-model":
-        return f"a model of a GPU ({GPU_MODEL}, tests/fakes/gpu_cost.py), not a GPU"
-    return "vLLM on this machine's CPU"
 
 
 def variants(
@@ -239,7 +253,7 @@ async def measure(
     above_running: list[int],
     routers: int,
     resume_after: list[float],
-    engine: str = "cpu",
+    engine: Engine = CPU,
 ) -> list[Phase]:
     phases = []
     streams = cap // 2  # the background share: admitted at once, never queued
@@ -261,8 +275,8 @@ async def measure(
     return phases
 
 
-def report(phases: list[Phase], engine: str = "cpu") -> bool:
-    print(f"engine: {caveat(engine)}\n")
+def report(phases: list[Phase], engine: Engine = CPU) -> bool:
+    print(f"engine: {engine.caveat()}\n")
     print(
         "| engine | variant | background | user n | user p50 ms | user p99 ms | p99 vs unloaded "
         "| user errors | background tokens/s | background answers | background 429 "
@@ -282,7 +296,7 @@ def report(phases: list[Phase], engine: str = "cpu") -> bool:
         p50 = 1000 * statistics.median(phase.user_latencies_s) if phase.user_latencies_s else 0
         rate = phase.background_tokens / phase.seconds if phase.seconds else 0.0
         print(
-            f"| {engine} | {phase.path} | {'streams' if phase.background_clients else 'none'} "
+            f"| {engine.kind} | {phase.path} | {'streams' if phase.background_clients else 'none'} "
             f"| {len(phase.user_latencies_s)} | {p50:.0f} | {p99:.0f} | {ratio:.2f} "
             f"| {phase.user_errors} | {rate:.1f} | {phase.background_answers} "
             f"| {phase.background_shed} | {phase.background_errors} | {phase.pauses:.0f} "
@@ -306,7 +320,7 @@ def report(phases: list[Phase], engine: str = "cpu") -> bool:
             f"background errors {on.background_errors} (and {on.background_shed} shed with 429 "
             f"at admission), background tokens/s {share:.2f} x off's (target >= "
             f"{BACKGROUND_TARGET}); {on.pauses:.0f} pauses re-sent {on.reprefill_tokens:.0f} "
-            f"prompt tokens: {'met' if this else 'NOT met'} (on {caveat(engine)})"
+            f"prompt tokens: {'met' if this else 'NOT met'} (on {engine.caveat()})"
         )
     return met
 
@@ -329,7 +343,7 @@ def embedded_variants() -> dict[str, Mapping[str, Any]]:
 
 
 async def measure_embedded(
-    target: stack.Stage, requests: int, interval_s: float, engine: str = "cpu"
+    target: stack.Stage, requests: int, interval_s: float, engine: Engine = CPU
 ) -> list[Phase]:
     """Per variant: users alone, background alone, both (a user every `interval_s`)."""
     phases = []
@@ -346,8 +360,8 @@ async def measure_embedded(
     return phases
 
 
-def report_embedded(phases: list[Phase], engine: str = "cpu") -> bool:
-    print(f"engine: {caveat(engine)}\n")
+def report_embedded(phases: list[Phase], engine: Engine = CPU) -> bool:
+    print(f"engine: {engine.caveat()}\n")
     print(
         "| engine | variant | user p50 ms unloaded / loaded | user p99 ms unloaded / loaded "
         "| p99 ratio | background tokens/s alone / with users | ratio | user errors "
@@ -366,7 +380,7 @@ def report_embedded(phases: list[Phase], engine: str = "cpu") -> bool:
             met = this
         p50s = [1000 * statistics.median(p.user_latencies_s) for p in (users, both)]
         print(
-            f"| {engine} | {both.path} | {p50s[0]:.0f} / {p50s[1]:.0f} "
+            f"| {engine.kind} | {both.path} | {p50s[0]:.0f} / {p50s[1]:.0f} "
             f"| {users.percentile_ms(0.99):.0f} / {both.percentile_ms(0.99):.0f} | {p99:.2f} "
             f"| {alone_rate:.1f} / {rate:.1f} | {share:.2f} | {both.user_errors} "
             f"| {both.background_shed} | {both.background_errors} | {both.pauses:.0f} |"
@@ -375,7 +389,7 @@ def report_embedded(phases: list[Phase], engine: str = "cpu") -> bool:
         f"\ntargets: user p99 loaded / unloaded <= {EMBEDDED_P99_TARGET}, background tokens/s "
         f">= {EMBEDDED_BACKGROUND_TARGET} x alone, no errors (429s at admission apart): "
         f"{'met' if met else 'NOT met'} by the defaults; the other rows are the frontier "
-        f"(on {caveat(engine)})"
+        f"(on {engine.caveat()})"
     )
     return met
 
@@ -424,23 +438,31 @@ def main() -> None:
         help="cpu: vLLM on this machine; gpu-model: the test engine's model of a GPU under vLLM "
         "(tests/fakes/gpu_cost.py), each figure labelled so",
     )
+    parser.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=0,
+        help="--engine gpu-model: its KV cache's room in tokens (0: an H100's, about 448,000); "
+        "less runs it out, where vLLM's scheduler preempts the lowest class itself",
+    )
     args = parser.parse_args()
     embedded = args.shape == "embedded"
     cap = EMBEDDED_CAP if embedded else args.cap
-    target = stack.stage(CONFIG, PORT, sized(cap, args.engine), server_cls=ObservedLLMServer)
+    engine = Engine(args.engine, args.kv_tokens)
+    target = stack.stage(CONFIG, PORT, sized(cap, engine), server_cls=ObservedLLMServer)
     try:
         above = [int(n) for n in args.above_running.split(",")]
         holds = [float(x) for x in args.resume_after.split(",")]
         phases = asyncio.run(
-            measure_embedded(target, args.requests, args.user_interval, args.engine)
+            measure_embedded(target, args.requests, args.user_interval, engine)
             if embedded
             else measure(
-                target, args.cap, args.requests, above, args.ingress_replicas, holds, args.engine
+                target, args.cap, args.requests, above, args.ingress_replicas, holds, engine
             )
         )
     finally:
         stack.stop()
-    sys.exit(0 if (report_embedded if embedded else report)(phases, args.engine) else 1)
+    sys.exit(0 if (report_embedded if embedded else report)(phases, engine) else 1)
 
 
 if __name__ == "__main__":

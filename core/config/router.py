@@ -21,17 +21,22 @@ class PreemptConfig(Frozen):
         False,
         description="A request admitted to a backend whose batch is past above_running (or its "
         "KV cache past above_kv) pauses running requests of lower classes; they go on as the "
-        "same answer when the higher class's work has room again. Off by default: on the "
-        "embedded default's cap of 2 the shares alone kept users' p99 within 1.5 x (1.46) at "
-        "0.93 x background's throughput, while pausing at above_running 1 made it 6.0 x "
-        "(each resume prefills the answer again in the next user's way) and hold-downs took "
-        "background to 0.26-0.27 x (bench.preemption --shape embedded, docs/benchmarks.md).",
+        "same answer when the higher class's work has room again. Off by default, on both kinds "
+        "of engine: on the embedded default's CPU engines the shares alone kept users' p99 "
+        "within 1.5 x (1.46) at 0.93 x background's throughput, while pausing at above_running "
+        "1 made it 6.0 x (each resume prefills the answer again in the next user's way); on a "
+        "model of a GPU users do not feel background inside the cap (1.03 x) and pausing costs "
+        "it 12-15 % of its throughput (bench.preemption [--engine gpu-model], "
+        "docs/benchmarks.md).",
     )
     above_running: int = Field(
         2,
         ge=1,
         description="The batch (requests running on the backend) above which a higher class's "
-        "arrival pauses lower ones, and at which a lower class waits while a higher one runs.",
+        "arrival pauses lower ones, and at which a lower class waits while a higher one runs. "
+        "For a GPU pool, near its model's knee (where a decode step starts to grow with the "
+        "batch: about 64 sequences for an 8B model on an H100), or use above_kv: below it a "
+        "step costs what a step of one does, and a pause only loses work.",
     )
     above_kv: float | None = Field(
         None, gt=0, le=1, description="KV cache usage above which one more is paused; none: off."
@@ -56,7 +61,9 @@ class PreemptConfig(Frozen):
         description="A lower class (a paused answer or a new one) starts only once no higher "
         "class has ended on the backend, as this router sees it, for this long: a paused answer "
         "that goes on in the gap between two users prefills its text again, which the next user "
-        "waits behind. 0: off. Waiting background work gets past it once aging lifts it to the "
+        "waits behind. 0: off, as a hold-down starves background at any user pace faster than "
+        "it (0.02-0.06 x on a model of a GPU, 0.12-0.27 x on the CPU engines). Waiting "
+        "background work gets past it once aging lifts it to the "
         "highest class (into its own share only): keep queue_timeout_s above twice aging_s.",
     )
 
