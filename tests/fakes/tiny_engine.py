@@ -41,6 +41,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import (
@@ -214,16 +215,19 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
             "created": int(time.time()),
             "model": self._model,
         }
-        tokens = self._tokens(request, prompt_tokens, count)
-        if not request.stream:
+        # Closed with this generator, not at its collection: the modelled GPU aborts the
+        # request then, as vLLM does when its caller goes.
+        async with aclosing(self._tokens(request, prompt_tokens, count)) as tokens:
+            if not request.stream:
+                async for _ in tokens:
+                    pass
+                text = "".join(_word(i) for i in range(count))
+                yield _whole(head, text, reason, usage, chat=chat)
+                return
+            i = 0
             async for _ in tokens:
-                pass
-            yield _whole(head, "".join(_word(i) for i in range(count)), reason, usage, chat=chat)
-            return
-        i = 0
-        async for _ in tokens:
-            yield _chunk(head, _word(i), reason if i == count - 1 else None, chat=chat)
-            i += 1
+                yield _chunk(head, _word(i), reason if i == count - 1 else None, chat=chat)
+                i += 1
         options = getattr(request, "stream_options", None)
         if options is not None and getattr(options, "include_usage", False):
             yield _sse({**head, **_object(chat, stream=True), "choices": [], "usage": usage})
