@@ -38,7 +38,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from bench import profile, stack
 from bench.overhead import cpu_seconds
 from deployments.engine.llm_server import ObservedLLMServer
+from tests.fakes.gpu_cost import H100_LLAMA_8B
+from tests.fakes.gpu_steps import GPU_ENV
 
 CONFIG = Path(__file__).with_name("pace.yaml")
 PORT = 18150
@@ -90,23 +92,19 @@ class Engine:
     """What answers behind the three paths, and what every table says of it."""
 
     name: str
-    whole: str  # the whole-request table's title
-    streams: str  # the streams table's
-    env: dict[str, str] = field(default_factory=dict)  # each model's env_vars, over pace.yaml's
+    on: str  # said beside every table: what its figures were measured on
+    env: Mapping[str, str] = field(default_factory=dict)  # each model's, over pace.yaml's
 
 
-GPU_MODEL_SHAPE = "h100-llama-3.1-8b"
+GPU_MODEL = H100_LLAMA_8B.name
 ENGINES = {
     "zero-cost": Engine(
-        "zero-cost",
-        "whole requests, instant engine (8 tokens):",
-        f"streams, {STREAM_TOKENS} tokens at {1 / PACED_TOKEN_S:.0f} tokens/s per stream:",
+        "zero-cost", f"the zero-cost engine (streams at {1 / PACED_TOKEN_S:.0f} tokens/s)"
     ),
     "gpu-model": Engine(
         "gpu-model",
-        f"whole requests (8 tokens) on a model of a GPU ({GPU_MODEL_SHAPE}), not a GPU:",
-        f"streams, {STREAM_TOKENS} tokens, on a model of a GPU ({GPU_MODEL_SHAPE}), not a GPU:",
-        {"TINY_ENGINE_GPU": GPU_MODEL_SHAPE, "TINY_ENGINE_TOKEN_S": "0"},
+        f"a model of a GPU ({GPU_MODEL}, tests/fakes/gpu_cost.py), not a GPU",
+        {GPU_ENV: GPU_MODEL},
     ),
 }
 
@@ -392,7 +390,7 @@ def report_whole(
     anchor, gateway, _ = routes
     met = True
     _table(
-        engine.whole,
+        f"whole requests (8 tokens), on {engine.on}:",
         [
             *("path", "clients", "req/s", "ratio", "p50 ms", "p99 ms", "errors"),
             *("front CPU ms/req", "CPU ratio", "engine replica CPU ms/req"),
@@ -436,7 +434,7 @@ def report_streams(
     anchor, gateway, _ = routes
     met = True
     _table(
-        engine.streams,
+        f"streams ({STREAM_TOKENS} tokens), on {engine.on}:",
         [
             *("path", "clients", "tokens/s per stream (p50)", "ratio", "TTFT p50 ms"),
             *("chunks/s", "errors", "front CPU ms/stream"),
@@ -464,12 +462,12 @@ def report(
     idle: dict[str, float],
     engine: Engine,
 ) -> bool:
-    _table(f"idle, {IDLE_S:.0f} s with no request:", ["path", "front CPU ms/s"])
+    _table(f"idle, {IDLE_S:.0f} s with no request, {engine.on}:", ["path", "front CPU ms/s"])
     for path in routes:
         print(f"| {path.name} | {idle[path.name]:.1f} |")
     met = report_whole(routes, runs, engine)
     met &= report_streams(routes, runs, engine)
-    print(f"\ntargets (issue 36): {'met' if met else 'NOT met'}")
+    print(f"\ntargets (issue 36): {'met' if met else 'NOT met'}, on {engine.on}")
     return met
 
 
@@ -509,9 +507,8 @@ def in_mode(mode: str, args: argparse.Namespace) -> tuple[list[Route], dict[Any,
 
 def report_modes(measured: dict[str, tuple[list[Route], dict[Any, Run]]], engine: Engine) -> None:
     """The gateway in each mode, beside the minimal app and the anchor in the same mode."""
-    on = "" if engine.name == "zero-cost" else f", on a model of a GPU ({GPU_MODEL_SHAPE})"
     _table(
-        f"the gateway by mode (whole requests; streams: tokens/s p50{on}):",
+        f"the gateway by mode (whole requests; streams: tokens/s p50), on {engine.on}:",
         [
             *("mode", "clients", "req/s", "over minimal", "over anchor", "front CPU ms/req"),
             *("stream tokens/s", "over anchor"),

@@ -47,7 +47,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import httpx
 import yaml
@@ -56,6 +56,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import overload, stack
 from bench.overload import CONFIG
 from deployments.engine.llm_server import ObservedLLMServer
+from tests.fakes.gpu_cost import H100_LLAMA_8B
+from tests.fakes.gpu_steps import GPU_ENV, KV_TOKENS_ENV
 
 PORT = 18250
 FILL_S = 2.0  # background alone before the users start
@@ -72,8 +74,9 @@ EMBEDDED_BACKGROUND_TARGET = 0.3  # of background alone
 # The router's own queue (overload.yaml's short one would shed the waiting streams).
 DEFAULT_QUEUE = {"max_queue": 64, "queue_timeout_s": 30.0}
 DEFAULTS = "shares, preemption off (the defaults)"  # the variant judged; the rest: the frontier
-GPU_MODEL = "h100-llama-3.1-8b"  # tests/fakes/gpu_cost.py's shape
-ENGINES = ("cpu", "gpu-model")
+GPU_MODEL = H100_LLAMA_8B.name  # tests/fakes/gpu_cost.py's shape
+EngineKind = Literal["cpu", "gpu-model"]
+ENGINES: tuple[EngineKind, ...] = get_args(EngineKind)
 
 
 # A long answer, streamed (the users' request is the overload bench's).
@@ -193,7 +196,7 @@ class Engine:
     """What the backend runs: vLLM on this machine's CPU, or the test engine's model of a GPU
     under vLLM, its KV cache `kv_tokens` large (0: an H100's)."""
 
-    kind: str = "cpu"
+    kind: EngineKind = "cpu"
     kv_tokens: int = 0
 
     def caveat(self) -> str:
@@ -213,9 +216,9 @@ def sized(cap: int, engine: Engine = CPU) -> dict[str, Any]:
     model = {**model, "max_concurrency": cap}
     if engine.kind == "gpu-model":
         env = {"RAYLLM_VLLM_ENGINE_CLS": "tests.fakes.tiny_engine.TinyEngine"}
-        model["env_vars"] = {**env, "TINY_ENGINE_GPU": GPU_MODEL}
+        model["env_vars"] = {**env, GPU_ENV: GPU_MODEL}
         if engine.kv_tokens:
-            model["env_vars"]["TINY_ENGINE_KV_TOKENS"] = str(engine.kv_tokens)
+            model["env_vars"][KV_TOKENS_ENV] = str(engine.kv_tokens)
         model["cpus_per_replica"] = 0.01  # it computes nothing: the machine is the gateway's
     return {"models": [model]}
 

@@ -34,9 +34,10 @@ class PreemptConfig(Frozen):
         ge=1,
         description="The batch (requests running on the backend) above which a higher class's "
         "arrival pauses lower ones, and at which a lower class waits while a higher one runs. "
-        "For a GPU pool, near its model's knee (where a decode step starts to grow with the "
-        "batch: about 64 sequences for an 8B model on an H100), or use above_kv: below it a "
-        "step costs what a step of one does, and a pause only loses work.",
+        "On a GPU a pause can pay only past the model's knee (where a decode step grows with "
+        "the batch: about 64 sequences for an 8B model on an H100) or with above_kv; below it "
+        "a step of several costs what a step of one does and a pause only loses work (a model "
+        "of a GPU, docs/benchmarks.md).",
     )
     above_kv: float | None = Field(
         None, gt=0, le=1, description="KV cache usage above which one more is paused; none: off."

@@ -8,7 +8,8 @@ prefill is compute: tokens over a rate. A step that mixes them (vLLM's chunked p
 larger of the two, as a roofline would have it.
 
 This is a model of a GPU, not one: every constant below names the published figure or our own
-measurement it comes from, and none was tuned to make a bench's verdict come out. Where a GPU
+measurement it comes from (one, the memory vLLM keeps for activations, is an estimate, said so),
+and none was tuned to make a bench's verdict come out. Where a GPU
 that runs vLLM is ever lent, run the bench there and correct these to match.
 """
 
@@ -35,6 +36,8 @@ class GpuCost:
 
     def __post_init__(self) -> None:
         if not (0 < self.step_ms <= self.knee_step_ms) or self.knee_batch < 2:
+            raise ValueError(f"{self.name}: a step must not shrink as its batch grows")
+        if min(self.ms_per_seq_past_knee, self.kv_read_ms_per_token) < 0:
             raise ValueError(f"{self.name}: a step must not shrink as its batch grows")
         if min(self.prefill_tokens_per_s, self.kv_tokens, self.block_tokens) <= 0:
             raise ValueError(f"{self.name}: prefill rate, KV room and block must be positive")
@@ -66,10 +69,11 @@ class GpuCost:
 
 
 # Llama-3.1-8B-Instruct in bf16 on one H100-80GB-HBM3 under vLLM. The curve's shape is the lent
-# H200's (bench/gpu_decode_step.h200.json, plain torch, context 512 and 2,048), which NVIDIA's
-# published inter-token latency for this model agrees with (NIM 1.8.0, 5.91 ms at concurrency
-# 50 over 4.63 at 1: 1.28 x; the H200 1.29 x at 64; docs.nvidia.com/nim/benchmarking/llm/1.0.0/
-# performance). Its level is vLLM's published step on an H100.
+# H200's (bench/gpu_decode_step.h200.json, plain torch, context 512 and 2,048): its bare step
+# grows 1.29 x from 1 to 64 sequences, and NVIDIA's published inter-token latency for this model
+# 1.28 x from 1 to 50 concurrent requests, prefills among them (NIM 1.8.0, 4.63 to 5.91 ms;
+# docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance). Its level is vLLM's published step
+# on an H100; the H200's 4.45 ms step of one at the H100's bandwidth would be 6.38 ms.
 _H200_KV_MS = (8.520 - 5.761) / (64 * (2048 - 512))  # 2,048 against 512 tokens at 64: the read
 _H200_STEP_MS = {
     b: ms - _H200_KV_MS * 512 * b for b, ms in ((1, 4.463), (64, 5.761), (512, 19.212))
@@ -88,9 +92,9 @@ H100_LLAMA_8B = GpuCost(
     kv_read_ms_per_token=_H200_KV_MS * _H100_OVER_H200_BANDWIDTH,
     # 47,070 tokens/s at 1,024 and 45,428 at 4,096 on the H200: compute, the same on an H100.
     prefill_tokens_per_s=45_000,
-    # 0.9 of 79.6 GiB (vLLM's gpu_memory_utilization) less 14.98 GiB of weights and about 2 GiB
-    # for activations and CUDA graphs, over 128 KiB a token (32 layers x 8 KV heads x 128, K and
-    # V in bf16).
+    # 0.9 of 79.6 GiB (vLLM's gpu_memory_utilization) less 14.98 GiB of weights (8.03 B
+    # parameters in bf16, the model card's count) and an estimated 2 GiB for activations and
+    # CUDA graphs, over 128 KiB a token (32 layers x 8 KV heads x 128, K and V in bf16).
     kv_tokens=int((0.9 * 79.6 - 14.98 - 2.0) * 2**30 / (128 * 2**10)),
 )
 

@@ -6,8 +6,9 @@ As vllm/v1/core/sched/scheduler.py does it:
   the prompt (within max_num_batched_tokens) while prefilling;
 - a running request that needs a KV block when none is free preempts a running request: under
   the priority policy the one with the highest (priority, arrival), else the newest; the
-  victim frees its blocks and waits again, its prompt and what it generated to be computed
-  again (vLLM's recompute preemption);
+  victim frees its blocks and waits again at the head of the queue, its prompt and what it
+  generated to be computed again (vLLM's recompute preemption); where the victim is the
+  request itself, the step schedules no more running requests;
 - only in a step that preempted nobody are waiting requests admitted, lowest (priority,
   arrival) first under the priority policy, in arrival order otherwise, while a sequence slot
   (max_num_seqs), token budget and KV blocks for their next chunk remain; a waiting request
@@ -68,14 +69,20 @@ class Scheduler:
     cost: GpuCost
     max_num_seqs: int
     policy: Policy = Policy.FCFS
-    kv_blocks: int = 0  # 0: the cost's
-    running: list[SimRequest] = field(default_factory=list)
-    waiting: list[SimRequest] = field(default_factory=list)
-    _arrivals: int = 0
-    _used_blocks: int = 0
+    kv_tokens: int = 0  # the cache's room; 0: the cost's
+    running: list[SimRequest] = field(default_factory=list, init=False)
+    waiting: list[SimRequest] = field(default_factory=list, init=False)  # the head goes first
+    kv_blocks: int = field(init=False)
+    _arrivals: int = field(default=0, init=False)
+    _used_blocks: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        self.kv_blocks = self.kv_blocks or self.cost.kv_blocks
+        self.kv_blocks = (self.kv_tokens or self.cost.kv_tokens) // self.cost.block_tokens
+
+    def could_hold(self, tokens: int) -> bool:
+        """Whether the whole cache could ever hold a request of `tokens` (vLLM refuses one
+        that it could not at admission)."""
+        return self._blocks(tokens) <= self.kv_blocks
 
     @property
     def free_blocks(self) -> int:
@@ -118,7 +125,7 @@ class Scheduler:
                 if victim is request:
                     break
             if request not in self.running:
-                continue  # it was the lowest itself: it waits again
+                break  # it was the lowest itself: it waits again, and so do those after it
             self._grow(request, tokens)
             scheduled[request.request_id] = tokens
             budget -= tokens
@@ -181,10 +188,9 @@ class Scheduler:
     def _preempt(self, request: SimRequest) -> None:
         self._free(request)
         request.preemptions += 1
-        self.waiting.append(request)
+        self.waiting.insert(0, request)  # as vLLM prepends it
 
     def _next_waiting(self) -> SimRequest:
         if self.policy is Policy.PRIORITY:
             return min(self.waiting, key=lambda r: (r.priority, r.arrival))
-        # FCFS: a preempted request goes back to the front, as vLLM prepends it
-        return min(self.waiting, key=lambda r: (r.preemptions == 0, r.arrival))
+        return self.waiting[0]

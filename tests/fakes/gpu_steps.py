@@ -18,23 +18,22 @@ from tests.fakes.gpu_scheduler import Policy, Scheduler, SimRequest
 
 GPU_ENV = "TINY_ENGINE_GPU"
 KV_TOKENS_ENV = "TINY_ENGINE_KV_TOKENS"
-_TOKEN, _DONE = "token", "done"
+_TOKEN, _DONE, _FAILED = "token", "done", "failed"
 
 
 class PromptTooLong(ValueError):
-    """A prompt the whole KV cache cannot hold: vLLM refuses it at admission."""
+    """A request the whole KV cache cannot hold: vLLM refuses it at admission."""
 
 
 class GpuSteps:
     def __init__(
-        self, cost: GpuCost, max_num_seqs: int, policy: Policy, kv_tokens: int | None = None
+        self, cost: GpuCost, max_num_seqs: int, policy: Policy, kv_tokens: int = 0
     ) -> None:
-        blocks = (kv_tokens or cost.kv_tokens) // cost.block_tokens
-        self._scheduler = Scheduler(cost, max_num_seqs, policy, kv_blocks=blocks)
-        self._cost = cost
+        self._scheduler = Scheduler(cost, max_num_seqs, policy, kv_tokens)
         self._queues: dict[str, asyncio.Queue[str]] = {}
         self._ids = itertools.count()
         self._loop_task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
 
     @property
     def busy(self) -> bool:
@@ -45,30 +44,34 @@ class GpuSteps:
         self, prompt_tokens: int, max_tokens: int, priority: int
     ) -> AsyncGenerator[None, None]:
         """Once per token the modelled GPU samples for this request, until max_tokens."""
-        room = self._scheduler.kv_blocks
-        if -(-(prompt_tokens + max_tokens) // self._cost.block_tokens) > room:
+        prompt_tokens, max_tokens = max(1, prompt_tokens), max(1, max_tokens)
+        if not self._scheduler.could_hold(prompt_tokens + max_tokens):
             raise PromptTooLong(f"{prompt_tokens} + {max_tokens} tokens exceed the KV cache")
         rid = str(next(self._ids))
         queue: asyncio.Queue[str] = asyncio.Queue()
         self._queues[rid] = queue
-        self._scheduler.add(SimRequest(rid, max(1, prompt_tokens), max(1, max_tokens), priority))
+        self._scheduler.add(SimRequest(rid, prompt_tokens, max_tokens, priority))
         if self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
         try:
-            while await queue.get() != _DONE:
+            while (event := await queue.get()) == _TOKEN:
                 yield
+            if event == _FAILED:
+                raise RuntimeError("the modelled engine's step loop failed") from self._failure
         finally:  # its client left, or the router paused it: vLLM aborts it
             self._queues.pop(rid, None)
             self._scheduler.abort(rid)
 
     async def _run(self) -> None:
+        """Steps while any request runs or waits. A step's outcome (blocks freed, requests
+        finished) holds from its start; its tokens reach their requests when its time is up."""
         loop = asyncio.get_running_loop()
         due = loop.time()
         try:
             while not self._scheduler.idle:
                 step = self._scheduler.step()
-                if not step.scheduled:  # nothing could run (cannot happen with what
-                    await asyncio.sleep(0.001)  # generate admits): no hot spin if it does
+                if not step.scheduled:  # a request preempted itself: the next step seats it
+                    await asyncio.sleep(0)
                     continue
                 # each step due at its own time; a late wake-up is made up for by at most one
                 # step, so the engine is never faster than the GPU modelled
@@ -80,5 +83,10 @@ class GpuSteps:
                 for rid in step.finished:
                     if rid in self._queues:
                         self._queues[rid].put_nowait(_DONE)
+        except Exception as failure:  # every request waiting hears of it, none hangs
+            self._failure = failure
+            for queue in self._queues.values():
+                queue.put_nowait(_FAILED)
+            raise
         finally:
             self._loop_task = None

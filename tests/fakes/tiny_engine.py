@@ -100,8 +100,7 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
             cost = SHAPES[shape]
             policy = Policy(llm_config.engine_kwargs.get("scheduling_policy", "fcfs"))
             seqs = int(llm_config.engine_kwargs.get("max_num_seqs", cost.max_num_seqs))
-            kv_tokens = int(os.environ.get(KV_TOKENS_ENV, "0")) or None
-            self._gpu = GpuSteps(cost, seqs, policy, kv_tokens)
+            self._gpu = GpuSteps(cost, seqs, policy, int(os.environ.get(KV_TOKENS_ENV, "0")))
         self._slots: asyncio.Semaphore | None = None
         self._engine_client: _Core | None = None  # the name ObservedLLMServer shuts down
 
@@ -241,8 +240,9 @@ class TinyEngine(LLMEngine):  # type: ignore[misc]
         engine yields nothing per token)."""
         if self._gpu is not None:
             priority = int(getattr(request, "priority", 0) or 0)
-            async for _ in self._gpu.generate(prompt_tokens, count, priority):
-                yield
+            async with aclosing(self._gpu.generate(prompt_tokens, count, priority)) as steps:
+                async for _ in steps:
+                    yield
             return
         assert self._slots is not None, "start() first"
         async with self._slots:
