@@ -16,6 +16,7 @@ that runs vLLM is ever lent, run the bench there and correct these to match.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import ceil
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,8 @@ class GpuCost:
     max_num_seqs: int = 1024  # the same
 
     def __post_init__(self) -> None:
-        if not (0 < self.step_ms <= self.knee_step_ms) or self.knee_batch < 2:
-            raise ValueError(f"{self.name}: a step must not shrink as its batch grows")
-        if min(self.ms_per_seq_past_knee, self.kv_read_ms_per_token) < 0:
+        shrinks = min(self.ms_per_seq_past_knee, self.kv_read_ms_per_token) < 0
+        if shrinks or not (0 < self.step_ms <= self.knee_step_ms) or self.knee_batch < 2:
             raise ValueError(f"{self.name}: a step must not shrink as its batch grows")
         if min(self.prefill_tokens_per_s, self.kv_tokens, self.block_tokens) <= 0:
             raise ValueError(f"{self.name}: prefill rate, KV room and block must be positive")
@@ -62,6 +62,10 @@ class GpuCost:
         if sequences <= 0:
             return 0.0
         return max(self.decode_ms(sequences, context_tokens), self.prefill_ms(prefill_tokens)) / 1e3
+
+    def blocks(self, tokens: int) -> int:
+        """The KV blocks `tokens` take."""
+        return ceil(tokens / self.block_tokens)
 
     @property
     def kv_blocks(self) -> int:

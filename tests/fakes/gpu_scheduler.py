@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from math import ceil
 
 from tests.fakes.gpu_cost import GpuCost
 
@@ -42,7 +41,6 @@ class SimRequest:
     arrival: int = 0  # the scheduler's order of arrival
     computed: int = 0  # tokens whose KV is in the cache
     generated: int = 0
-    preemptions: int = 0
 
     @property
     def wanted(self) -> int:
@@ -77,12 +75,13 @@ class Scheduler:
     _used_blocks: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        self.kv_blocks = (self.kv_tokens or self.cost.kv_tokens) // self.cost.block_tokens
+        room = self.kv_tokens or self.cost.kv_tokens
+        self.kv_blocks = room // self.cost.block_tokens
 
     def could_hold(self, tokens: int) -> bool:
         """Whether the whole cache could ever hold a request of `tokens` (vLLM refuses one
         that it could not at admission)."""
-        return self._blocks(tokens) <= self.kv_blocks
+        return self.cost.blocks(tokens) <= self.kv_blocks
 
     @property
     def free_blocks(self) -> int:
@@ -164,20 +163,18 @@ class Scheduler:
         seconds = self.cost.step_s(len(scheduled), context, prefill)
         return Step(seconds, tuple(produced), tuple(finished), preempted, len(scheduled), prefill)
 
-    def _blocks(self, tokens: int) -> int:
-        return ceil(tokens / self.cost.block_tokens)
-
     def _fits(self, request: SimRequest, tokens: int) -> bool:
-        more = self._blocks(request.computed + tokens) - self._blocks(request.computed)
+        blocks = self.cost.blocks
+        more = blocks(request.computed + tokens) - blocks(request.computed)
         return more <= self.free_blocks
 
     def _grow(self, request: SimRequest, tokens: int) -> None:
         computed = request.computed + tokens
-        self._used_blocks += self._blocks(computed) - self._blocks(request.computed)
+        self._used_blocks += self.cost.blocks(computed) - self.cost.blocks(request.computed)
         request.computed = computed
 
     def _free(self, request: SimRequest) -> None:
-        self._used_blocks -= self._blocks(request.computed)
+        self._used_blocks -= self.cost.blocks(request.computed)
         request.computed = 0
 
     def _victim(self) -> SimRequest:
@@ -187,7 +184,6 @@ class Scheduler:
 
     def _preempt(self, request: SimRequest) -> None:
         self._free(request)
-        request.preemptions += 1
         self.waiting.insert(0, request)  # as vLLM prepends it
 
     def _next_waiting(self) -> SimRequest:

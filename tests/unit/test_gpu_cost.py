@@ -250,7 +250,7 @@ def test_the_engine_steps_hand_each_request_its_tokens_and_an_abort_frees_its_bl
     asyncio.run(scenario())
 
 
-class _Broken(type(FAST)):  # type: ignore[misc]
+class _Broken(GpuCost):
     def step_s(self, sequences: int, context_tokens: int, prefill_tokens: int) -> float:
         raise ArithmeticError("a cost that cannot be worked out")
 
