@@ -388,6 +388,11 @@ class Planner:
             pinned, pinned_cost = [], 0
             turns = self._turns
         room -= pinned_cost + marker_cost
+        if room < 0 and room + marker_cost >= 0:
+            # The latest message leaves no room for the marker: every turn goes without it
+            # (an answer without the note beats refusing a request that fits).
+            dropped = sum(len(t) for t in self._turns)
+            return self._assemble(system_text, [], [], None, tail, dropped, notes, marked=False)
         if room < 0:
             raise NoRoom(target - room)
         kept: list[list[int]] = []
@@ -494,6 +499,7 @@ class Planner:
         tail: list[int],
         dropped: int,
         notes: dict[int, str] | None = None,
+        marked: bool = True,
     ) -> _Draft:
         out: list[Message] = []
         sources: list[int | None] = []
@@ -511,7 +517,7 @@ class Planner:
         for turn in pinned:
             for i in turn:
                 add(i, self._messages[i])
-        if dropped:
+        if dropped and marked:
             add(None, {"role": self._policy.marker_role, "content": MARKER.format(n=dropped)})
         for turn in kept:
             for i in turn:

@@ -9,7 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policy.context.compress import compress
-from policy.context.fit import ContextOverflow, Fit, FitPolicy, fit_messages
+from policy.context.fit import (
+    MARKER,
+    MESSAGE_OVERHEAD_TOKENS,
+    PROMPT_OVERHEAD_TOKENS,
+    ContextOverflow,
+    Fit,
+    FitPolicy,
+    fit_messages,
+)
 from policy.context.tokens import CharEstimateCounter, ChatTemplateCounter
 
 WORDS = (
@@ -64,9 +72,12 @@ def check_invariants(
     sources = [s for s in fit.sources if s is not None]
     assert sources == sorted(set(sources)), "message order must be preserved"
     markers = [m for m, s in zip(fit.messages, fit.sources, strict=True) if s is None]
-    assert len(markers) == (1 if fit.dropped_messages else 0)
+    assert len(markers) <= (1 if fit.dropped_messages else 0)
     if markers:
         assert f"{fit.dropped_messages} earlier messages" in markers[0]["content"]
+    elif fit.dropped_messages:  # no room for the marker: every earlier turn went
+        assert fit.dropped_messages == sum(1 for m in original[:-1] if m["role"] != "system")
+        assert [m["role"] for m in fit.messages[:-1]] in ([], ["system"])
     kept = set(sources)
     for i, message in enumerate(original):
         if message.get("role") == "tool":  # a tool result travels with the call that asked
@@ -178,6 +189,30 @@ def test_long_latest_message_borrows_the_output_share(demo_counter: ChatTemplate
     assert fit.messages == [long]
     assert fit.prompt_tokens + fit.max_tokens <= window
     assert fit.max_tokens >= FitPolicy().min_output_tokens
+
+
+def test_a_latest_message_that_leaves_no_room_for_the_marker_goes_alone(
+    demo_counter: ChatTemplateCounter,
+) -> None:
+    history = [
+        {"role": "user", "content": " ".join(WORDS * 2)},
+        {"role": "assistant", "content": " ".join(WORDS)},
+    ]
+    long = {"role": "user", "content": " ".join(WORDS[:20] * 30)}
+    # The search's reckoning of the latest message, and half of what the marker would take.
+    tail = demo_counter.count_text(long["content"]) + MESSAGE_OVERHEAD_TOKENS
+    tail += PROMPT_OVERHEAD_TOKENS
+    marker = demo_counter.count_text(MARKER.format(n=2)) + MESSAGE_OVERHEAD_TOKENS
+    policy = FitPolicy()
+    window = tail + policy.min_output_tokens + policy.margin_tokens + marker // 2
+    fit = fit_messages(
+        [*history, long], window=window, requested_max_tokens=None, counter=demo_counter
+    )
+    assert fit.messages == [long]
+    assert fit.dropped_messages == 2
+    assert fit.prompt_tokens == demo_counter.count_prompt([long])
+    assert fit.prompt_tokens + fit.max_tokens + policy.margin_tokens <= window
+    assert fit.max_tokens >= policy.min_output_tokens
 
 
 def test_a_system_note_after_the_users_message_is_compressed_only_as_a_last_resort(
