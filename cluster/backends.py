@@ -21,6 +21,7 @@ from deployments.engine.llm_server import ObservedLLMServer
 from deployments.engine.node_init import node_init_config
 from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
 from deployments.fallback.replica import CpuFallback, FallbackSettings
+from deployments.light_process import light_process_env
 from deployments.log_options import serve_logging
 from deployments.router.adapters.replica_choice import ROUTER_PATH
 from policy.cpu_dtype import CPU_DTYPE_ENV
@@ -226,7 +227,11 @@ def build_fallback(config: ClusterConfig, build: str = "") -> Application:
     """The CPU replica every chain ends on: no GPU, on its pool or (with none) beside the
     gateway. It follows `make reload`s of `build` (the app build's token) for its turns."""
     fallback = config.fallback
-    actor_options: dict[str, Any] = {"num_cpus": fallback.num_cpus, "num_gpus": 0}
+    actor_options: dict[str, Any] = {
+        "num_cpus": fallback.num_cpus,
+        "num_gpus": 0,
+        "runtime_env": {"env_vars": light_process_env()},
+    }
     if fallback.pool is not None:
         actor_options["resources"] = {config.pool(fallback.pool).resource: POOL_RESOURCE_SLIVER}
     else:  # beside the gateway: the last link must not die with a pool's node

@@ -9,7 +9,8 @@ on it too (no thread hop per call and per item; our code never blocks its loop: 
 a worker thread); access-log lines are buffered instead of flushed one by one, unless the
 operator set how many (`RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE` where the app is built: 1 writes
 each line to the replica's log file as it comes, which the throughput mode, writing none to
-stderr, needs for a log read as it grows).
+stderr, needs for a log read as it grows). And they start without the libraries Serve loads for
+others (deployments/light_process.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any
+
+from deployments.light_process import light_process_env
 
 LOG_BUFFER = "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE"
 FRONT_ENV_VARS = {
@@ -34,7 +37,7 @@ def front_actor_options(
     keep them on the gateway's nodes (`ClusterConfig.gateway_resources`), never on a pool's.
     `environ`: the builder's, whose own log buffer size wins (a runtime env's variables replace
     the node's, so it would never reach these replicas otherwise)."""
-    env_vars = dict(FRONT_ENV_VARS)
+    env_vars = {**FRONT_ENV_VARS, **light_process_env()}
     if environ.get(LOG_BUFFER):
         env_vars[LOG_BUFFER] = environ[LOG_BUFFER]
     return {"num_cpus": 0, "resources": dict(resources), "runtime_env": {"env_vars": env_vars}}

@@ -15,6 +15,7 @@ from ray.serve.handle import DeploymentHandle
 
 from core.config import ClusterConfig
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Reply
+from deployments.light_process import release_freed_memory
 from deployments.live_config import Homes, serve_live_config
 from deployments.router import metrics
 from deployments.router.adapters.ports import BackendLoad, RouterPorts
@@ -264,6 +265,7 @@ class ServeRouter(Router):
 
     def __init__(self, config: ClusterConfig, backends: Mapping[str, DeploymentHandle]) -> None:
         super().__init__(config, serve_ports(config, backends))
+        release_freed_memory()  # what loading the tokenizers left free
 
 
 class RouterDeployment(ServeRouter):

@@ -1,11 +1,13 @@
 """After everything the shared app's suites did to it (every endpoint, bad input, engine errors,
 failovers, killed replicas and engines), the gateway's own processes still hold no vLLM and no
-torch: a lazy import or an engine's object unpickled off a handle would show here, where
+torch, nor the pandas and pyarrow that Serve loads for others (deployments/light_process.py): a
+lazy import or an engine's object unpickled off a handle would show here, where
 tests/unit/test_light_gateway.py (a fresh import) cannot see it. Runs last (chaos runs after
 e2e, and this file after the other chaos files).
 
 Read off each process's memory maps: vLLM imports torch as it loads, and torch maps its
-libtorch libraries, so a process that loaded either maps `libtorch`."""
+libtorch libraries, so a process that loaded either maps `libtorch`; pandas maps its compiled
+`_libs`, pyarrow its `libarrow`."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ GATEWAY_DEPLOYMENTS = ("ingress", "router", "model:cpu-fallback")
 RUNNING_HERE = {"ingress", "model:cpu-fallback"}
 OUR_ACTORS = "gps"  # the detached actors' names (key ledger, slot broker, placer, ...)
 ENGINE_MARKERS = ("libtorch", "/vllm/")
+UNUSED_MARKERS = ("/pandas/_libs/", "libarrow")
 ENGINE_WAIT_S = 600  # a killed engine's replacement loads its model on CPU
 
 
@@ -40,9 +43,9 @@ def gateway_processes() -> dict[str, int]:
     return found
 
 
-def engine_maps(pid: int) -> list[str]:
+def engine_maps(pid: int, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[str]:
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-    return sorted({line.split()[-1] for line in maps if any(m in line for m in ENGINE_MARKERS)})
+    return sorted({line.split()[-1] for line in maps if any(m in line for m in markers)})
 
 
 def test_no_gateway_process_has_loaded_vllm_or_torch(gateway: str) -> None:
@@ -52,11 +55,13 @@ def test_no_gateway_process_has_loaded_vllm_or_torch(gateway: str) -> None:
     assert any(not name.startswith("SERVE_REPLICA") for name in processes), processes
     loaded = {name: engine_maps(pid) for name, pid in processes.items()}
     assert not {name: libs for name, libs in loaded.items() if libs}
+    unused = {name: engine_maps(pid, UNUSED_MARKERS) for name, pid in processes.items()}
+    assert not {name: libs for name, libs in unused.items() if libs}
 
 
-def maps_if_alive(pid: int) -> list[str] | None:
+def maps_if_alive(pid: int, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[str] | None:
     try:
-        return engine_maps(pid)
+        return engine_maps(pid, markers)
     except OSError:  # it died since it was listed (a replica being replaced)
         return None
 
@@ -82,6 +87,8 @@ def test_the_check_sees_an_engine_where_one_is_loaded(gateway: str) -> None:
     while time.monotonic() < deadline:
         seen = {pid: maps for pid in engine_replicas() if (maps := maps_if_alive(pid)) is not None}
         if any(any("libtorch" in lib for lib in libs) for libs in seen.values()):
+            # An engine's replica is started without the hook: Serve's pandas shows there.
+            assert any(maps_if_alive(pid, UNUSED_MARKERS) for pid in seen), seen
             return
         time.sleep(2)
     raise AssertionError(f"no engine replica mapped libtorch in {ENGINE_WAIT_S} s: {seen}")

@@ -118,3 +118,25 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
     fake.write_bytes(b"not a gguf file at all" * 4)
     with pytest.raises(ValueError, match="not a GGUF"):
         read_metadata(fake)
+
+
+def test_what_loading_the_tokenizers_left_free_goes_back_to_the_system() -> None:
+    # deployments/light_process.py: the router's replica trims its heap once they are loaded.
+    probe = (
+        "import os\n"
+        "from deployments.light_process import release_freed_memory\n"
+        "from policy.context.tokens import ChatTemplateCounter\n"
+        "def rss():\n"
+        "    status = open(f'/proc/{os.getpid()}/status').read().split('VmRSS:')[1]\n"
+        "    return int(status.split()[0]) // 1024\n"
+        f"for source in ({str(FOLDER)!r}, {str(GGUF)!r}):\n"
+        "    ChatTemplateCounter.from_pretrained(source)\n"
+        "before = rss()\n"
+        "assert release_freed_memory()\n"
+        "print(before, rss())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    before, after = map(int, done.stdout.strip().splitlines()[-1].split())
+    assert before - after >= 8, (before, after)  # MiB: 20-30 measured

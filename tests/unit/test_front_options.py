@@ -1,14 +1,16 @@
 """The front replicas' Serve options: Serve's throughput settings in their runtime env, and the
-access-log buffer the operator sets where the app is built winning over ours."""
+access-log buffer the operator sets where the app is built winning over ours, and the hook that
+keeps the libraries Serve loads for others out of them (deployments/light_process.py)."""
 
 from __future__ import annotations
 
 from deployments.ingress.front_options import FRONT_ENV_VARS, LOG_BUFFER, front_actor_options
+from deployments.light_process import light_process_env
 
 
 def test_the_front_buffers_a_thousand_access_lines_unless_told_otherwise() -> None:
     options = front_actor_options({"gateway": 0.001}, environ={})
-    assert options["runtime_env"]["env_vars"] == FRONT_ENV_VARS
+    assert options["runtime_env"]["env_vars"] == {**FRONT_ENV_VARS, **light_process_env()}
     assert options["runtime_env"]["env_vars"][LOG_BUFFER] == "1000"
     assert (options["num_cpus"], options["resources"]) == (0, {"gateway": 0.001})
 
@@ -17,5 +19,5 @@ def test_the_operators_buffer_size_reaches_the_front_replicas() -> None:
     env_vars = front_actor_options({}, environ={LOG_BUFFER: "1"})["runtime_env"]["env_vars"]
     assert env_vars[LOG_BUFFER] == "1"
     assert {k: v for k, v in env_vars.items() if k != LOG_BUFFER} == {
-        k: v for k, v in FRONT_ENV_VARS.items() if k != LOG_BUFFER
+        k: v for k, v in {**FRONT_ENV_VARS, **light_process_env()}.items() if k != LOG_BUFFER
     }

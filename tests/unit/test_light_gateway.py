@@ -2,11 +2,14 @@
 (ingress, router, fallback, slot broker, key ledger and registry, response keeper, batch actor,
 placer, cluster manager) imports without loading vLLM or torch, checked in a fresh interpreter
 as the process starts; and bench/layering.py's rule finds no module of theirs that imports
-them. (tests/e2e/test_gateway.py reads the running replicas' own loaded modules.)"""
+them. Started as Ray starts them (deployments/light_process.py's hook first), they load no pandas
+or pyarrow either. (tests/chaos/test_what_the_gateway_loaded.py reads the running replicas' own
+loaded modules.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.layering import loads_the_engine
+from deployments.light_process import UNUSED, light_process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,18 +37,27 @@ GATEWAY_MODULES = (
 ENGINE = ("vllm", "torch")
 
 PROBE = """
-import importlib, json, sys
+import importlib, json, os, sys
+from ray._common.utils import load_class
+if {hooked!r}:  # as Ray's worker does before it loads its actor's class
+    load_class(os.environ[{hook!r}])()
 for name in sys.argv[1:]:
     importlib.import_module(name)
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {engine!r})))
+loaded = [m for m, module in sys.modules.items() if module is not None]  # None: marked absent
+print(json.dumps(sorted(m for m in loaded if m.split(".")[0] in {engine!r})))
 """
 
 
-def loaded_engine(*modules: str) -> list[str]:
-    """The engine's top modules a fresh interpreter has loaded after importing `modules`."""
-    probe = PROBE.format(engine=set(ENGINE))
+def loaded_engine(
+    *modules: str, libraries: tuple[str, ...] = ENGINE, hooked: bool = False
+) -> list[str]:
+    """The `libraries`' top modules a fresh interpreter has loaded after importing `modules`
+    (`hooked`: with the gateway's worker setup hook run first, from its runtime env)."""
+    ((hook, target),) = light_process_env().items()
+    probe = PROBE.format(engine=set(libraries), hooked=hooked, hook=hook)
     done = subprocess.run(
         [sys.executable, "-c", probe, *modules],
+        env={**os.environ, hook: target},
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -64,6 +77,12 @@ def test_no_gateway_module_loads_vllm_or_torch() -> None:
 
 def test_the_probe_sees_the_engine_where_it_is_loaded() -> None:
     assert loaded_engine("deployments.engine.requests") == ["torch", "vllm"]
+
+
+def test_started_as_ray_starts_them_the_gateway_modules_load_no_pandas_or_pyarrow() -> None:
+    # Serve imports pandas where it can: without the hook, these imports load both.
+    assert loaded_engine(*GATEWAY_MODULES, libraries=UNUSED) == sorted(UNUSED)
+    assert loaded_engine(*GATEWAY_MODULES, libraries=UNUSED, hooked=True) == []
 
 
 @pytest.mark.parametrize(
