@@ -14,6 +14,7 @@ tokenizers hands the heap pages that left free back (`release_freed_memory`).
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
@@ -32,7 +33,11 @@ def light_process_env() -> dict[str, str]:
 
 def forgo_unused() -> None:
     """Mark the `UNUSED` libraries absent in this process (a `None` in `sys.modules` makes
-    `import` raise ImportError), unless one is loaded already."""
+    `import` raise ImportError), unless one is loaded already; and not in the processes it
+    starts, whose workers may serve an engine that needs them (the cluster manager's `ray start`
+    of a new node): the variable leaves this process's environment. The actors it starts still
+    inherit it, through the runtime env Ray hands them."""
+    os.environ.pop(WORKER_PROCESS_SETUP_HOOK_ENV_VAR, None)
     for name in UNUSED:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 

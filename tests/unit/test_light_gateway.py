@@ -103,3 +103,39 @@ def test_started_as_ray_starts_them_the_gateway_modules_load_no_pandas_or_pyarro
 )
 def test_the_layering_rule(module: str, target: str, against: bool) -> None:
     assert loads_the_engine(module, target) is against
+
+
+CHILD = """
+import os, subprocess, sys
+from ray._common.utils import load_class
+load_class(os.environ[{hook!r}])()
+try:
+    import pyarrow
+    print("parent loaded pyarrow")
+except ImportError:
+    print("parent without pyarrow")
+# A worker of a node the process starts: it runs the hook where the variable reaches it.
+child = "; ".join([
+    "import os",
+    "from ray._common.utils import load_class",
+    "os.environ.get({hook!r}) and load_class(os.environ[{hook!r}])()",
+    "import pyarrow.fs",
+    "print('child loaded pyarrow')",
+])
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout)
+"""
+
+
+def test_what_the_hooked_process_starts_keeps_the_libraries() -> None:
+    # The cluster manager's `ray start` of a new node: that node's engines need pyarrow.
+    ((hook, target),) = light_process_env().items()
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD.format(hook=hook)],
+        cwd=ROOT,
+        env={**os.environ, hook: target},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == "parent without pyarrow child loaded pyarrow".split()
