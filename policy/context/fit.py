@@ -240,17 +240,20 @@ def fit_messages(
     # they take more than their share, and wherever the prompt does not fit beside them. The
     # system notes after the user's message are compressed last, beside the shortest tools.
     steps = range(SHORTENINGS + 1 if tools else 1)
-    attempts = [(False, step) for step in steps]
+    attempts = [(False, step, False) for step in steps]
     if _has_notes(messages):
-        attempts.append((True, steps[-1]))
-    for compress_notes, step in attempts:
+        attempts.append((True, steps[-1], False))
+    # Last, where the latest message leaves room for everything but the marker: the earlier
+    # turns all go without it (an answer without the note beats refusing a prompt that fits).
+    attempts.append((*attempts[-1][:2], True))
+    for compress_notes, step, unmarked in attempts:
         listed = shortened_tools(tools, step) if tools else None
         last = step == SHORTENINGS or not tools
         if listed and not last and counter.count_tools(listed) > policy.tools_share * budget.prompt:
             continue
         try:
             draft, prompt_tokens = _plan(
-                messages, counter, policy, listed, budget, window, compress_notes, media
+                messages, counter, policy, listed, budget, window, compress_notes, media, unmarked
             )
         except ContextOverflow as error:
             overflow = error
@@ -284,19 +287,21 @@ def _plan(
     window: int,
     compress_notes: bool = False,
     media: Callable[[Message], int] | None = None,
+    unmarked: bool = False,
 ) -> tuple[_Draft, int]:
     """A draft within the input budget, else within the output's share too (the tail alone
     needs more); `compress_notes`: the latter only, the system notes after the latest user
-    message compressed (the output gave way already, without that)."""
+    message compressed (the output gave way already, without that); `unmarked`: the latter
+    only, the earlier turns all gone without the marker (every other way failed)."""
     planner = Planner(list(messages), counter, policy, tools, media)
     squeezed_budget = window - budget.margin - min(policy.min_output_tokens, budget.max_tokens)
-    if not compress_notes:
+    if not compress_notes and not unmarked:
         try:
             return planner.plan(budget.prompt)
         except NoRoom:
             pass
     try:
-        return planner.plan(squeezed_budget, compress_notes=compress_notes)
+        return planner.plan(squeezed_budget, compress_notes=compress_notes, unmarked=unmarked)
     except NoRoom as no_room:
         raise ContextOverflow(max(1, no_room.needed - squeezed_budget), window) from None
 
@@ -349,13 +354,16 @@ class Planner:
         self._turns = group_turns(range(first_history, self._tail_start), messages)
         self._query = message_text(messages[self._tail_start]) if messages else ""
 
-    def plan(self, budget: int, *, compress_notes: bool = False) -> tuple[_Draft, int]:
+    def plan(
+        self, budget: int, *, compress_notes: bool = False, unmarked: bool = False
+    ) -> tuple[_Draft, int]:
         """A draft within `budget` by exact count; shrinks the target when the estimate was low.
-        `compress_notes`: the system notes after the latest user message may be compressed."""
+        `compress_notes`: the system notes after the latest user message may be compressed;
+        `unmarked`: where the marker does not fit, the earlier turns may all go without it."""
         target = budget - self._listed
         for _ in range(MAX_ATTEMPTS):
             try:
-                draft = self._draft(target, compress_notes)
+                draft = self._draft(target, compress_notes, unmarked)
             except NoRoom as no_room:  # what the messages need; the tools need their room too
                 raise NoRoom(no_room.needed + self._listed) from None
             exact = self._counter.count_prompt(draft.messages, self._tools)
@@ -371,7 +379,7 @@ class Planner:
     def _cost_of(self, indices: Sequence[int]) -> int:
         return sum(self._cost(self._messages[i]) for i in indices)
 
-    def _draft(self, target: int, compress_notes: bool) -> _Draft:
+    def _draft(self, target: int, compress_notes: bool, unmarked: bool = False) -> _Draft:
         tail = list(range(self._tail_start, len(self._messages)))
         notes, tail_cost = self._fit_tail(tail, target, compress_notes)
         room = target - tail_cost
@@ -388,9 +396,10 @@ class Planner:
             pinned, pinned_cost = [], 0
             turns = self._turns
         room -= pinned_cost + marker_cost
-        if room < 0 and room + marker_cost >= 0:
-            # The latest message leaves no room for the marker: every turn goes without it
-            # (an answer without the note beats refusing a request that fits).
+        if room < 0 and unmarked and room + marker_cost + system_cost >= 0:
+            # No room for the marker: every earlier turn goes without it, and the system
+            # message may take what they and the marker leave.
+            system_text, _ = self._fit_system(target - tail_cost, 0, 0)
             dropped = sum(len(t) for t in self._turns)
             return self._assemble(system_text, [], [], None, tail, dropped, notes, marked=False)
         if room < 0:

@@ -215,6 +215,22 @@ def test_a_latest_message_that_leaves_no_room_for_the_marker_goes_alone(
     assert fit.max_tokens >= policy.min_output_tokens
 
 
+def test_the_output_gives_way_before_the_history_goes_without_its_marker() -> None:
+    # The history and the latest message fit beside a squeezed output: nothing is dropped.
+    history = [
+        {"role": "user", "content": "first question " * 5},
+        {"role": "assistant", "content": "first answer " * 5},
+        {"role": "user", "content": "second question " * 5},
+        {"role": "assistant", "content": "second answer " * 5},
+    ]
+    latest = {"role": "user", "content": "x" * 1004}
+    counter = CharEstimateCounter()
+    fit = fit_messages([*history, latest], window=1000, requested_max_tokens=None, counter=counter)
+    assert fit.messages == [*history, latest]
+    assert fit.dropped_messages == 0
+    assert fit.max_tokens < int(1000 * FitPolicy().output_share)  # the output gave way
+
+
 def test_a_system_note_after_the_users_message_is_compressed_only_as_a_last_resort(
     demo_counter: ChatTemplateCounter,
 ) -> None:

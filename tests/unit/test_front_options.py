@@ -4,6 +4,10 @@ keeps the libraries Serve loads for others out of them (deployments/light_proces
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from cluster.backends import build_fallback
+from core.config import load_config
 from deployments.ingress.front_options import FRONT_ENV_VARS, LOG_BUFFER, front_actor_options
 from deployments.light_process import light_process_env
 
@@ -21,3 +25,9 @@ def test_the_operators_buffer_size_reaches_the_front_replicas() -> None:
     assert {k: v for k, v in env_vars.items() if k != LOG_BUFFER} == {
         k: v for k, v in {**FRONT_ENV_VARS, **light_process_env()}.items() if k != LOG_BUFFER
     }
+
+
+def test_the_fallback_replica_starts_without_the_libraries_serve_loads_for_others() -> None:
+    config = load_config(Path(__file__).parents[1] / "e2e" / "gateway.yaml", environ={})
+    fallback = build_fallback(config)._bound_deployment  # Serve's: no public accessor
+    assert fallback.ray_actor_options["runtime_env"]["env_vars"] == light_process_env()
