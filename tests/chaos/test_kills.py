@@ -453,7 +453,13 @@ def test_dead_backends_cost_no_wait_and_a_long_stream_goes_on_in_the_fallbacks_w
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
         async with httpx.AsyncClient(base_url=gateway, headers=HEADERS, timeout=600) as session:
             streaming = asyncio.create_task(long_stream(session, story))
-            await until(lambda: story.get("chunks", 0) >= LONG_STREAM_CHUNKS, 900, "the story")
+            try:
+                await until(lambda: story.get("chunks", 0) >= LONG_STREAM_CHUNKS, 900, "the story")
+            except BaseException:  # pytest's Failed: say where the story stood (and who served)
+                print(f"the story: status {story.get('status')}, {story.get('chunks')} chunks,")
+                print(f"its first and last lines: {story.get('lines', [])[:2]} ... ")
+                print(f"{story.get('lines', [])[-3:]}; done: {streaming.done()}")
+                raise
             # Idle: a request an earlier test left on it may still be ending (a clean-clone
             # run of 611d3e1 found one in flight here); a slot it never gave back stays.
             status = await asyncio.to_thread(backends, http)
