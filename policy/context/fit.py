@@ -245,7 +245,8 @@ def fit_messages(
         attempts.append((True, steps[-1], False))
     # Last, where the latest message leaves room for everything but the marker: the earlier
     # turns all go without it (an answer without the note beats refusing a prompt that fits).
-    attempts.append((*attempts[-1][:2], True))
+    last_notes, last_step, _ = attempts[-1]
+    attempts.append((last_notes, last_step, True))
     for compress_notes, step, unmarked in attempts:
         listed = shortened_tools(tools, step) if tools else None
         last = step == SHORTENINGS or not tools

@@ -43,7 +43,7 @@ def gateway_processes() -> dict[str, int]:
     return found
 
 
-def engine_maps(pid: int, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[str]:
+def mapped_libraries(pid: int, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[str]:
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
     return sorted({line.split()[-1] for line in maps if any(m in line for m in markers)})
 
@@ -53,15 +53,15 @@ def test_no_gateway_process_has_loaded_vllm_or_torch(gateway: str) -> None:
     kinds = {name.split("#")[1] for name in processes if name.startswith("SERVE_REPLICA")}
     assert kinds >= RUNNING_HERE, processes  # each is running, so each is read
     assert any(not name.startswith("SERVE_REPLICA") for name in processes), processes
-    loaded = {name: engine_maps(pid) for name, pid in processes.items()}
+    loaded = {name: mapped_libraries(pid) for name, pid in processes.items()}
     assert not {name: libs for name, libs in loaded.items() if libs}
-    unused = {name: engine_maps(pid, UNUSED_MARKERS) for name, pid in processes.items()}
+    unused = {name: mapped_libraries(pid, UNUSED_MARKERS) for name, pid in processes.items()}
     assert not {name: libs for name, libs in unused.items() if libs}
 
 
 def maps_if_alive(pid: int, markers: tuple[str, ...] = ENGINE_MARKERS) -> list[str] | None:
     try:
-        return engine_maps(pid, markers)
+        return mapped_libraries(pid, markers)
     except OSError:  # it died since it was listed (a replica being replaced)
         return None
 

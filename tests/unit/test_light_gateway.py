@@ -44,17 +44,17 @@ if {hooked!r}:  # as Ray's worker does before it loads its actor's class
 for name in sys.argv[1:]:
     importlib.import_module(name)
 loaded = [m for m, module in sys.modules.items() if module is not None]  # None: marked absent
-print(json.dumps(sorted(m for m in loaded if m.split(".")[0] in {engine!r})))
+print(json.dumps(sorted(m for m in loaded if m.split(".")[0] in {libraries!r})))
 """
 
 
-def loaded_engine(
+def loaded_libraries(
     *modules: str, libraries: tuple[str, ...] = ENGINE, hooked: bool = False
 ) -> list[str]:
     """The `libraries`' top modules a fresh interpreter has loaded after importing `modules`
     (`hooked`: with the gateway's worker setup hook run first, from its runtime env)."""
     ((hook, target),) = light_process_env().items()
-    probe = PROBE.format(engine=set(libraries), hooked=hooked, hook=hook)
+    probe = PROBE.format(libraries=set(libraries), hooked=hooked, hook=hook)
     done = subprocess.run(
         [sys.executable, "-c", probe, *modules],
         env={**os.environ, hook: target},
@@ -69,20 +69,20 @@ def loaded_engine(
 
 
 def test_no_gateway_module_loads_vllm_or_torch() -> None:
-    loaded = loaded_engine(*GATEWAY_MODULES)
+    loaded = loaded_libraries(*GATEWAY_MODULES)
     if loaded:  # name the module that brings them, one interpreter each
-        guilty = {m: loaded_engine(m) for m in GATEWAY_MODULES}
+        guilty = {m: loaded_libraries(m) for m in GATEWAY_MODULES}
         pytest.fail(f"loaded {loaded}: { ({m: e for m, e in guilty.items() if e}) }")
 
 
 def test_the_probe_sees_the_engine_where_it_is_loaded() -> None:
-    assert loaded_engine("deployments.engine.requests") == ["torch", "vllm"]
+    assert loaded_libraries("deployments.engine.requests") == ["torch", "vllm"]
 
 
 def test_started_as_ray_starts_them_the_gateway_modules_load_no_pandas_or_pyarrow() -> None:
     # Serve imports pandas where it can: without the hook, these imports load both.
-    assert loaded_engine(*GATEWAY_MODULES, libraries=UNUSED) == sorted(UNUSED)
-    assert loaded_engine(*GATEWAY_MODULES, libraries=UNUSED, hooked=True) == []
+    assert loaded_libraries(*GATEWAY_MODULES, libraries=UNUSED) == sorted(UNUSED)
+    assert loaded_libraries(*GATEWAY_MODULES, libraries=UNUSED, hooked=True) == []
 
 
 @pytest.mark.parametrize(
