@@ -94,6 +94,8 @@ class FakeBackend:
         # a test's second job must come in, which a loaded machine's timers could close first.
         self.hold_at = hold_at
         self.kv_usage = kv_usage
+        self.kv_calls = 0
+        self.kv_hangs = False  # an engine too busy to answer: its reading waits out the timeout
         self.healthy = True
         self.deployment: DeploymentKey = (APP, "unnamed")
         self.calls = 0
@@ -137,6 +139,9 @@ class FakeBackend:
             raise RuntimeError("unhealthy")
 
     async def kv_cache_usage(self) -> float | None:
+        self.kv_calls += 1
+        if self.kv_hangs:
+            await asyncio.Event().wait()
         return self.kv_usage
 
     async def image_tokens(self, sizes: Sequence[tuple[int, int]]) -> list[int] | None:

@@ -811,6 +811,47 @@ def test_kv_pressure_read_by_the_kv_loop_moves_work_down_the_chain() -> None:
     assert report["orchestrator@local"]["kv_cache_pressure"] is False
 
 
+class FrozenClock(FakeClock):
+    """Time moves only when the test moves it; each loop's sleep ends at once, so the loops
+    go round as often as the test lets the event loop run."""
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        await asyncio.sleep(0)
+
+
+def test_an_engine_too_busy_to_give_its_kv_reading_leaves_the_others_read() -> None:
+    """Coding's reading waits (up to kv_stale_after_s) while time passes: coding's last one goes
+    stale (pressure), orchestrator's are taken meanwhile. Read in rounds of all, orchestrator's
+    waited with coding's and went stale too: with every link under pressure, work went to the
+    CPU fallback (the chaos story's failure, clean-clone run of 44684cf)."""
+    config = make_config()
+    coding, orchestrator = FakeBackend(ok, kv_usage=0.1), FakeBackend(ok, kv_usage=0.1)
+    clock = FrozenClock()
+    router = make_router(config, two(coding, orchestrator), watch=True, clock=clock)
+
+    async def scenario() -> tuple[int, str, dict[str, Any]]:
+        await router.status()  # starts the loops
+        for _ in range(2000):
+            backends = (await router.status())["backends"]
+            if all(backends[name]["kv_cache_usage"] is not None for name in backends):
+                break
+            await asyncio.sleep(0)
+        coding.kv_hangs = True
+        asked = coding.kv_calls
+        for _ in range(2):  # past stale twice: coding's reading is still out the second time
+            clock.now += config.router.kv_stale_after_s + 1
+            for _ in range(50):
+                await asyncio.sleep(0)
+        return coding.kv_calls - asked, await served_by(router), (await router.status())["backends"]
+
+    asked_again, backend, report = asyncio.run(scenario())
+    assert report["coding@local"]["kv_cache_pressure"] is True
+    assert report["orchestrator@local"]["kv_cache_pressure"] is False
+    assert backend == "orchestrator@local"
+    assert asked_again == 1  # the reading still out is not asked for again beside it
+
+
 class RoundsClock(FakeClock):
     """Lets the background loops run `rounds` rounds in all, then holds them."""
 

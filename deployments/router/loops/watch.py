@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from core.clock import Clock
 from core.config import RouterConfig
@@ -116,22 +117,44 @@ class Watch:
             link.watch_replicas()
 
     async def kv_loop(self) -> None:
-        while True:
-            try:
-                await asyncio.gather(*(self._read_kv(link) for link in self._links.values()))
-            except Exception:  # the loop must outlive any one bad reading
-                metrics.LOOP_ERRORS.labels("kv").inc()
-                logger.exception("router KV-cache reading failed")
-            await self._clock.sleep(self._settings.kv_poll_interval_s)
+        await self._each_link_on_its_own(
+            self._read_kv, lambda: self._settings.kv_poll_interval_s, "kv"
+        )
 
     async def counters_loop(self) -> None:
-        while True:
-            try:
-                await asyncio.gather(*map(self._read_counters, self._links.values()))
-            except Exception:  # the loop must outlive any one bad reading
-                metrics.LOOP_ERRORS.labels("engine_counters").inc()
-                logger.exception("router engine-counter reading failed")
-            await self._clock.sleep(COUNTERS_INTERVAL_S)
+        await self._each_link_on_its_own(
+            self._read_counters, lambda: COUNTERS_INTERVAL_S, "engine_counters"
+        )
+
+    async def _each_link_on_its_own(
+        self,
+        read: Callable[[Link], Coroutine[Any, Any, None]],
+        interval_s: Callable[[], float],
+        loop: str,
+    ) -> None:
+        """Every `interval_s`, a reading of each link whose last one has ended. Not one round
+        of all: a reading may wait `kv_stale_after_s` for an engine too busy to answer, and the
+        others waited with it, so every link's reading went stale, which counts as pressure:
+        each GPU link was passed over and new work went to the CPU fallback (the story of
+        tests/chaos/test_kills.py, clean-clone run of 44684cf)."""
+        reading: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                for name, link in list(self._links.items()):
+                    task = reading.get(name)
+                    if task is not None and not task.done():
+                        continue  # still waiting for its engine
+                    if task is not None and not task.cancelled() and task.exception():
+                        metrics.LOOP_ERRORS.labels(loop).inc()  # the loop outlives any one
+                        logger.error("router %s reading of %s failed", loop, name,
+                                     exc_info=task.exception())  # fmt: skip
+                    reading[name] = asyncio.create_task(read(link))
+                for name in reading.keys() - self._links.keys():  # a reload removed it
+                    reading.pop(name).cancel()
+                await self._clock.sleep(interval_s())
+        finally:
+            for task in reading.values():
+                task.cancel()
 
     async def _read_counters(self, link: Link) -> None:
         """One replica's counts (whichever Serve picks), added to its backend's."""
