@@ -5,6 +5,7 @@ engine's KV-cache usage and its counts."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -144,11 +145,8 @@ class Watch:
                     task = reading.get(name)
                     if task is not None and not task.done():
                         continue  # still waiting for its engine
-                    if task is not None and not task.cancelled() and task.exception():
-                        metrics.LOOP_ERRORS.labels(loop).inc()  # the loop outlives any one
-                        logger.error("router %s reading of %s failed", loop, name,
-                                     exc_info=task.exception())  # fmt: skip
                     reading[name] = asyncio.create_task(read(link))
+                    reading[name].add_done_callback(functools.partial(_count_failed, loop, name))
                 for name in reading.keys() - self._links.keys():  # a reload removed it
                     reading.pop(name).cancel()
                 await self._clock.sleep(interval_s())
@@ -199,3 +197,12 @@ class Watch:
             link.gate.pause()
         else:
             link.gate.resume()
+
+
+def _count_failed(loop: str, name: str, task: asyncio.Task[None]) -> None:
+    """A reading that raised (a reading's own failures are caught inside it: this is a bug's)
+    is counted and logged as it ends; the loop goes on."""
+    if task.cancelled() or task.exception() is None:
+        return
+    metrics.LOOP_ERRORS.labels(loop).inc()
+    logger.error("router %s reading of %s failed", loop, name, exc_info=task.exception())
