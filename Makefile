@@ -269,6 +269,7 @@ bench: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(PY) -m bench.context || status=1; \
 	$(PY) -m bench.image_fit || status=1; \
 	$(PY) -m bench.overhead || status=1; \
+	$(PY) -m bench.gateway_start || status=1; \
 	$(PY) -m bench.pace || status=1; \
 	$(PY) -m bench.translation || status=1; \
 	$(PY) -m bench.metrics || status=1; \
