@@ -90,8 +90,7 @@ def main() -> None:
         ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
-    # Interleaved rounds would share a page cache either way: the first round warms it, and
-    # the median of the rest is what a replica's start on a warm node pays.
+    # The first round warms the page cache; the median is what a start on a warm node pays.
     anchor = median_start(ANCHOR, tree, args.rounds)
     print(f"tree {tree} ({commit or 'no git'}), median of {args.rounds} fresh interpreters")
     print(f"{'process':<10} {'import s':>9} {'x anchor':>9} {'MiB':>7} {'x anchor':>9}  engine")

@@ -789,19 +789,24 @@ def test_a_dead_only_replica_stays_out_past_its_cooldown_until_a_probe_passes() 
     assert (coding.calls, coding.probes) == (2, 2)
 
 
+async def every_link_read(router: Router, pause_s: float) -> None:
+    """Start the router's loops, then wait until the KV loop has read every link (a fixed sleep
+    lost that race on a loaded machine: the job met coding's gate paused under it, run of
+    1953022)."""
+    await router.status()  # starts the loops
+    for _ in range(2000):
+        backends = (await router.status())["backends"]
+        if all(backends[name]["kv_cache_usage"] is not None for name in backends):
+            return
+        await asyncio.sleep(pause_s)
+
+
 def test_kv_pressure_read_by_the_kv_loop_moves_work_down_the_chain() -> None:
     coding, orchestrator = FakeBackend(ok, kv_usage=0.95), FakeBackend(ok, kv_usage=0.1)
     router = make_router(make_config(), two(coding, orchestrator), watch=True)
 
     async def scenario() -> tuple[str, dict[str, Any]]:
-        await router.status()  # starts the loops
-        # Until the KV loop's first round has read both (a fixed sleep lost that race on a
-        # loaded machine: the job met coding's gate paused under it, run of 1953022).
-        for _ in range(2000):
-            backends = (await router.status())["backends"]
-            if all(backends[name]["kv_cache_usage"] is not None for name in backends):
-                break
-            await asyncio.sleep(0.005)
+        await every_link_read(router, pause_s=0.005)
         return await served_by(router), (await router.status())["backends"]
 
     backend, report = asyncio.run(scenario())
@@ -831,12 +836,7 @@ def test_an_engine_too_busy_to_give_its_kv_reading_leaves_the_others_read() -> N
     router = make_router(config, two(coding, orchestrator), watch=True, clock=clock)
 
     async def scenario() -> tuple[int, str, dict[str, Any]]:
-        await router.status()  # starts the loops
-        for _ in range(2000):
-            backends = (await router.status())["backends"]
-            if all(backends[name]["kv_cache_usage"] is not None for name in backends):
-                break
-            await asyncio.sleep(0)
+        await every_link_read(router, pause_s=0)
         coding.kv_hangs = True
         asked = coding.kv_calls
         for _ in range(2):  # past stale twice: coding's reading is still out the second time
