@@ -45,7 +45,12 @@ from deployments.ingress.files_routes import FilesRoutes, files_routes
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
 from deployments.ingress.key_routes import KeyRoutes, key_routes, serve_run_time_keys
 from deployments.ingress.media_fetch import ImageFetcher, Resolve, system_resolve
-from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader, milliseconds
+from deployments.ingress.overhead_header import (
+    OVERHEAD_HEADER,
+    OverheadHeader,
+    milliseconds,
+    spent_in_gateway,
+)
 from deployments.ingress.responses.conversation import input_items, page, with_ids
 from deployments.ingress.responses.http import responses_answer
 from deployments.ingress.responses.keeper import ResponseKeeperClient, replica_response_keeper
@@ -535,7 +540,7 @@ class Ingress(FilesRoutes, KeyRoutes):
         headers = {
             **answers.routing_headers(routed, job.priority, depth),
             **admission.headers,
-            OVERHEAD_HEADER: milliseconds(time.perf_counter() - started - routed.engine_wait_s),
+            OVERHEAD_HEADER: milliseconds(spent_in_gateway(routed.engine_wait_s, started)),
         }
         if stream is None or usage is None or not isinstance(first, list):  # a whole response
             if not isinstance(first, WholeAnswer):

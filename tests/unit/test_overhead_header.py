@@ -1,16 +1,26 @@
-"""`x-gateway-overhead-ms` on every answer, unless the endpoint measured it itself."""
+"""`x-gateway-overhead-ms` on every answer, unless the endpoint measured it itself; the wait for
+the request's body is not the gateway's."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
+from starlette.types import Message
 
-from deployments.ingress.overhead_header import OVERHEAD_HEADER, OverheadHeader
+from deployments.ingress.overhead_header import (
+    OVERHEAD_HEADER,
+    OverheadHeader,
+    milliseconds,
+    spent_in_gateway,
+)
 
 
 async def plain(_: Request) -> Response:
@@ -45,3 +55,64 @@ def test_an_endpoint_that_measured_it_keeps_its_own() -> None:
     with client() as http:
         answer = http.get("/measured")
     assert answer.headers.get_list(OVERHEAD_HEADER) == ["1.5"]
+
+
+class SteppedClock:
+    """Time moves only where a test says: the client's upload, the gateway's work, the engine."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def answer_to_a_slow_upload(endpoint_sets_it: bool) -> dict[bytes, bytes]:
+    """A POST whose body takes 5 s to arrive in two parts (a slow client; in Serve's default
+    mode, the calls back to the proxy for it), 3 ms of the gateway's own work and, where the
+    endpoint sets the header, 2 s of an engine's."""
+    clock = SteppedClock()
+
+    async def endpoint(request: Request) -> Response:
+        await request.body()
+        clock.now += 0.001
+        if not endpoint_sets_it:
+            clock.now += 0.002
+            return JSONResponse({})
+        clock.now += 2.0  # the engine's answer
+        clock.now += 0.002
+        spent = spent_in_gateway(engine_wait_s=2.0, started=0.0)  # as the chat endpoint does
+        return JSONResponse({}, headers={OVERHEAD_HEADER: milliseconds(spent)})
+
+    app = OverheadHeader(Starlette(routes=[Route("/", endpoint, methods=["POST"])]), clock=clock)
+    chunks = [b'{"model":', b' "m"}']
+
+    async def receive() -> Message:
+        clock.now += 2.5
+        body = chunks.pop(0)
+        return {"type": "http.request", "body": body, "more_body": bool(chunks)}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 200
+    return dict(sent[0]["headers"])
+
+
+@pytest.mark.parametrize("endpoint_sets_it", [False, True])
+def test_the_wait_for_the_body_is_not_counted(endpoint_sets_it: bool) -> None:
+    headers = answer_to_a_slow_upload(endpoint_sets_it)
+    assert headers[OVERHEAD_HEADER.encode()] == b"3.0"
+
+
+def test_outside_a_request_it_counts_from_where_it_was_told() -> None:
+    """A batch line answered through a handle: no HTTP request, no middleware."""
+    started = time.perf_counter() - 1.0
+    less_the_engine = spent_in_gateway(engine_wait_s=0.5, started=started)
+    all_of_it = spent_in_gateway(engine_wait_s=0.0, started=started)
+    assert less_the_engine >= 0.5
+    assert all_of_it - less_the_engine >= 0.5
