@@ -45,12 +45,7 @@ from deployments.ingress.files_routes import FilesRoutes, files_routes
 from deployments.ingress.jobs import SESSION_HEADER, Jobs, with_session
 from deployments.ingress.key_routes import KeyRoutes, key_routes, serve_run_time_keys
 from deployments.ingress.media_fetch import ImageFetcher, Resolve, system_resolve
-from deployments.ingress.overhead_header import (
-    OVERHEAD_HEADER,
-    OverheadHeader,
-    milliseconds,
-    spent_in_gateway,
-)
+from deployments.ingress.overhead_header import OverheadHeader, engine_waited
 from deployments.ingress.responses.conversation import input_items, page, with_ids
 from deployments.ingress.responses.http import responses_answer
 from deployments.ingress.responses.keeper import ResponseKeeperClient, replica_response_keeper
@@ -531,17 +526,14 @@ class Ingress(FilesRoutes, KeyRoutes):
         if isinstance(reply, Refusal):
             raise answers.refusal_error(reply)
         routed, first = reply.routed, reply.first
+        engine_waited(routed.engine_wait_s)  # out of x-gateway-overhead-ms, set as it starts
         served.backend = routed.backend
         metrics.observe_routing(routed, depth.depth.value if depth else None)
         # Streaming answers come in batches (lists); an engine error may be the first item of one.
         leading = first[0] if isinstance(first, list) and first else first
         if isinstance(leading, EngineError):
             raise answers.engine_error(leading)
-        headers = {
-            **answers.routing_headers(routed, job.priority, depth),
-            **admission.headers,
-            OVERHEAD_HEADER: milliseconds(spent_in_gateway(routed.engine_wait_s, started)),
-        }
+        headers = {**answers.routing_headers(routed, job.priority, depth), **admission.headers}
         if stream is None or usage is None or not isinstance(first, list):  # a whole response
             if not isinstance(first, WholeAnswer):
                 raise TypeError(f"an engine answered with {type(first).__name__}, not an answer")

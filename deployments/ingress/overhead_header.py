@@ -2,14 +2,15 @@
 and not waiting for the client's body.
 
 A plain ASGI middleware (Starlette's BaseHTTPMiddleware costs a task and a queue per request)
-around the app's routing and endpoints: it adds the header when the response starts, unless the
-endpoint set it itself. The chat endpoint does, with `spent_in_gateway`, taking the engine's
-time out too (core.wire.Routed.engine_wait_s); every other answer is the gateway's own work
-from first to last.
+around the app's routing and endpoints: it adds the header when the response starts, from its own
+start, less what its `receive` waited for the body's messages and what the endpoint reported
+waiting for an engine (`engine_waited`: core.wire.Routed.engine_wait_s, to the engine's first
+item, or all of a whole answer generated as a stream). An endpoint that set the header keeps its
+own.
 
 The body's wait is the client's upload and, in Ray Serve's default mode, the replica's call back
 to Serve's proxy for the body's messages (ray.serve's ASGIReceiveProxy): neither is work of
-ours, and a minimal Serve app pays the second too (about 2.4 ms at one client on two cores:
+ours, and a minimal Serve app pays the second too (about 2 ms at one client on two cores:
 docs/benchmarks.md).
 """
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["OVERHEAD_HEADER", "OverheadHeader", "milliseconds", "spent_in_gateway"]
+__all__ = ["OVERHEAD_HEADER", "OverheadHeader", "engine_waited", "milliseconds"]
 
 OVERHEAD_HEADER = "x-gateway-overhead-ms"
 _RAW_NAME = OVERHEAD_HEADER.encode()
@@ -30,26 +31,21 @@ _RAW_NAME = OVERHEAD_HEADER.encode()
 
 @dataclass
 class _Timing:
-    clock: Callable[[], float]
     started: float
     body_wait_s: float = 0.0
-
-    def spent(self, engine_wait_s: float = 0.0) -> float:
-        return self.clock() - self.started - self.body_wait_s - engine_wait_s
+    engine_wait_s: float = 0.0
 
 
 # The request's own: set around each request, seen by its endpoint and the tasks it starts.
 _TIMING: ContextVar[_Timing | None] = ContextVar("gps_request_timing", default=None)
 
 
-def spent_in_gateway(engine_wait_s: float, started: float) -> float:
-    """Seconds the request being handled has spent in the gateway's app so far, less the
-    engine's `engine_wait_s` and its wait for its body; outside a request (a batch line, through
-    a handle), since `started`."""
+def engine_waited(seconds: float) -> None:
+    """The request being handled waited `seconds` for an engine: not the gateway's time. Outside
+    a request (a batch line, through a handle) there is no header to take it from."""
     timing = _TIMING.get()
-    if timing is None:
-        return time.perf_counter() - started - engine_wait_s
-    return timing.spent(engine_wait_s)
+    if timing is not None:
+        timing.engine_wait_s += seconds
 
 
 def milliseconds(seconds: float) -> str:
@@ -66,7 +62,7 @@ class OverheadHeader:
             await self._app(scope, receive, send)
             return
         clock = self._clock
-        timing = _Timing(clock, clock())
+        timing = _Timing(clock())
 
         async def timed_receive() -> Message:
             asked = clock()
@@ -80,8 +76,9 @@ class OverheadHeader:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
                 if not any(name.lower() == _RAW_NAME for name, _ in headers):
-                    spent = milliseconds(timing.spent()).encode()
-                    message = {**message, "headers": [*headers, (_RAW_NAME, spent)]}
+                    spent = clock() - timing.started - timing.body_wait_s - timing.engine_wait_s
+                    spent_ms = milliseconds(spent).encode()
+                    message = {**message, "headers": [*headers, (_RAW_NAME, spent_ms)]}
             await send(message)
 
         token = _TIMING.set(timing)
