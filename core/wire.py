@@ -59,8 +59,8 @@ class Routed:
     system_compressed: bool
     output_clamped: bool
     failovers: int = 0  # links of the chain that failed before this one served
-    # Seconds the serving link's engine took to its first item (a whole answer: all of it);
-    # the rest of the time to the response is the gateway's own (x-gateway-overhead-ms).
+    # Seconds the serving link's engine took to its first item (a whole answer: all of it):
+    # out of x-gateway-overhead-ms, as is the wait for the request's body.
     engine_wait_s: float = 0.0
     # Times a higher class paused the answer: known here for a whole answer only (a stream's
     # say it in its comments, as it happens).

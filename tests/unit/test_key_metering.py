@@ -230,31 +230,49 @@ async def _many(ingress: Ingress, key: str, count: int) -> list[Any]:
     return [await call(ingress, key) for _ in range(count)]
 
 
-def test_the_engines_wait_is_not_counted_as_the_gateways_overhead(ingress: Ingress) -> None:
-    """The header is the middleware's (tests/unit/test_overhead_header.py); the chat endpoint
-    tells it the engine's wait: 4 ms by the router's fake (serve_handle), of 10 ms in all."""
+CHAT: dict[str, Any] = {"model": "orchestrator", "messages": [{"role": "user", "content": "hi"}]}
+OVERHEAD_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", CHAT),
+    "chat-stream": ("/v1/chat/completions", {**CHAT, "stream": True}),
+    "messages": ("/v1/messages", {**CHAT, "max_tokens": 16}),
+    "messages-stream": ("/v1/messages", {**CHAT, "max_tokens": 16, "stream": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERHEAD_CASES))
+def test_the_engines_wait_is_not_counted_as_the_gateways_overhead(
+    ingress: Ingress, case: str
+) -> None:
+    """The header is the middleware's (tests/unit/test_overhead_header.py); the endpoint tells
+    it the engine's wait, in a task of its own for Anthropic's: 4 ms by the router's fake
+    (serve_handle), of 10 ms in all."""
+    path, body = OVERHEAD_CASES[case]
+    endpoint_of = {"/v1/chat/completions": ingress.chat, "/v1/messages": ingress.messages}
     now = [100.0]
 
     async def endpoint(_: Request) -> Response:
         now[0] += 0.010
-        answer = await ingress.chat(request("free-key"))
+        answer = await endpoint_of[path](keyed_request("free-key", "POST", path, body))
         assert isinstance(answer, Response)
         return answer
 
     app = OverheadHeader(
-        Starlette(routes=[Route("/v1/chat/completions", endpoint, methods=["POST"])]),
-        clock=lambda: now[0],
+        Starlette(routes=[Route(path, endpoint, methods=["POST"])]), clock=lambda: now[0]
     )
     sent: list[Message] = []
+    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
 
     async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # a stream's listener: the client never leaves
+        raise AssertionError("unreachable")
 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
-    run(app({**scope, "query_string": b""}, receive, send))
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
+    run(app(scope, receive, send))
     assert sent[0]["status"] == 200
     assert dict(sent[0]["headers"])[OVERHEAD_HEADER.encode()] == b"6.0"
 
