@@ -105,7 +105,7 @@ def test_neither_the_body_nor_the_engine_is_counted(waits_for_an_engine: bool) -
     assert headers[OVERHEAD_HEADER.encode()] == b"3.0"
 
 
-def test_an_engine_wait_outside_a_request_is_no_requests() -> None:
+def test_an_engine_wait_reported_outside_a_request_reaches_no_request() -> None:
     """A batch line answered through a handle: no HTTP request, nothing to take it from."""
     engine_waited(10.0)
     headers = answer_to_a_slow_upload(waits_for_an_engine=False)
