@@ -29,7 +29,8 @@ from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.keys.metering import FLUSH_S, SPARE_TTL_S, key_limits
 from policy.key_limits import Settlement
 from tests.fakes import serve_handle
-from tests.fakes.http_request import keyed_request
+from tests.fakes.clock import FakeClock
+from tests.fakes.http_request import keyed_request, sent_for
 
 TESTS = Path(__file__).parents[1]
 PROMPT, COMPLETION = serve_handle.PROMPT, serve_handle.COMPLETION
@@ -248,19 +249,16 @@ def test_the_engines_wait_is_not_counted_as_the_gateways_overhead(
     (serve_handle), of 10 ms in all."""
     path, body = OVERHEAD_CASES[case]
     endpoint_of = {"/v1/chat/completions": ingress.chat, "/v1/messages": ingress.messages}
-    now = [100.0]
+    clock = FakeClock()
 
     async def endpoint(_: Request) -> Response:
-        now[0] += 0.010
+        clock.now += 0.010
         answer = await endpoint_of[path](keyed_request("free-key", "POST", path, body))
         assert isinstance(answer, Response)
         return answer
 
-    app = OverheadHeader(
-        Starlette(routes=[Route(path, endpoint, methods=["POST"])]), clock=lambda: now[0]
-    )
-    sent: list[Message] = []
-    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
+    app = OverheadHeader(Starlette(routes=[Route(path, endpoint, methods=["POST"])]), clock=clock)
+    bodies: list[Message] = [{"type": "http.request", "body": b"", "more_body": False}]
 
     async def receive() -> Message:
         if bodies:
@@ -268,11 +266,7 @@ def test_the_engines_wait_is_not_counted_as_the_gateways_overhead(
         await asyncio.Event().wait()  # a stream's listener: the client never leaves
         raise AssertionError("unreachable")
 
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
-    run(app(scope, receive, send))
+    sent = sent_for(app, path, receive)
     assert sent[0]["status"] == 200
     assert dict(sent[0]["headers"])[OVERHEAD_HEADER.encode()] == b"6.0"
 

@@ -3,7 +3,6 @@ the request's body is not the gateway's."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,6 +18,8 @@ from deployments.ingress.overhead_header import (
     OverheadHeader,
     engine_waited,
 )
+from tests.fakes.clock import FakeClock
+from tests.fakes.http_request import sent_for
 
 
 async def plain(_: Request) -> Response:
@@ -55,21 +56,11 @@ def test_an_endpoint_that_measured_it_keeps_its_own() -> None:
     assert answer.headers.get_list(OVERHEAD_HEADER) == ["1.5"]
 
 
-class SteppedClock:
-    """Time moves only where a test says: the client's upload, the gateway's work, the engine."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def answer_to_a_slow_upload(waits_for_an_engine: bool) -> dict[bytes, bytes]:
     """A POST whose body takes 5 s to arrive in two parts (a slow client; in Serve's default
     mode, the calls back to the proxy for it), 3 ms of the gateway's own work and, where the
     endpoint says so as the chat endpoint does, 2 s of an engine's."""
-    clock = SteppedClock()
+    clock = FakeClock()
 
     async def endpoint(request: Request) -> Response:
         await request.body()
@@ -88,13 +79,7 @@ def answer_to_a_slow_upload(waits_for_an_engine: bool) -> dict[bytes, bytes]:
         body = chunks.pop(0)
         return {"type": "http.request", "body": body, "more_body": bool(chunks)}
 
-    sent: list[Message] = []
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
-    asyncio.run(app(scope, receive, send))
+    sent = sent_for(app, "/", receive)
     assert sent[0]["status"] == 200
     return dict(sent[0]["headers"])
 
