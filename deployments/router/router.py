@@ -9,6 +9,7 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle
@@ -29,7 +30,7 @@ from deployments.router.report import status_report, with_pools
 from deployments.router.request_path.faults import stream_error_event
 from deployments.router.request_path.flow import Flow
 from deployments.router.request_path.link import RouterSettings, build_links
-from deployments.router.request_path.whole_by_stream import whole_through_stream
+from deployments.router.request_path.whole_by_stream import AskAgain, whole_through_stream
 from policy.breaker import BreakerState
 from policy.context.counters import counters_for
 from policy.preemption import may_be_paused, rules_of
@@ -93,13 +94,18 @@ class Router:
         pause is generated as a stream, to go on where it stopped (whole_by_stream.py); if its
         backend fails in its middle where it cannot go on, it is asked for again whole."""
         rules = rules_of(self._config.router.preempt)
+        earlier_s = 0.0  # the engines' time on a streamed try that could not go on
         if rules and may_be_paused(job.priority, rules) and streams_as_whole(job.request):
-            whole = await whole_through_stream(self._replies, job)
-            if whole is not None:
+            whole = await whole_through_stream(self._replies, job, self._ports.clock.monotonic)
+            if not isinstance(whole, AskAgain):
                 return whole
+            earlier_s = whole.engine_wait_s
         async with contextlib.aclosing(self.chat(job)) as items:
             reply = await anext(items)
         assert isinstance(reply, Opening | Refusal)
+        if isinstance(reply, Opening) and earlier_s:
+            waited = reply.routed.engine_wait_s + earlier_s
+            reply = Opening(replace(reply.routed, engine_wait_s=waited), reply.first)
         return reply
 
     async def count_tokens(

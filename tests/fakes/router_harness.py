@@ -45,6 +45,9 @@ class FakeStream:
 
     async def __anext__(self) -> Any:
         await asyncio.sleep(self._owner.step_s)
+        clock = self._owner.clock
+        if clock is not None and self._given == 0:  # its first item's wait, on the router's clock
+            clock.now += self._owner.first_item_s
         while self._held():  # noqa: ASYNC110 - the fakes' state, no event to wait on
             await asyncio.sleep(0.001)
         if self.cancelled or not self._items:
@@ -112,6 +115,9 @@ class FakeBackend:
         # Tokens an image adds, by (width, height); None: the backend cannot say.
         self.image_costs: Callable[[tuple[int, int]], int] | None = None
         self.image_asks: list[list[tuple[int, int]]] = []
+        # Each stream's first item (or its fault) takes this long on `clock`, the router's.
+        self.clock: FakeClock | None = None
+        self.first_item_s = 0.0
 
     stream_type: type[FakeStream] = FakeStream
 

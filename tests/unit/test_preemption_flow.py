@@ -16,6 +16,7 @@ from core.wire import ChatJob, Opening, Refusal, Routed
 from deployments.router.request_path.faults import stream_error_event
 from deployments.router.request_path.whole_by_stream import whole_through_stream
 from policy.slot_leases import SlotLedger
+from tests.fakes.clock import FakeClock
 from tests.fakes.router_harness import (
     FakeBackend,
     chunks_of,
@@ -245,6 +246,26 @@ def test_a_whole_answer_that_cannot_go_on_is_asked_for_again_whole() -> None:
     assert not coding.requests[-1].stream
 
 
+def test_a_whole_answer_asked_for_again_counts_both_tries_as_the_engines_wait() -> None:
+    """The streamed try's time (to its first item, then to where it broke) was the engine's, as
+    is the whole try's: none of it is x-gateway-overhead-ms."""
+    clock = FakeClock()
+    coding = FakeBackend(script)
+    coding.behaviour = lambda call: (
+        THOUGHT_THEN_BROKEN if coding.requests[-1].stream else [sample_whole()]
+    )
+    coding.clock, coding.first_item_s = clock, 1.5
+    router = make_router(
+        make_config(router=PREEMPT), {"coding@local": coding, "orchestrator@local": coding},
+        clock=clock,
+    )  # fmt: skip
+    reply = asyncio.run(router.chat_once(whole(job(priority=PriorityClass.BACKGROUND))))
+    assert isinstance(reply, Opening)
+    assert body_of(reply.first)["id"] == "whole"
+    assert coding.calls == 2
+    assert reply.routed.engine_wait_s == 3.0
+
+
 def test_a_refusal_after_a_whole_answer_began_is_the_answer() -> None:
     """Its paused wait shed (or no link left): the refusal (429 or 503, with its Retry-After),
     as it would be before the answer began, not an error made of the half it had."""
@@ -256,9 +277,8 @@ def test_a_refusal_after_a_whole_answer_began_is_the_answer() -> None:
         yield [sse("bg", {"content": " t0"})]
         yield shed
 
-    reply = asyncio.run(
-        whole_through_stream(replies, whole(job(priority=PriorityClass.BACKGROUND)))
-    )
+    background = whole(job(priority=PriorityClass.BACKGROUND))
+    reply = asyncio.run(whole_through_stream(replies, background, FakeClock()))
     assert reply is shed
 
 

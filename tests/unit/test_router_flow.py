@@ -98,6 +98,19 @@ def test_client_errors_pass_through_and_never_trip_the_breaker() -> None:
     assert coding.calls == 5
 
 
+def test_the_engines_wait_counts_every_link_tried_the_failed_ones_too() -> None:
+    """x-gateway-overhead-ms leaves out what the engines took: a link that failed after 3 s
+    (its timeout, a dead replica's error) took them from the engine, not from the gateway."""
+    clock = FakeClock()
+    coding, orchestrator = FakeBackend(dead), FakeBackend(ok)
+    for backend, wait_s in ((coding, 3.0), (orchestrator, 2.0)):
+        backend.clock, backend.first_item_s = clock, wait_s
+    router = make_router(make_config(), two(coding, orchestrator), clock=clock)
+    routed = asyncio.run(collect(router, job()))[0]
+    assert (routed.backend, routed.failovers) == ("orchestrator@local", 1)
+    assert routed.engine_wait_s == 5.0
+
+
 def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() -> None:
     coding = FakeBackend(
         lambda _: [

@@ -36,7 +36,7 @@ from deployments.router.request_path.faults import (
 )
 from deployments.router.request_path.image_costs import ImageCosts
 from deployments.router.request_path.link import Link
-from deployments.router.request_path.serving import AnyFit, Seat, Serving
+from deployments.router.request_path.serving import AnyFit, EngineWait, Seat, Serving
 from policy.context.continuation_fit import fit_continuation
 from policy.context.embed_fit import EmbedFit, fit_inputs
 from policy.context.fit import ContextOverflow, Fit, fit_messages, pass_through
@@ -84,7 +84,7 @@ class Flow:
         self._placement = placement
         self._counters = counters
         self._clock = clock
-        self._serving = Serving(config.router)
+        self._serving = Serving(config.router, clock.monotonic)
         # Fitting a long conversation tokenizes for up to half a second: one worker thread keeps
         # that off the event loop that relays every stream (and fits one at a time, in order).
         self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
@@ -94,7 +94,7 @@ class Flow:
         """A reload's config for jobs from now on (a job under way keeps its chain)."""
         self._config = config
         self._models = _model_names(config)
-        self._serving = Serving(config.router)
+        self._serving = Serving(config.router, self._clock.monotonic)
         self._image_costs.forget()
 
     async def walk(self, job: ChatJob) -> AsyncGenerator[Any, None]:
@@ -107,6 +107,7 @@ class Flow:
         continuing: Continuing | None = None  # an answer a link began, failed or paused
         refused: dict[str, Refusal] = {}  # links that passed the job on, and why
         passed: set[str] = set()  # links asleep this job went past (counted once each)
+        waited = EngineWait()  # for first items, over the links tried: not the gateway's time
         while True:
             name = self._choose(chain, tried, passed)
             if name is None:
@@ -131,7 +132,7 @@ class Flow:
                 fit, seat = admitted
                 try:
                     async for item in self._serving.serve_on(
-                        link, job, fit, seat, len(tried), continuing
+                        link, job, fit, seat, len(tried), continuing, waited
                     ):
                         yield item
                     return

@@ -19,6 +19,7 @@ from typing import Any
 from ray.serve.exceptions import RequestCancelledError
 
 from core.answers import EngineError
+from core.clock import Now
 from core.config import RouterConfig
 from core.requests import CompletionRequest, EmbeddingRequest, PromptCount, Request
 from core.types import PriorityClass
@@ -68,6 +69,14 @@ class Seat:
 
 
 @dataclass
+class EngineWait:
+    """What a job's attempts waited for their engines' first items, a failed attempt's (its
+    timeout, a dead replica's error) included: the gateway's overhead leaves it all out."""
+
+    seconds: float = 0.0
+
+
+@dataclass
 class Attempt:
     """One job on one link as it goes (`continuing`: this link goes on with an answer another
     began, so its chunks are rewritten to that answer's)."""
@@ -85,7 +94,7 @@ class Attempt:
     rewriter: Rewriter | None = field(init=False)
     verdict: bool | None = None  # True: served; False: a backend fault; None: no verdict
     stream: ChatStream | None = None  # cancelled when the attempt ends, however it ends
-    engine_wait_s: float = 0.0  # to the engine's first item
+    waited: EngineWait = field(default_factory=EngineWait)  # the job's, this attempt's added
 
     def __post_init__(self) -> None:
         continuing = self.continuing
@@ -127,8 +136,9 @@ END = Step([], ended=True)
 
 
 class Serving:
-    def __init__(self, settings: RouterConfig) -> None:
+    def __init__(self, settings: RouterConfig, now: Now) -> None:
         self._settings = settings
+        self._now = now
 
     async def serve_on(
         self,
@@ -138,14 +148,17 @@ class Serving:
         seat: Seat,
         failovers: int,
         continuing: Continuing | None,
+        waited: EngineWait,
     ) -> AsyncGenerator[Any, None]:
         """Run the job on `link`, whose slot (`seat`) it holds; raise BackendFault before any
         output, MidStreamFault when a stream fails after it, Paused when a higher class's
-        arrival paused it."""
+        arrival paused it. The wait for the engine's first item is added to `waited`, the
+        job's over its attempts."""
         await _ready_to_send(link, seat)
         request = job.request
         streaming = not isinstance(request, EmbeddingRequest) and bool(request.stream)
         attempt = Attempt(link, fit, streaming, continuing, seat, job.priority, time.monotonic())
+        attempt.waited = waited
         attempt.pausable = streaming and continuable(job.request)
         _enter(link, attempt)
         try:
@@ -191,11 +204,13 @@ class Serving:
         try:
             send = _method(link, request)
             stream = attempt.stream = send(request)
-            asked = time.perf_counter()
-            first = await _unless_gone(
-                link, from_backend(anext(stream)), self._settings.first_token_timeout_s
-            )
-            attempt.engine_wait_s = time.perf_counter() - asked
+            asked = self._now()
+            try:
+                first = await _unless_gone(
+                    link, from_backend(anext(stream)), self._settings.first_token_timeout_s
+                )
+            finally:  # a wait that ended in a fault was the engine's too
+                attempt.waited.seconds += self._now() - asked
         except StopAsyncIteration:
             attempt.verdict = False
             raise BackendFault("the response was empty") from None
@@ -354,7 +369,7 @@ def _opening(attempt: Attempt, first: Any, failovers: int) -> list[Any]:
     error = engine_error(first)
     opening: list[Any] = []
     if continuing is None:
-        opening.append(_routed(link, fit, failovers, attempt.engine_wait_s))
+        opening.append(_routed(link, fit, failovers, attempt.waited.seconds))
     elif error is not None:
         # A link that will not continue the answer (its window, its template) has done
         # nothing wrong and the client already has half an answer: try the next.

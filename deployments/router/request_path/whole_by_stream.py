@@ -5,18 +5,19 @@ the lines it gets (a pause's, a resume's and a move's comments among them) are p
 the `chat.completion` the client asked for, with the first part's id, the usage of all of it, and
 the link it ended on. A refusal after the answer began (its paused wait shed, or no link left) is
 the answer, as it would be before one began; an answer whose backend failed where it could not go
-on is asked for again from the start, as one engine call (`None` here: the caller does that).
+on is asked for again from the start, as one engine call (`AskAgain` here: the caller does
+that, the engines' time so far carried over to the new answer's).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from core.answers import EngineError, WholeAnswer
+from core.clock import Now
 from core.requests import ChatRequest
 from core.wire import ChatJob, Opening, Refusal, Reply
 from deployments.router.request_path.faults import engine_error
@@ -26,22 +27,30 @@ from policy.whole_answer import whole_answer
 Replies = Callable[[ChatJob], AsyncGenerator[Any, None]]
 
 
+@dataclass(frozen=True)
+class AskAgain:
+    """The answer failed in its middle where it could not go on: ask for it again whole. What
+    the engines took of it so far is theirs, not the gateway's (x-gateway-overhead-ms)."""
+
+    engine_wait_s: float
+
+
 def as_stream(job: ChatJob) -> ChatJob:
     """The job (a chat) asking for a stream with its usage at the end."""
     assert isinstance(job.request, ChatRequest)  # only chats are answered this way
     return replace(job, request=job.request.changed(stream=True).with_usage())
 
 
-async def whole_through_stream(replies: Replies, job: ChatJob) -> Reply | None:
+async def whole_through_stream(replies: Replies, job: ChatJob, now: Now) -> Reply | AskAgain:
     """The answer to `job` generated as a stream and handed back whole (a refusal, or an
-    engine's error, as it came); None where it failed in its middle and could not go on."""
+    engine's error, as it came); AskAgain where it failed in its middle and could not go on."""
     lines: list[str] = []
     async with contextlib.aclosing(replies(as_stream(job))) as items:
         reply: Reply = await anext(items)
         if isinstance(reply, Refusal) or engine_error(reply.first) is not None:
             return reply
         item: Any = reply.first
-        first_at = time.perf_counter()
+        first_at = now()
         while item is not None:
             if isinstance(item, Refusal):  # its paused wait shed, or no link left to go on
                 return item
@@ -53,10 +62,10 @@ async def whole_through_stream(replies: Replies, job: ChatJob) -> Reply | None:
             item = await anext(items, None)
     # The rest of the stream (and a pause's wait) was the engine's time, not the gateway's:
     # the overhead the ingress reports leaves it out, as it does a whole answer's wait.
-    waited = reply.routed.engine_wait_s + time.perf_counter() - first_at
+    waited = reply.routed.engine_wait_s + now() - first_at
     whole = whole_answer(lines, reply.routed.prompt_tokens, job.model)
     if whole.body is None:
-        return None
+        return AskAgain(waited)
     routed = replace(
         reply.routed,
         backend=whole.served_by or reply.routed.backend,
