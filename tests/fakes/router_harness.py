@@ -100,6 +100,7 @@ class FakeBackend:
         self.kv_calls = 0
         self.kv_hangs = False  # an engine too busy to answer: its reading waits out the timeout
         self.healthy = True
+        self.probe_hangs = False  # a replica too stuck to answer: its probe waits out the timeout
         self.deployment: DeploymentKey = (APP, "unnamed")
         self.calls = 0
         self.probes = 0
@@ -141,6 +142,8 @@ class FakeBackend:
 
     async def check_health(self) -> None:
         self.probes += 1
+        if self.probe_hangs:
+            await asyncio.Event().wait()
         if not self.healthy:
             raise RuntimeError("unhealthy")
 

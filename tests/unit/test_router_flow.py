@@ -23,6 +23,7 @@ from core.requests import ChatRequest, CompletionRequest, EmbeddingRequest
 from core.types import PriorityClass, Role
 from core.wire import ChatJob, Opening, PlacementView, Refusal, Routed
 from deployments.router.adapters.in_process import InProcessRouter
+from deployments.router.loops import watch
 from deployments.router.request_path.image_costs import ASK_AGAIN_AFTER_S
 from deployments.router.router import Router
 from policy.context.images import IMAGE_MARKER
@@ -709,6 +710,50 @@ def test_a_backend_without_a_running_replica_takes_no_work_until_a_probe_passes(
 
     assert asyncio.run(scenario()) == ["orchestrator@local", "coding@local"]
     assert coding.probes == 1
+
+
+def test_a_probe_that_hangs_holds_up_no_other_links_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica too stuck to answer its probe waits out the probe's timeout; meanwhile the
+    health loop's next rounds check the other links: another's death is seen at once."""
+    monkeypatch.setattr(watch, "HEALTH_PROBE_TIMEOUT_S", 3600.0)  # longer than the test
+    coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
+    deployments = FakeDeployments()
+    clock = FakeClock(advance=True)
+    router = make_router(
+        make_config(), two(coding, orchestrator), watch=True, deployments=deployments, clock=clock
+    )
+    deployments.set(coding, running=0)
+
+    async def breaker(name: str) -> str:
+        state: str = (await router.status())["backends"][name]["breaker"]
+        return state
+
+    async def scenario() -> None:
+        rounds = asyncio.Event()
+
+        async def next_round() -> None:  # every loop's sleep waits for the test's word
+            await rounds.wait()
+
+        clock.on_tick.append(next_round)
+        async with asyncio.timeout(30):
+            # The loops' first round (noqa: the fakes' state, no event to wait on).
+            while await breaker("coding@local") != "open":  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            deployments.set(coding, running=1)  # back, but stuck: it needs a probe
+            coding.probe_hangs = True
+            while not coding.probes:
+                rounds.set()
+                rounds.clear()
+                await asyncio.sleep(0.01)
+            deployments.set(orchestrator, running=0)
+            while await breaker("orchestrator@local") != "open":
+                rounds.set()
+                rounds.clear()
+                await asyncio.sleep(0.01)
+        assert coding.probes == 1  # still waiting for its one probe
+        assert await breaker("coding@local") != "closed"  # not back before a probe passed
+
+    asyncio.run(scenario())
 
 
 def test_a_backend_whose_handle_holds_no_replica_is_passed_over_at_once() -> None:

@@ -46,13 +46,21 @@ class Watch:
         self._settings = settings
 
     async def health_loop(self) -> None:
-        while True:
-            try:
-                await self.check_health_once()
-            except Exception:  # the loop must outlive any one failed check
-                metrics.LOOP_ERRORS.labels("health").inc()
-                logger.exception("router health check failed")
-            await self._clock.sleep(self._health_interval_s())
+        """Every interval, Serve's status read and each link checked on its own: a probe that
+        waits out its timeout (a replica too stuck to answer) holds up no other link's check,
+        and its link is checked again once it has ended."""
+        checking: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                try:
+                    await self._start_checks(checking)
+                except Exception:  # the loop must outlive any one failed check
+                    metrics.LOOP_ERRORS.labels("health").inc()
+                    logger.exception("router health check failed")
+                await self._clock.sleep(self._health_interval_s())
+        finally:
+            for task in checking.values():
+                task.cancel()
 
     def _health_interval_s(self) -> float:
         troubled = any(link.status().troubled for link in self._links.values())
@@ -60,14 +68,25 @@ class Watch:
         return settings.health_interval_s if troubled else settings.health_idle_interval_s
 
     async def check_health_once(self) -> None:
-        """Mark links without a running replica; probe troubled ones and close them if healthy."""
+        """Mark links without a running replica; probe troubled ones and close them if healthy
+        (one round, each link's check awaited)."""
+        checking: dict[str, asyncio.Task[None]] = {}
+        await self._start_checks(checking)
+        await asyncio.gather(*checking.values())
+
+    async def _start_checks(self, checking: dict[str, asyncio.Task[None]]) -> None:
+        """A check of each link whose last one (in `checking`) has ended, against Serve's
+        status read now."""
         deployments = await self._deployments.read()
-        await asyncio.gather(
-            *(
-                self._check_link(link, deployments.get(link.backend.deployment))
-                for link in self._links.values()
-            )
-        )
+        for name, link in list(self._links.items()):
+            task = checking.get(name)
+            if task is not None and not task.done():
+                continue  # still waiting for its probe
+            facts = deployments.get(link.backend.deployment)
+            checking[name] = asyncio.create_task(self._check_link(link, facts))
+            checking[name].add_done_callback(functools.partial(_count_failed, "health", name))
+        for name in checking.keys() - self._links.keys():  # a reload removed it
+            checking.pop(name).cancel()
 
     async def _check_link(self, link: Link, facts: DeploymentFacts | None) -> None:
         link.scaled(facts.running_replicas if facts else 0)
