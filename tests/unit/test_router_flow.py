@@ -756,6 +756,26 @@ def test_a_probe_that_hangs_holds_up_no_other_links_check(monkeypatch: pytest.Mo
     asyncio.run(scenario())
 
 
+def test_a_round_that_finds_a_backend_without_a_replica_reads_again_soon() -> None:
+    """Trouble found in a round: the next comes after `health_interval_s`, not the idle one."""
+    coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
+    deployments = FakeDeployments()
+    clock = FakeClock()  # each loop runs one round, then sleeps for good
+    config = make_config(router={"health_interval_s": 7.0, "health_idle_interval_s": 70.0})
+    router = make_router(
+        config, two(coding, orchestrator), watch=True, deployments=deployments, clock=clock
+    )
+    deployments.set(coding, running=0)
+
+    async def scenario() -> None:
+        await served_by(router)  # starts the loops
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert 7.0 in clock.sleeps
+    assert 70.0 not in clock.sleeps
+
+
 def test_a_backend_whose_handle_holds_no_replica_is_passed_over_at_once() -> None:
     """Serve's handle says the only replica is gone (its replacement loading) before any health
     check ran and before any request failed: no job is sent there to wait for it."""

@@ -54,6 +54,9 @@ class Watch:
             while True:
                 try:
                     await self._start_checks(checking)
+                    # Each check's first step, up to its probe: a link found without a replica
+                    # is troubled before the interval is chosen by it.
+                    await asyncio.sleep(0)
                 except Exception:  # the loop must outlive any one failed check
                     metrics.LOOP_ERRORS.labels("health").inc()
                     logger.exception("router health check failed")
