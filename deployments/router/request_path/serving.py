@@ -157,8 +157,9 @@ class Serving:
         await _ready_to_send(link, seat)
         request = job.request
         streaming = not isinstance(request, EmbeddingRequest) and bool(request.stream)
-        attempt = Attempt(link, fit, streaming, continuing, seat, job.priority, time.monotonic())
-        attempt.waited = waited
+        attempt = Attempt(
+            link, fit, streaming, continuing, seat, job.priority, time.monotonic(), waited=waited
+        )
         attempt.pausable = streaming and continuable(job.request)
         _enter(link, attempt)
         try:
