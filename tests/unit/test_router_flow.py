@@ -718,9 +718,10 @@ def test_a_probe_that_hangs_holds_up_no_other_links_check(monkeypatch: pytest.Mo
     monkeypatch.setattr(watch, "HEALTH_PROBE_TIMEOUT_S", 3600.0)  # longer than the test
     coding, orchestrator = FakeBackend(ok), FakeBackend(ok)
     deployments = FakeDeployments()
-    clock = FakeClock(advance=True)
+    clock = FakeClock(advance=True)  # each loop's sleep moves it: no breaker half-opens meanwhile
+    config = make_config(router={"breaker_cooldown_s": 1e9})
     router = make_router(
-        make_config(), two(coding, orchestrator), watch=True, deployments=deployments, clock=clock
+        config, two(coding, orchestrator), watch=True, deployments=deployments, clock=clock
     )
     deployments.set(coding, running=0)
 
@@ -751,7 +752,7 @@ def test_a_probe_that_hangs_holds_up_no_other_links_check(monkeypatch: pytest.Mo
                 rounds.clear()
                 await asyncio.sleep(0.01)
         assert coding.probes == 1  # still waiting for its one probe
-        assert await breaker("coding@local") != "closed"  # not back before a probe passed
+        assert await breaker("coding@local") == "open"  # not back before a probe passed
 
     asyncio.run(scenario())
 
