@@ -59,8 +59,8 @@ class Routed:
     system_compressed: bool
     output_clamped: bool
     failovers: int = 0  # links of the chain that failed before this one served
-    # Seconds the serving link's engine took to its first item (a whole answer: all of it):
-    # out of x-gateway-overhead-ms, as is the wait for the request's body.
+    # Seconds the engines took to their first items, every link tried (a failed one's too; a
+    # whole answer: all of it): out of x-gateway-overhead-ms, as is the wait for the body.
     engine_wait_s: float = 0.0
     # Times a higher class paused the answer: known here for a whole answer only (a stream's
     # say it in its comments, as it happens).
@@ -81,6 +81,8 @@ class Refusal:
     code: str
     message: str
     retry_after_s: int | None = None
+    # Seconds links that failed before it took from their engines: out of the gateway's overhead.
+    engine_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -524,6 +524,7 @@ class Ingress(FilesRoutes, KeyRoutes):
             stream = None
             reply = await self._router.chat_once.remote(job)
         if isinstance(reply, Refusal):
+            engine_waited(reply.engine_wait_s)  # links that failed before it: not the gateway's
             raise answers.refusal_error(reply)
         routed, first = reply.routed, reply.first
         engine_waited(routed.engine_wait_s)  # out of x-gateway-overhead-ms, set as it starts

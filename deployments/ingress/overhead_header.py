@@ -4,9 +4,9 @@ and not waiting for the client's body.
 A plain ASGI middleware (Starlette's BaseHTTPMiddleware costs a task and a queue per request)
 around the app's routing and endpoints: it adds the header when the response starts, from its own
 start, less what its `receive` waited for the body's messages and what the endpoint reported
-waiting for an engine (`engine_waited`: core.wire.Routed.engine_wait_s, to the engine's first
-item, or all of a whole answer generated as a stream). An endpoint that set the header keeps its
-own.
+waiting for engines (`engine_waited`: core.wire.Routed.engine_wait_s or Refusal.engine_wait_s,
+to the first item of every link tried, a failed one's too, or all of a whole answer generated as
+a stream). An endpoint that set the header keeps its own.
 
 The body's wait is the client's upload and, in Ray Serve's default mode, the replica's call back
 to Serve's proxy for the body's messages (ray.serve's ASGIReceiveProxy): neither is work of

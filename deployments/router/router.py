@@ -103,10 +103,12 @@ class Router:
         async with contextlib.aclosing(self.chat(job)) as items:
             reply = await anext(items)
         assert isinstance(reply, Opening | Refusal)
-        if isinstance(reply, Opening) and earlier_s:
-            waited = reply.routed.engine_wait_s + earlier_s
-            reply = Opening(replace(reply.routed, engine_wait_s=waited), reply.first)
-        return reply
+        if not earlier_s:
+            return reply
+        if isinstance(reply, Refusal):
+            return replace(reply, engine_wait_s=reply.engine_wait_s + earlier_s)
+        waited = reply.routed.engine_wait_s + earlier_s
+        return Opening(replace(reply.routed, engine_wait_s=waited), reply.first)
 
     async def count_tokens(
         self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]

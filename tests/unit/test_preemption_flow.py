@@ -268,18 +268,21 @@ def test_a_whole_answer_asked_for_again_counts_both_tries_as_the_engines_wait() 
 
 def test_a_refusal_after_a_whole_answer_began_is_the_answer() -> None:
     """Its paused wait shed (or no link left): the refusal (429 or 503, with its Retry-After),
-    as it would be before the answer began, not an error made of the half it had."""
-    routed = Routed("coding@local", 8, 9, False, 0, False, False)
+    as it would be before the answer began, not an error made of the half it had. The engine's
+    time until then (1 s to its first item, 2 s more) is not the gateway's overhead."""
+    routed = Routed("coding@local", 8, 9, False, 0, False, False, engine_wait_s=1.0)
     shed = Refusal(429, "rate_limit_exceeded", "queue full", retry_after_s=2)
+    clock = FakeClock()
 
     async def replies(_: ChatJob) -> AsyncGenerator[Any, None]:
         yield Opening(routed, [sse("bg", {"role": "assistant", "content": ""})])
+        clock.now += 2.0
         yield [sse("bg", {"content": " t0"})]
         yield shed
 
     background = whole(job(priority=PriorityClass.BACKGROUND))
-    reply = asyncio.run(whole_through_stream(replies, background, FakeClock()))
-    assert reply is shed
+    reply = asyncio.run(whole_through_stream(replies, background, clock))
+    assert reply == replace(shed, engine_wait_s=3.0)
 
 
 def test_a_reload_turns_preemption_on_in_place() -> None:

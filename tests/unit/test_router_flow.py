@@ -112,6 +112,19 @@ def test_the_engines_wait_counts_every_link_tried_the_failed_ones_too() -> None:
     assert routed.engine_wait_s == 5.0
 
 
+def test_a_refusal_after_every_link_failed_carries_their_engines_wait() -> None:
+    """Two links that failed after 3 s and 2 s, then nowhere left: the 503's header leaves their
+    5 s out of the gateway's overhead too."""
+    clock = FakeClock()
+    coding, orchestrator = FakeBackend(dead), FakeBackend(dead)
+    for backend, wait_s in ((coding, 3.0), (orchestrator, 2.0)):
+        backend.clock, backend.first_item_s = clock, wait_s
+    router = make_router(make_config(), two(coding, orchestrator), clock=clock)
+    [refusal] = asyncio.run(collect(router, job()))
+    assert isinstance(refusal, Refusal)
+    assert (refusal.status, refusal.engine_wait_s) == (503, 5.0)
+
+
 def test_a_stream_whose_backend_dies_goes_on_on_the_next_link_as_one_answer() -> None:
     coding = FakeBackend(
         lambda _: [
@@ -435,10 +448,14 @@ def test_a_job_failing_over_that_the_next_link_sheds_goes_on_to_the_link_after_i
 
 def test_a_job_shed_by_every_link_after_a_failover_gets_the_429() -> None:
     busy = FakeBackend(ok, step_s=0.2)
-    router = make_router(make_config(cap=1, max_queue=1), two(FakeBackend(dead), busy))
+    clock = FakeClock()
+    coding = FakeBackend(dead)
+    coding.clock, coding.first_item_s = clock, 3.0  # failed after 3 s: the engine's, not ours
+    router = make_router(make_config(cap=1, max_queue=1), two(coding, busy), clock=clock)
     [refusal], _ = fail_over_into_a_full_orchestrator(router)
     assert isinstance(refusal, Refusal)
     assert (refusal.status, refusal.code, refusal.retry_after_s) == (429, "overloaded", 2)
+    assert refusal.engine_wait_s == 3.0
 
 
 def test_a_client_that_goes_away_frees_the_slot_and_aborts_the_engine_request() -> None:

@@ -21,6 +21,8 @@ from policy.links import Health
 
 logger = logging.getLogger("ray.serve")
 
+_Check = tuple[Link, asyncio.Task[None]]  # a link's health check under way, and its link
+
 HEALTH_PROBE_TIMEOUT_S = 5.0  # a healthy engine answers in milliseconds; a busy one well within
 # Counters are for dashboards, not decisions: a reading every few seconds is plenty.
 COUNTERS_INTERVAL_S = 5.0
@@ -49,7 +51,7 @@ class Watch:
         """Every interval, Serve's status read and each link checked on its own: a probe that
         waits out its timeout (a replica too stuck to answer) holds up no other link's check,
         and its link is checked again once it has ended."""
-        checking: dict[str, asyncio.Task[None]] = {}
+        checking: dict[str, _Check] = {}
         try:
             while True:
                 try:
@@ -60,36 +62,42 @@ class Watch:
                 except Exception:  # the loop must outlive any one failed check
                     metrics.LOOP_ERRORS.labels("health").inc()
                     logger.exception("router health check failed")
-                await self._clock.sleep(self._health_interval_s())
+                # A check still under way (a probe; a sleeping target's scaling read before it
+                # is judged) is trouble too: its link's next read comes soon.
+                waiting = any(not task.done() for _, task in checking.values())
+                await self._clock.sleep(self._health_interval_s(waiting))
         finally:
-            for task in checking.values():
+            for _, task in checking.values():
                 task.cancel()
 
-    def _health_interval_s(self) -> float:
-        troubled = any(link.status().troubled for link in self._links.values())
+    def _health_interval_s(self, checking: bool = False) -> float:
+        troubled = checking or any(link.status().troubled for link in self._links.values())
         settings = self._settings
         return settings.health_interval_s if troubled else settings.health_idle_interval_s
 
     async def check_health_once(self) -> None:
         """Mark links without a running replica; probe troubled ones and close them if healthy
         (one round, each link's check awaited)."""
-        checking: dict[str, asyncio.Task[None]] = {}
+        checking: dict[str, _Check] = {}
         await self._start_checks(checking)
-        await asyncio.gather(*checking.values())
+        await asyncio.gather(*(task for _, task in checking.values()))
 
-    async def _start_checks(self, checking: dict[str, asyncio.Task[None]]) -> None:
+    async def _start_checks(self, checking: dict[str, _Check]) -> None:
         """A check of each link whose last one (in `checking`) has ended, against Serve's
         status read now."""
         deployments = await self._deployments.read()
         for name, link in list(self._links.items()):
-            task = checking.get(name)
-            if task is not None and not task.done():
-                continue  # still waiting for its probe
+            if name in checking:
+                checked, task = checking[name]
+                if checked is link and not task.done():
+                    continue  # still waiting for its probe
+                task.cancel()  # ended, or a reload's new link of that name: its own check
             facts = deployments.get(link.backend.deployment)
-            checking[name] = asyncio.create_task(self._check_link(link, facts))
-            checking[name].add_done_callback(functools.partial(_count_failed, "health", name))
+            task = asyncio.create_task(self._check_link(link, facts))
+            task.add_done_callback(functools.partial(_count_failed, "health", name))
+            checking[name] = (link, task)
         for name in checking.keys() - self._links.keys():  # a reload removed it
-            checking.pop(name).cancel()
+            checking.pop(name)[1].cancel()
 
     async def _check_link(self, link: Link, facts: DeploymentFacts | None) -> None:
         link.scaled(facts.running_replicas if facts else 0)

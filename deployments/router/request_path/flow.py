@@ -111,7 +111,9 @@ class Flow:
         while True:
             name = self._choose(chain, tried, passed)
             if name is None:
-                yield self._nowhere(job.model, tried, refused)
+                yield replace(
+                    self._nowhere(job.model, tried, refused), engine_wait_s=waited.seconds
+                )
                 return
             link = self._links[name]
             with link.claimed():
@@ -124,7 +126,7 @@ class Flow:
                 assert admitted is not None  # _seated sets it or raises
                 if isinstance(admitted, Refusal):
                     if not _goes_on(admitted, tried, continues=continuing is not None):
-                        yield admitted
+                        yield replace(admitted, engine_wait_s=waited.seconds)
                         return
                     refused[name] = admitted
                     tried.append(name)

@@ -53,7 +53,8 @@ async def whole_through_stream(replies: Replies, job: ChatJob, now: Now) -> Repl
         first_at = now()
         while item is not None:
             if isinstance(item, Refusal):  # its paused wait shed, or no link left to go on
-                return item
+                waited = reply.routed.engine_wait_s + now() - first_at
+                return replace(item, engine_wait_s=waited)
             for part in item if isinstance(item, list) else [item]:
                 if isinstance(part, EngineError):  # an engine's error once the answer began
                     return Opening(reply.routed, part)
