@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,13 @@ from deployments.ingress.app import Ingress
 from deployments.ingress.auth import KeyRing
 from deployments.keys.ledger import KeyLedger, LocalLedger, MemorySnapshots
 from deployments.live_config import LiveConfigSync, Publication
+from deployments.router.loops import watch
 from tests.fakes import serve_handle
+from tests.fakes.clock import FakeClock
 from tests.fakes.http_request import keyed_request
 from tests.fakes.router_harness import (
     FakeBackend,
+    FakeDeployments,
     collect,
     dead,
     job,
@@ -216,6 +219,59 @@ class Engines:
         backend = self.started[home]
         backend.deployment = home
         return backend
+
+
+def test_a_link_a_reload_replaced_is_checked_at_once_not_after_its_old_links_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The old coding engine's probe hangs (a stuck replica); a reload turns coding to a new
+    engine, which has no replica yet: the health loop's next rounds check the new link, not
+    wait behind the old one's probe."""
+    monkeypatch.setattr(watch, "HEALTH_PROBE_TIMEOUT_S", 3600.0)  # longer than the test
+    coding, orchestrator, new_coding = FakeBackend(ok), FakeBackend(ok), FakeBackend(ok)
+    config = make_config(router={"breaker_cooldown_s": 1e9})  # no breaker half-opens meanwhile
+    engines, deployments = Engines(), FakeDeployments()
+    clock = FakeClock(advance=True)
+    router = make_router(
+        config, two(coding, orchestrator), watch=True, deployments=deployments, clock=clock,
+        connect=engines.connect,
+    )  # fmt: skip
+    home = ("gateway--coding@local--r1", "model:coding@local")
+    engines.started = {home: new_coding}
+    deployments.set(coding, running=0)
+
+    async def opened(name: str) -> bool:
+        return bool((await router.status())["backends"][name]["breaker"] == "open")
+
+    async def probed() -> bool:
+        return coding.probes > 0
+
+    async def scenario() -> None:
+        rounds = asyncio.Event()
+
+        async def next_round() -> None:  # every loop's sleep waits for the test's word
+            await rounds.wait()
+
+        async def until(check: Callable[[], Awaitable[bool]]) -> None:
+            while not await check():  # a round at a time, until it holds
+                rounds.set()
+                rounds.clear()
+                await asyncio.sleep(0.01)
+
+        clock.on_tick.append(next_round)
+        async with asyncio.timeout(30):
+            await until(lambda: opened("coding@local"))
+            deployments.set(coding, running=1)  # back, but stuck: its probe never answers
+            coding.probe_hangs = True
+            await until(probed)
+            router.apply_config(with_model(config, "coding", context_window=2048), {
+                "coding@local": home, "orchestrator@local": ("gateway", "orchestrator@local"),
+            })  # fmt: skip
+            deployments.set(new_coding, running=0)  # its replica still loading
+            await until(lambda: opened("coding@local"))  # the new link's
+
+    asyncio.run(scenario())
+    assert coding.probes == 1
 
 
 def test_the_router_turns_to_new_engines_and_lets_jobs_on_the_old_ones_finish() -> None:
