@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -323,3 +323,22 @@ def sse(ident: str, delta: dict[str, Any] | None = None, **extra: Any) -> str:
 
 def chunks_of(lines: list[Any]) -> list[dict[str, Any]]:
     return [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: {")]
+
+
+class Rounds:
+    """The router's loops a round at a time: each sleep on `clock` (one that advances) waits
+    for the test's word, which `until` gives round after round until its check holds."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self._word = asyncio.Event()
+        clock.on_tick.append(self._word.wait)
+
+    async def until(self, check: Callable[[], Awaitable[bool]]) -> None:
+        while not await check():
+            self._word.set()  # wakes every loop waiting now; clear() stops the next round
+            self._word.clear()
+            await asyncio.sleep(0.01)
+
+
+async def breaker_opened(router: Router, name: str) -> bool:
+    return bool((await router.status())["backends"][name]["breaker"] == "open")

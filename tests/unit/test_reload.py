@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ from tests.fakes.http_request import keyed_request
 from tests.fakes.router_harness import (
     FakeBackend,
     FakeDeployments,
+    Rounds,
+    breaker_opened,
     collect,
     dead,
     job,
@@ -240,35 +242,21 @@ def test_a_link_a_reload_replaced_is_checked_at_once_not_after_its_old_links_pro
     engines.started = {home: new_coding}
     deployments.set(coding, running=0)
 
-    async def opened(name: str) -> bool:
-        return bool((await router.status())["backends"][name]["breaker"] == "open")
-
     async def probed() -> bool:
         return coding.probes > 0
 
     async def scenario() -> None:
-        rounds = asyncio.Event()
-
-        async def next_round() -> None:  # every loop's sleep waits for the test's word
-            await rounds.wait()
-
-        async def until(check: Callable[[], Awaitable[bool]]) -> None:
-            while not await check():  # a round at a time, until it holds
-                rounds.set()
-                rounds.clear()
-                await asyncio.sleep(0.01)
-
-        clock.on_tick.append(next_round)
+        rounds = Rounds(clock)
         async with asyncio.timeout(30):
-            await until(lambda: opened("coding@local"))
+            await rounds.until(lambda: breaker_opened(router, "coding@local"))
             deployments.set(coding, running=1)  # back, but stuck: its probe never answers
             coding.probe_hangs = True
-            await until(probed)
+            await rounds.until(probed)
             router.apply_config(with_model(config, "coding", context_window=2048), {
                 "coding@local": home, "orchestrator@local": ("gateway", "orchestrator@local"),
             })  # fmt: skip
             deployments.set(new_coding, running=0)  # its replica still loading
-            await until(lambda: opened("coding@local"))  # the new link's
+            await rounds.until(lambda: breaker_opened(router, "coding@local"))  # the new link's
 
     asyncio.run(scenario())
     assert coding.probes == 1

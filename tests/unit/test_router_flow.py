@@ -36,6 +36,8 @@ from tests.fakes.router_harness import (
     FakeDeployments,
     FakePlacement,
     FakeStream,
+    Rounds,
+    breaker_opened,
     chunks_of,
     collect,
     dead,
@@ -742,34 +744,20 @@ def test_a_probe_that_hangs_holds_up_no_other_links_check(monkeypatch: pytest.Mo
     )
     deployments.set(coding, running=0)
 
-    async def breaker(name: str) -> str:
-        state: str = (await router.status())["backends"][name]["breaker"]
-        return state
+    async def probed() -> bool:
+        return coding.probes > 0
 
     async def scenario() -> None:
-        rounds = asyncio.Event()
-
-        async def next_round() -> None:  # every loop's sleep waits for the test's word
-            await rounds.wait()
-
-        clock.on_tick.append(next_round)
+        rounds = Rounds(clock)
         async with asyncio.timeout(30):
-            # The loops' first round (noqa: the fakes' state, no event to wait on).
-            while await breaker("coding@local") != "open":  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+            await rounds.until(lambda: breaker_opened(router, "coding@local"))
             deployments.set(coding, running=1)  # back, but stuck: it needs a probe
             coding.probe_hangs = True
-            while not coding.probes:
-                rounds.set()
-                rounds.clear()
-                await asyncio.sleep(0.01)
+            await rounds.until(probed)
             deployments.set(orchestrator, running=0)
-            while await breaker("orchestrator@local") != "open":
-                rounds.set()
-                rounds.clear()
-                await asyncio.sleep(0.01)
+            await rounds.until(lambda: breaker_opened(router, "orchestrator@local"))
         assert coding.probes == 1  # still waiting for its one probe
-        assert await breaker("coding@local") == "open"  # not back before a probe passed
+        assert await breaker_opened(router, "coding@local")  # not back before a probe passed
 
     asyncio.run(scenario())
 
