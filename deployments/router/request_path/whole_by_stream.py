@@ -50,20 +50,19 @@ async def whole_through_stream(replies: Replies, job: ChatJob, now: Now) -> Repl
         if isinstance(reply, Refusal) or engine_error(reply.first) is not None:
             return reply
         item: Any = reply.first
-        first_at = now()
+        # The rest of the stream (and a pause's wait) is the engine's time, not the gateway's,
+        # as the wait for its first item was: the overhead the ingress reports leaves it out.
+        engine_since = now() - reply.routed.engine_wait_s
         while item is not None:
             if isinstance(item, Refusal):  # its paused wait shed, or no link left to go on
-                waited = reply.routed.engine_wait_s + now() - first_at
-                return replace(item, engine_wait_s=waited)
+                return replace(item, engine_wait_s=now() - engine_since)
             for part in item if isinstance(item, list) else [item]:
                 if isinstance(part, EngineError):  # an engine's error once the answer began
                     return Opening(reply.routed, part)
                 if isinstance(part, str):
                     lines.append(part)
             item = await anext(items, None)
-    # The rest of the stream (and a pause's wait) was the engine's time, not the gateway's:
-    # the overhead the ingress reports leaves it out, as it does a whole answer's wait.
-    waited = reply.routed.engine_wait_s + now() - first_at
+    waited = now() - engine_since
     whole = whole_answer(lines, reply.routed.prompt_tokens, job.model)
     if whole.body is None:
         return AskAgain(waited)
