@@ -49,13 +49,17 @@ ENGINE_MARKERS = (
 TINY_ENGINE = "TINY::EngineCore"  # tests/fakes/tiny_engine_core.py
 
 
-def engine_processes() -> list[psutil.Process]:
-    """Every engine process on the machine but those of a session run beside this one."""
-    found = []
-    for process in psutil.process_iter(["cmdline", "name"]):
+def engine_processes() -> dict[psutil.Process, str]:
+    """Every live engine process on the machine but those of a session run beside this one,
+    with its title. A zombie holds no memory and its command line cannot be read: an engine
+    killed under a parent that has not reaped it yet is not one that is left."""
+    found = {}
+    for process in psutil.process_iter(["cmdline", "name", "status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
         title = " ".join(process.info["cmdline"] or []) or (process.info["name"] or "")
         if any(marker in title for marker in ENGINE_MARKERS) and not another_suites(process):
-            found.append(process)
+            found[process] = title
     return found
 
 
@@ -124,18 +128,18 @@ def wait_serving(
     else:
         pytest.fail(f"the app did not serve in time:\n{tail(log)}")
     engines = engine_processes()
-    titles = " ".join(" ".join(p.cmdline()) for p in engines)
+    titles = " ".join(engines.values())
     # The fallback's engine: our server over llama-cpp-python, or llama.cpp's own llama-server.
     assert "llama_cpp_python_server" in titles or "llama-server" in titles, titles
     assert engine in titles, titles
-    return engines
+    return list(engines)
 
 
 @pytest.fixture
 def clean_ray() -> Iterator[None]:
     """No cluster before (serve run would join it) and none after, whatever happened."""
     ray_stop()
-    assert not alive(engine_processes()), "engine processes from an earlier run are alive"
+    assert not alive(list(engine_processes())), "engine processes from an earlier run are alive"
     yield
     ray_stop()
 
