@@ -252,13 +252,13 @@ chaos: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 stop: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(VENV)/bin/pytest tests/stop -q -s
 
-# Three phases (tests/suites.py; times at the end): the tests that need no Ray (unit,
+# Three phases (tests/suites.py; times and CPU at the end): the tests that need no Ray (unit,
 # integration, gpu, then the capacity command's engine) beside rayup and stop, which end every
 # Ray process here, and the CPU image's build; then the main session (e2e + chaos on one shared
-# app) beside placement, autoscale and monitoring; last reload and gcs beside recovery and batch,
-# and the image run. Each of those has a cluster of its own.
+# app) beside placement and autoscale; last monitoring (with reload's model swap) beside
+# recovery and batch, and the image's run and gcs. Each of those has a cluster of its own.
 test: lint $(LLAMA_CPP_PYTHON) $(DEMO_MODEL) $(PROMTOOL) $(REDIS_SERVER) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
-	$(PY) tests/suites.py
+	$(PY) -m tests.suites
 
 # The inner loop: lint and the unit tests, no cluster (a few minutes).
 check: lint unit

@@ -41,8 +41,12 @@ failure ends its own lane; the second phase runs whatever the first did, so one 
 failure. Under the table, each failed test with its error's first line: a CI log cut to its tail
 still names them all, with up to 12 more lines of each error.
 
-    python tests/suites.py            # all: the three phases
-    python tests/suites.py NAME ...   # the named ones, one after another
+    python -m tests.suites            # all: the three phases
+    python -m tests.suites NAME ...   # the named ones, one after another
+
+Beside each suite's wall time the table gives the CPU its processes used (tests/cpu_meter.py),
+and under it the machine's busy time over the run: the suites share two cores, so what a suite
+computes, not how long it waits, is what every suite beside it pays for.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
+
+from tests.cpu_meter import CpuBySuite, machine_busy_s
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [str(ROOT / ".venv" / "bin" / "pytest"), "-q"]
@@ -93,6 +99,7 @@ NODES_PER_SESSION = 10
 
 
 RUNNING: set[subprocess.Popen[bytes]] = set()  # the sessions under way, for pass_on
+CPU = CpuBySuite()  # each session's processes' CPU, for the table
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ class Outcome:
     seconds: float
     status: int
     failures: tuple[str, ...] = field(default=())
+    cpu_s: float = 0.0  # its processes' CPU, as far as CPU read it
 
 
 def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
@@ -119,11 +127,14 @@ def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
         start_new_session=True,
     )
     RUNNING.add(session)
+    CPU.watch(session.pid, name)  # it leads its session: the session's id is its pid
     try:
         status = session.wait()
     finally:
         RUNNING.discard(session)
-    return Outcome(name, time.monotonic() - started, status, failed_tests(report))
+    CPU.read_once()  # what its last interval added, of those of its processes still there
+    seconds = time.monotonic() - started
+    return Outcome(name, seconds, status, failed_tests(report), CPU.seconds(name))
 
 
 def haproxy_ports(name: str) -> dict[str, str]:
@@ -264,19 +275,20 @@ def main(names: list[str]) -> int:
         return 2
     outcomes: list[Outcome] = []
     os.environ.setdefault(RUN_VARIABLE, uuid.uuid4().hex[:12])  # inherited by every session
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gps-reports-") as folder:
+    started, busy_before = time.monotonic(), machine_busy_s()
+    with tempfile.TemporaryDirectory(prefix="gps-reports-") as folder, CPU:
         try:
             if names:
                 run_in_order(names, outcomes, Path(folder))
             else:
                 run_all(outcomes, Path(folder))
         finally:
-            _report(outcomes, time.monotonic() - started, side_by_side=not names)
+            busy_s = machine_busy_s() - busy_before
+            _report(outcomes, time.monotonic() - started, busy_s, side_by_side=not names)
     return next((o.status for o in outcomes if o.status != 0), 0)
 
 
-def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
+def _report(outcomes: list[Outcome], wall_s: float, busy_s: float, side_by_side: bool) -> None:
     beside = (
         f" ({', '.join(STOPPING_RAY)} and {', '.join(BUILDING)} ran beside "
         f"{', '.join(NO_RAY)}; {', '.join(BESIDE_MAIN)} beside main; then "
@@ -284,11 +296,19 @@ def _report(outcomes: list[Outcome], wall_s: float, side_by_side: bool) -> None:
         if side_by_side
         else ""
     )
-    print(f"\nsuite times{beside}:")
+    print(f"\nsuite times{beside}, and the CPU of each one's processes:")
     for o in outcomes:
         outcome = "ok" if o.status == 0 else f"FAILED ({o.status})"
-        print(f"  {o.name:<11} {o.seconds / 60:6.1f} min  {outcome}")
-    print(f"  {'wall':<11} {wall_s / 60:6.1f} min")
+        print(f"  {o.name:<11} {o.seconds / 60:6.1f} min  cpu {o.cpu_s / 60:5.1f} min  {outcome}")
+    print(
+        f"  {'wall':<11} {wall_s / 60:6.1f} min  cpu {sum(o.cpu_s for o in outcomes) / 60:5.1f} min"
+    )
+    cores = os.cpu_count() or 1
+    print(
+        f"  the machine was busy {busy_s / 60:.1f} core-min of {cores * wall_s / 60:.1f} "
+        f"({cores} cores); what no suite's processes account for ran outside their sessions "
+        "or for less than one reading"
+    )
     for o in outcomes:
         for failure in o.failures:
             print(f"FAILED in {o.name}: {failure}")

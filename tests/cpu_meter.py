@@ -1,0 +1,98 @@
+"""How much CPU each `make test` suite's processes used, beside its wall time.
+
+The suites run side by side on a machine whose cores they saturate, so a suite's wall time says
+little about what it costs: a cut that saves a suite's CPU shortens every suite beside it. Each
+suite leads a session of its own (tests/suites.py), and everything it starts inherits it: Ray's
+daemons and workers, engines, orphans (tests/own_processes.py). A thread reads every process's
+CPU time and session every `interval_s` and keeps each one's last reading under its suite.
+A process that lives less than one interval is missed (a `ray stop` CLI call, a short
+subprocess), and what runs outside the suites' sessions (a container's conmon) is nobody's:
+the machine's own busy time, printed beside, shows how much that leaves out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+
+import psutil
+
+ProcessKey = tuple[int, float]  # pid and start time: a pid used again is another process
+Reading = tuple[ProcessKey, int, float]  # the process, its session id, its CPU seconds
+
+INTERVAL_S = 2.0
+
+
+def read_processes() -> Iterator[Reading]:
+    """Every process's own CPU seconds (user and system) and session id. Children's times are
+    left out: a child reaped by its parent was read on its own, while it ran."""
+    for process in psutil.process_iter(["create_time", "cpu_times"]):
+        times = process.info["cpu_times"]
+        if times is None:  # gone, or not ours to read
+            continue
+        try:
+            session = os.getsid(process.pid)
+        except OSError:
+            continue
+        yield (process.pid, process.info["create_time"]), session, times.user + times.system
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the machine's cores spent busy since boot (not idle, not waiting on I/O)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+class CpuBySuite:
+    """CPU seconds by suite, read in a thread of its own while the run goes on."""
+
+    def __init__(
+        self,
+        read: Callable[[], Iterable[Reading]] = read_processes,
+        interval_s: float = INTERVAL_S,
+    ) -> None:
+        self._read = read
+        self._interval_s = interval_s
+        self._suites: dict[int, str] = {}  # session id: the suite whose session it is
+        self._used: dict[ProcessKey, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, session: int, suite: str) -> None:
+        with self._lock:
+            self._suites[session] = suite
+
+    def read_once(self) -> None:
+        readings = list(self._read())
+        with self._lock:
+            for process, session, seconds in readings:
+                suite = self._suites.get(session)
+                if suite is not None:
+                    self._used[process] = (suite, seconds)
+
+    def seconds(self, suite: str) -> float:
+        with self._lock:
+            return sum(s for name, s in self._used.values() if name == suite)
+
+    def __enter__(self) -> CpuBySuite:
+        self._thread = threading.Thread(target=self._run, name="cpu-by-suite", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.read_once()  # what the last interval added
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self._interval_s):
+            self.read_once()
