@@ -48,13 +48,30 @@ def orphaned_engine(suite: str, sessions: list[subprocess.Popen[bytes]]) -> psut
 
 @pytest.fixture
 def sessions() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The sessions' leaders; each session killed whole after the test."""
+    """The sessions' leaders; each session killed whole after the test, and waited for until
+    none of its processes is left, a zombie included: the orphans are init's to reap, and a
+    suite beside this one (`stop`) lists every process titled as vLLM's engine whose leader is
+    gone as its own (CI's run of 4560aa4 read the command line of one of these zombies)."""
     leaders: list[subprocess.Popen[bytes]] = []
     yield leaders
     for leader in leaders:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
+    deadline = time.monotonic() + 30
+    while in_sessions({leader.pid for leader in leaders}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not in_sessions({leader.pid for leader in leaders}), "a killed session's process"
+
+
+def in_sessions(ids: set[int]) -> list[int]:
+    """The processes, zombies included, whose session is one of `ids`."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError):
+            if os.getsid(process.pid) in ids:
+                found.append(process.pid)
+    return found
 
 
 def test_an_orphaned_titled_engine_is_its_sessions(
