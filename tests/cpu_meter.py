@@ -7,7 +7,9 @@ daemons and workers, engines, orphans (tests/own_processes.py). A thread reads e
 CPU time and session every `interval_s` and keeps each one's last reading under its suite.
 A process that lives less than one interval is missed (a `ray stop` CLI call, a short
 subprocess), and what runs outside the suites' sessions (a container's conmon) is nobody's:
-the machine's own busy time, printed beside, shows how much that leaves out.
+the machine's own busy time, printed beside, shows how much that leaves out. Each process is
+also counted under its kind (its title, without paths: `ray::ServeReplica:app:deployment`,
+`VLLM::EngineCore`, `gcs_server`, `python -m pytest`), which says what a suite's CPU went to.
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ from types import TracebackType
 import psutil
 
 ProcessKey = tuple[int, float]  # pid and start time: a pid used again is another process
-Reading = tuple[ProcessKey, int, float]  # the process, its session id, its CPU seconds
+Reading = tuple[ProcessKey, int, float, str]  # the process, its session id, CPU seconds, kind
 
 INTERVAL_S = 2.0
 
 
 def read_processes() -> Iterator[Reading]:
-    """Every process's own CPU seconds (user and system) and session id. Children's times are
-    left out: a child reaped by its parent was read on its own, while it ran."""
-    for process in psutil.process_iter(["create_time", "cpu_times"]):
+    """Every process's own CPU seconds (user and system), session id and kind. Children's
+    times are left out: a child reaped by its parent was read on its own, while it ran."""
+    for process in psutil.process_iter(["create_time", "cpu_times", "cmdline", "name"]):
         times = process.info["cpu_times"]
         if times is None:  # gone, or not ours to read
             continue
@@ -36,7 +38,26 @@ def read_processes() -> Iterator[Reading]:
             session = os.getsid(process.pid)
         except OSError:
             continue
-        yield (process.pid, process.info["create_time"]), session, times.user + times.system
+        key = (process.pid, process.info["create_time"])
+        title = kind(process.info["cmdline"] or [process.info["name"] or "?"])
+        yield key, session, times.user + times.system, title
+
+
+def kind(command: list[str]) -> str:
+    """What a process is, from its command line: a title a process set for itself (Ray's
+    workers, vLLM's engines) as it is, else the program's name and, for Python, its module or
+    script; no paths, no arguments."""
+    first = command[0] if command else "?"
+    if "::" in first:  # setproctitle's: the title is the first word, the rest is padding
+        return first.split()[0] if first.split() else first
+    program = os.path.basename(first)
+    if not program.startswith("python") or len(command) < 2:
+        return program
+    if command[1] == "-m" and len(command) > 2:
+        return f"python -m {command[2]}"
+    if command[1] == "-c":
+        return "python -c"
+    return f"python {os.path.basename(command[1])}"
 
 
 def machine_busy_s() -> float:
@@ -56,7 +77,7 @@ class CpuBySuite:
         self._read = read
         self._interval_s = interval_s
         self._suites: dict[int, str] = {}  # session id: the suite whose session it is
-        self._used: dict[ProcessKey, tuple[str, float]] = {}
+        self._used: dict[ProcessKey, tuple[str, float, str]] = {}  # suite, seconds, kind
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,14 +89,23 @@ class CpuBySuite:
     def read_once(self) -> None:
         readings = list(self._read())
         with self._lock:
-            for process, session, seconds in readings:
+            for process, session, seconds, title in readings:
                 suite = self._suites.get(session)
                 if suite is not None:
-                    self._used[process] = (suite, seconds)
+                    self._used[process] = (suite, seconds, title)
 
     def seconds(self, suite: str) -> float:
         with self._lock:
-            return sum(s for name, s in self._used.values() if name == suite)
+            return sum(s for name, s, _ in self._used.values() if name == suite)
+
+    def by_kind(self, suite: str) -> list[tuple[str, float]]:
+        """The suite's CPU seconds by kind of process, the most first."""
+        spent: dict[str, float] = {}
+        with self._lock:
+            for name, seconds, title in self._used.values():
+                if name == suite:
+                    spent[title] = spent.get(title, 0.0) + seconds
+        return sorted(spent.items(), key=lambda item: -item[1])
 
     def __enter__(self) -> CpuBySuite:
         self._thread = threading.Thread(target=self._run, name="cpu-by-suite", daemon=True)

@@ -109,6 +109,7 @@ class Outcome:
     status: int
     failures: tuple[str, ...] = field(default=())
     cpu_s: float = 0.0  # its processes' CPU, as far as CPU read it
+    cpu_by_kind: tuple[tuple[str, float], ...] = ()  # the most first (tests/cpu_meter.py)
 
 
 def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
@@ -134,7 +135,8 @@ def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
         RUNNING.discard(session)
     CPU.read_once()  # what its last interval added, of those of its processes still there
     seconds = time.monotonic() - started
-    return Outcome(name, seconds, status, failed_tests(report), CPU.seconds(name))
+    spent = (CPU.seconds(name), tuple(CPU.by_kind(name)))
+    return Outcome(name, seconds, status, failed_tests(report), *spent)
 
 
 def haproxy_ports(name: str) -> dict[str, str]:
@@ -181,6 +183,7 @@ def failed_tests(report: Path) -> tuple[str, ...]:
 
 
 MESSAGE_LINES = 12  # of each failure's message, under its first line
+HEAVIEST, KINDS_SHOWN = 4, 6  # the suites whose CPU the table breaks down, and into how many
 
 
 def error_lines(traceback: str) -> list[str]:
@@ -309,6 +312,10 @@ def _report(outcomes: list[Outcome], wall_s: float, busy_s: float, side_by_side:
         f"({cores} cores); what no suite's processes account for ran outside their sessions "
         "or for less than one reading"
     )
+    for o in sorted(outcomes, key=lambda o: -o.cpu_s)[:HEAVIEST]:
+        kinds = ", ".join(f"{title} {s / 60:.1f}" for title, s in o.cpu_by_kind[:KINDS_SHOWN])
+        if kinds:
+            print(f"  {o.name}'s CPU (min) went to {kinds}")
     for o in outcomes:
         for failure in o.failures:
             print(f"FAILED in {o.name}: {failure}")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.cpu_meter import CpuBySuite, Reading, machine_busy_s, read_processes
+from tests.cpu_meter import CpuBySuite, Reading, kind, machine_busy_s, read_processes
 
 MAIN, STOP = 100, 200  # the sessions' ids: their leaders' pids
 
@@ -27,21 +27,30 @@ def test_each_process_counts_once_at_its_last_reading_under_its_sessions_suite()
     meter = CpuBySuite(readings)
     meter.watch(MAIN, "main")
     meter.watch(STOP, "stop")
-    readings.now = [((100, 1.0), MAIN, 2.0), ((101, 1.0), MAIN, 5.0), ((200, 2.0), STOP, 1.0)]
+    readings.now = [
+        ((100, 1.0), MAIN, 2.0, "pytest"),
+        ((101, 1.0), MAIN, 5.0, "ray::IDLE"),
+        ((200, 2.0), STOP, 1.0, "pytest"),
+    ]
     meter.read_once()
-    readings.now = [((100, 1.0), MAIN, 3.0), ((101, 1.0), MAIN, 7.5)]  # the stop suite's gone
+    readings.now = [
+        ((100, 1.0), MAIN, 3.0, "pytest"),
+        ((101, 1.0), MAIN, 7.5, "ray::ServeReplica:app:engine"),
+    ]  # the stop suite's gone
     meter.read_once()
     assert meter.seconds("main") == pytest.approx(10.5)
     assert meter.seconds("stop") == pytest.approx(1.0)
+    # A Ray worker's time goes to the title it took last (an idle worker that became a replica).
+    assert meter.by_kind("main") == [("ray::ServeReplica:app:engine", 7.5), ("pytest", 3.0)]
 
 
 def test_a_process_that_ended_keeps_its_time_and_a_pid_used_again_is_another_process() -> None:
     readings = Readings()
     meter = CpuBySuite(readings)
     meter.watch(MAIN, "main")
-    readings.now = [((300, 1.0), MAIN, 4.0)]
+    readings.now = [((300, 1.0), MAIN, 4.0, "raylet")]
     meter.read_once()
-    readings.now = [((300, 9.0), MAIN, 0.5)]  # pid 300 again, started later
+    readings.now = [((300, 9.0), MAIN, 0.5, "raylet")]  # pid 300 again, started later
     meter.read_once()
     assert meter.seconds("main") == pytest.approx(4.5)
 
@@ -50,7 +59,7 @@ def test_processes_of_sessions_no_suite_leads_count_for_none() -> None:
     readings = Readings()
     meter = CpuBySuite(readings)
     meter.watch(MAIN, "main")
-    readings.now = [((400, 1.0), 999, 60.0), ((401, 1.0), MAIN, 1.0)]
+    readings.now = [((400, 1.0), 999, 60.0, "conmon"), ((401, 1.0), MAIN, 1.0, "raylet")]
     meter.read_once()
     assert meter.seconds("main") == pytest.approx(1.0)
     assert meter.seconds("stop") == 0.0
@@ -59,10 +68,10 @@ def test_processes_of_sessions_no_suite_leads_count_for_none() -> None:
 def test_a_session_watched_after_its_processes_were_read_counts_from_then_on() -> None:
     readings = Readings()
     meter = CpuBySuite(readings)
-    readings.now = [((500, 1.0), MAIN, 1.0)]
+    readings.now = [((500, 1.0), MAIN, 1.0, "raylet")]
     meter.read_once()
     meter.watch(MAIN, "main")
-    readings.now = [((500, 1.0), MAIN, 2.0)]
+    readings.now = [((500, 1.0), MAIN, 2.0, "raylet")]
     meter.read_once()
     assert meter.seconds("main") == pytest.approx(2.0)
 
@@ -71,7 +80,7 @@ def test_the_meter_reads_in_its_thread_and_once_more_when_it_stops() -> None:
     readings = Readings()
     with CpuBySuite(readings, interval_s=3600) as meter:
         meter.watch(MAIN, "main")
-        readings.now = [((600, 1.0), MAIN, 7.0)]
+        readings.now = [((600, 1.0), MAIN, 7.0, "raylet")]
     assert meter.seconds("main") == pytest.approx(7.0)
 
 
@@ -80,7 +89,27 @@ def test_the_machine_shows_this_process_in_its_own_session_and_its_cpu() -> None
     mine = [r for r in read_processes() if r[0][0] == os.getpid()]
     assert spent > 0
     assert len(mine) == 1
-    _, session, seconds = mine[0]
+    _, session, seconds, title = mine[0]
+    assert title.endswith("pytest")  # a script run by its shebang: `python pytest`
     assert session == os.getsid(0)
     assert seconds > 0
     assert machine_busy_s() >= seconds
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (["ray::ServeReplica:gateway:ingress", "", ""], "ray::ServeReplica:gateway:ingress"),
+        (["VLLM::EngineCore"], "VLLM::EngineCore"),
+        (["/x/.venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server", "--a=1"],
+         "gcs_server"),
+        (["/x/.venv/bin/python3", "-m", "pytest", "-q"], "python -m pytest"),
+        (["/x/.venv/bin/python", "/x/ray/dashboard/agent.py", "--node-ip=1"], "python agent.py"),
+        (["/usr/bin/python3", "-c", "print(1)"], "python -c"),
+        (["raylet"], "raylet"),
+    ],
+)  # fmt: skip
+def test_a_process_kind_is_its_title_or_its_program_and_module(
+    command: list[str], expected: str
+) -> None:
+    assert kind(command) == expected
