@@ -8,8 +8,9 @@ CPU time and session every `interval_s` and keeps each one's last reading under 
 A process that lives less than one interval is missed (a `ray stop` CLI call, a short
 subprocess), and what runs outside the suites' sessions (a container's conmon) is nobody's:
 the machine's own busy time, printed beside, shows how much that leaves out. Each process is
-also counted under its kind (its title, without paths: `ray::ServeReplica:app:deployment`,
-`VLLM::EngineCore`, `gcs_server`, `python -m pytest`), which says what a suite's CPU went to.
+also counted under its kind (its title, without paths or the method a Ray actor runs:
+`ray::ServeReplica:app:deployment`, `VLLM::EngineCore`, `gcs_server`, `python -m pytest`),
+which says what a suite's CPU went to.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ INTERVAL_S = 2.0
 def read_processes() -> Iterator[Reading]:
     """Every process's own CPU seconds (user and system), session id and kind. Children's
     times are left out: a child reaped by its parent was read on its own, while it ran."""
-    for process in psutil.process_iter(["create_time", "cpu_times", "cmdline", "name"]):
+    attributes = ["create_time", "cpu_times", "cmdline", "name", "status"]
+    for process in psutil.process_iter(attributes):
         times = process.info["cpu_times"]
-        if times is None:  # gone, or not ours to read
+        # A zombie's time is what it had when last read running, and its title is gone.
+        if times is None or process.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         try:
             session = os.getsid(process.pid)
@@ -49,7 +52,11 @@ def kind(command: list[str]) -> str:
     script; no paths, no arguments."""
     first = command[0] if command else "?"
     if "::" in first:  # setproctitle's: the title is the first word, the rest is padding
-        return first.split()[0] if first.split() else first
+        title = first.split()[0] if first.split() else first
+        # A Ray actor's title names the method it runs now (`ray::ServeReplica:app:ingress.
+        # handle_request`): the actor is the kind, whatever it ran last.
+        actor, _, method = title.rpartition(".")
+        return actor if actor.startswith("ray::") and method.isidentifier() else title
     program = os.path.basename(first)
     if not program.startswith("python") or len(command) < 2:
         return program

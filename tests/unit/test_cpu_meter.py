@@ -100,6 +100,12 @@ def test_the_machine_shows_this_process_in_its_own_session_and_its_cpu() -> None
     ("command", "expected"),
     [
         (["ray::ServeReplica:gateway:ingress", "", ""], "ray::ServeReplica:gateway:ingress"),
+        (["ray::ServeReplica:gateway:ingress.perform_graceful_shutdown"],
+         "ray::ServeReplica:gateway:ingress"),
+        (["ray::ServeReplica:gateway:model:qwen2.5@local"],
+         "ray::ServeReplica:gateway:model:qwen2.5@local"),
+        (["ray::ServeReplica:gateway:model:qwen2.5@local.handle_request"],
+         "ray::ServeReplica:gateway:model:qwen2.5@local"),
         (["VLLM::EngineCore"], "VLLM::EngineCore"),
         (["/x/.venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server", "--a=1"],
          "gcs_server"),
