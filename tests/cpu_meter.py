@@ -94,7 +94,10 @@ class CpuBySuite:
             self._suites[session] = suite
 
     def read_once(self) -> None:
-        readings = list(self._read())
+        try:
+            readings = list(self._read())
+        except (psutil.Error, OSError):  # a reading missed: the next one has it
+            return
         with self._lock:
             for process, session, seconds, title in readings:
                 suite = self._suites.get(session)
