@@ -68,9 +68,11 @@ def kind(command: list[str]) -> str:
 
 
 def machine_busy_s() -> float:
-    """CPU seconds the machine's cores spent busy since boot (not idle, not waiting on I/O)."""
+    """CPU seconds the machine's cores spent busy since boot: its own work, user and kernel.
+    Not idle, I/O wait or time a hypervisor stole; guests' time is already in `user`."""
     times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    busy = ("user", "nice", "system", "irq", "softirq")
+    return sum(getattr(times, name, 0.0) for name in busy)
 
 
 class CpuBySuite:
@@ -124,7 +126,7 @@ class CpuBySuite:
 
     def __exit__(
         self,
-        kind: type[BaseException] | None,
+        error_type: type[BaseException] | None,
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
