@@ -3,14 +3,16 @@
 The suites run side by side on a machine whose cores they saturate, so a suite's wall time says
 little about what it costs: a cut that saves a suite's CPU shortens every suite beside it. Each
 suite leads a session of its own (tests/suites.py), and everything it starts inherits it: Ray's
-daemons and workers, engines, orphans (tests/own_processes.py). A thread reads every process's
-CPU time and session every `interval_s` and keeps each one's last reading under its suite.
-A process that lives less than one interval is missed (a `ray stop` CLI call, a short
-subprocess), and what runs outside the suites' sessions (a container's conmon) is nobody's:
-the machine's own busy time, printed beside, shows how much that leaves out. Each process is
-also counted under its kind (its title, without paths or the method a Ray actor runs:
-`ray::ServeReplica:app:deployment`, `VLLM::EngineCore`, `gcs_server`, `python -m pytest`),
-which says what a suite's CPU went to.
+daemons and workers, engines, orphans (tests/own_processes.py). A process of a suite that
+starts a session of its own (stop's `serve run`, recovery's node starts) passes the suite's
+name on in its environment (MAKE_TEST_SUITE), where the meter reads it from the new session's
+leader. A thread reads every process's CPU time and session every `interval_s` and keeps each
+one's last reading under its suite. A process that lives less than one interval is missed (a
+`ray stop` CLI call, a short subprocess), and so is a session whose leader is gone before it
+is first read, or that is no suite's (a container's conmon): the machine's busy time, printed
+beside, shows how much that leaves out. Each process is also counted under its kind (its title,
+without paths or the method a Ray actor runs: `ray::ServeReplica:app:deployment`,
+`VLLM::EngineCore`, `gcs_server`, `python pytest`), which says what a suite's CPU went to.
 """
 
 from __future__ import annotations
@@ -22,10 +24,22 @@ from types import TracebackType
 
 import psutil
 
+from tests.own_processes import SUITE_VARIABLE
+
 ProcessKey = tuple[int, float]  # pid and start time: a pid used again is another process
 Reading = tuple[ProcessKey, int, float, str]  # the process, its session id, CPU seconds, kind
 
 INTERVAL_S = 2.0
+
+
+def suite_of_session(session: int) -> str | None:
+    """The suite a session's leader runs under (its MAKE_TEST_SUITE), None if it has none or
+    is gone. A leader that retitled itself (Ray's, vLLM's) hides its environment: such a
+    process leads no session here."""
+    try:
+        return psutil.Process(session).environ().get(SUITE_VARIABLE)
+    except (psutil.Error, OSError):
+        return None
 
 
 def read_processes() -> Iterator[Reading]:
@@ -82,10 +96,13 @@ class CpuBySuite:
         self,
         read: Callable[[], Iterable[Reading]] = read_processes,
         interval_s: float = INTERVAL_S,
+        suite_of: Callable[[int], str | None] = suite_of_session,
     ) -> None:
         self._read = read
         self._interval_s = interval_s
+        self._suite_of = suite_of
         self._suites: dict[int, str] = {}  # session id: the suite whose session it is
+        self._looked_up: dict[int, str | None] = {}  # other sessions: their leaders' suites
         self._used: dict[ProcessKey, tuple[str, float, str]] = {}  # suite, seconds, kind
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -96,15 +113,26 @@ class CpuBySuite:
             self._suites[session] = suite
 
     def read_once(self) -> None:
+        """One reading of the machine. Whatever goes wrong in it costs that reading only: the
+        figures are for the table, and must never break the run they describe."""
         try:
             readings = list(self._read())
-        except (psutil.Error, OSError):  # a reading missed: the next one has it
-            return
-        with self._lock:
-            for process, session, seconds, title in readings:
-                suite = self._suites.get(session)
-                if suite is not None:
-                    self._used[process] = (suite, seconds, title)
+            with self._lock:
+                for process, session, seconds, title in readings:
+                    suite = self._suite_for(session)
+                    if suite is not None:
+                        self._used[process] = (suite, seconds, title)
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+
+    def _suite_for(self, session: int) -> str | None:
+        """The watched suite of `session`, or of the suite its leader names (looked up once)."""
+        if session in self._suites:
+            return self._suites[session]
+        if session not in self._looked_up:
+            named = self._suite_of(session)
+            self._looked_up[session] = named if named in self._suites.values() else None
+        return self._looked_up[session]
 
     def seconds(self, suite: str) -> float:
         with self._lock:

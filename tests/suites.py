@@ -133,10 +133,16 @@ def run_suite(name: str, reports: Path, output: int | None = None) -> Outcome:
         status = session.wait()
     finally:
         RUNNING.discard(session)
-    CPU.read_once()  # what its last interval added, of those of its processes still there
     seconds = time.monotonic() - started
-    spent = (CPU.seconds(name), tuple(CPU.by_kind(name)))
-    return Outcome(name, seconds, status, failed_tests(report), *spent)
+    CPU.read_once()  # what its last interval added, of those of its processes still there
+    return Outcome(
+        name,
+        seconds,
+        status,
+        failed_tests(report),
+        cpu_s=CPU.seconds(name),
+        cpu_by_kind=tuple(CPU.by_kind(name)),
+    )
 
 
 def haproxy_ports(name: str) -> dict[str, str]:

@@ -48,19 +48,25 @@ def orphaned_engine(suite: str, sessions: list[subprocess.Popen[bytes]]) -> psut
 
 @pytest.fixture
 def sessions() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The sessions' leaders; each session killed whole after the test, and given a while for
-    init to reap its orphans: a suite beside this one (`stop`) lists every process titled as
-    vLLM's engine whose leader is gone as its own (CI's run of 4560aa4 met one of these as a
-    zombie). An init that never reaps (some containers' PID 1) leaves them; stop skips zombies."""
+    """The sessions' leaders; each session killed whole after the test, its leader last. A
+    suite beside this one (`stop`) takes every process titled as vLLM's engine whose session's
+    leader is gone for its own (CI's run of 4560aa4 met one of these orphans as a zombie), so
+    the orphans go first, and init gets a while to reap them, while their leader still says
+    whose they are. An init that never reaps (some containers' PID 1) leaves them as zombies,
+    which stop skips."""
     leaders: list[subprocess.Popen[bytes]] = []
     yield leaders
     for leader in leaders:
+        members = [pid for pid in in_sessions({leader.pid}) if pid != leader.pid]
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + REAP_WAIT_S
+        while set(members) & set(in_sessions({leader.pid})) and time.monotonic() < deadline:
+            time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
-    deadline = time.monotonic() + REAP_WAIT_S
-    while in_sessions({leader.pid for leader in leaders}) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 REAP_WAIT_S = 10  # init reaped such an orphan 1.8 s after its SIGKILL here

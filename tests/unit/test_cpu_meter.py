@@ -4,10 +4,19 @@ each counted once at its last reading, none of another session's."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.cpu_meter import CpuBySuite, Reading, kind, machine_busy_s, read_processes
+from tests.cpu_meter import (
+    CpuBySuite,
+    Reading,
+    kind,
+    machine_busy_s,
+    read_processes,
+    suite_of_session,
+)
 
 MAIN, STOP = 100, 200  # the sessions' ids: their leaders' pids
 
@@ -76,6 +85,45 @@ def test_a_session_watched_after_its_processes_were_read_counts_from_then_on() -
     assert meter.seconds("main") == pytest.approx(2.0)
 
 
+def test_a_session_a_suites_process_started_counts_under_the_suite_its_leader_names() -> None:
+    """stop's `serve run` leads a session of its own, its environment the stop suite's."""
+    readings = Readings()
+    looked_up: list[int] = []
+
+    def suite_of(session: int) -> str | None:
+        looked_up.append(session)
+        return {300: "stop", 400: "mine"}.get(session)
+
+    meter = CpuBySuite(readings, suite_of=suite_of)
+    meter.watch(STOP, "stop")
+    readings.now = [
+        ((300, 1.0), 300, 2.0, "serve"),  # serve run's session, named by its leader
+        ((301, 1.0), 300, 5.0, "raylet"),
+        ((400, 1.0), 400, 9.0, "VLLM::EngineCore"),  # a session of no suite of this run
+        ((500, 1.0), 500, 9.0, "conmon"),  # a session whose leader names none
+    ]
+    meter.read_once()
+    meter.read_once()
+    assert meter.seconds("stop") == pytest.approx(7.0)
+    assert sorted(looked_up) == [300, 400, 500]  # each session looked up once
+
+
+def test_a_reading_that_fails_costs_that_reading_only() -> None:
+    calls: list[int] = []
+
+    def read() -> list[Reading]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a /proc read gone wrong")
+        return [((600, 1.0), MAIN, 3.0, "raylet")]
+
+    meter = CpuBySuite(read)
+    meter.watch(MAIN, "main")
+    meter.read_once()
+    meter.read_once()
+    assert meter.seconds("main") == pytest.approx(3.0)
+
+
 def test_the_meter_reads_in_its_thread_and_once_more_when_it_stops() -> None:
     readings = Readings()
     with CpuBySuite(readings, interval_s=3600) as meter:
@@ -119,3 +167,20 @@ def test_a_process_kind_is_its_title_or_its_program_and_module(
     command: list[str], expected: str
 ) -> None:
     assert kind(command) == expected
+
+
+def test_a_sessions_leader_names_its_suite_from_its_environment() -> None:
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+        env={**os.environ, "MAKE_TEST_SUITE": "stop"},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert leader.stdout is not None
+        assert leader.stdout.readline() == b"up\n"  # past its exec: its own environment
+        assert suite_of_session(leader.pid) == "stop"
+    finally:
+        leader.kill()
+        leader.communicate()  # reaped, its pipe closed
+    assert suite_of_session(leader.pid) is None  # gone
