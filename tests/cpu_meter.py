@@ -24,22 +24,12 @@ from types import TracebackType
 
 import psutil
 
-from tests.own_processes import SUITE_VARIABLE
+from tests.own_processes import suite_of_session
 
 ProcessKey = tuple[int, float]  # pid and start time: a pid used again is another process
 Reading = tuple[ProcessKey, int, float, str]  # the process, its session id, CPU seconds, kind
 
 INTERVAL_S = 2.0
-
-
-def suite_of_session(session: int) -> str | None:
-    """The suite a session's leader runs under (its MAKE_TEST_SUITE), None if it has none or
-    is gone. A leader that retitled itself (Ray's, vLLM's) hides its environment: such a
-    process leads no session here."""
-    try:
-        return psutil.Process(session).environ().get(SUITE_VARIABLE)
-    except (psutil.Error, OSError):
-        return None
 
 
 def read_processes() -> Iterator[Reading]:

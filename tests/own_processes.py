@@ -33,8 +33,16 @@ def suite_of(process: psutil.Process) -> str | None:
     """The suite of the session `process` runs in; None when its leader has none (a session
     not started by tests/suites.py) or is gone."""
     try:
-        leader = psutil.Process(os.getsid(process.pid))
-        return leader.environ().get(SUITE_VARIABLE)
+        return suite_of_session(os.getsid(process.pid))
+    except OSError:  # gone
+        return None
+
+
+def suite_of_session(session: int) -> str | None:
+    """The suite a session's leader runs under (its MAKE_TEST_SUITE); None when it has none or
+    is gone. A leader that retitled itself (Ray's, vLLM's) hides its environment."""
+    try:
+        return psutil.Process(session).environ().get(SUITE_VARIABLE)
     except (OSError, psutil.Error):  # gone, or another user's
         return None
 

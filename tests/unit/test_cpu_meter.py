@@ -15,8 +15,8 @@ from tests.cpu_meter import (
     kind,
     machine_busy_s,
     read_processes,
-    suite_of_session,
 )
+from tests.own_processes import suite_of_session
 
 MAIN, STOP = 100, 200  # the sessions' ids: their leaders' pids
 
