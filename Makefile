@@ -291,6 +291,7 @@ bench: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 	$(PY) -m bench.prefix || status=1; \
 	$(PY) -m bench.cpu_dtype || status=1; \
 	$(PY) -m bench.cpu_compile || status=1; \
+	$(PY) -m bench.engine_spin || status=1; \
 	exit $$status
 
 clean:

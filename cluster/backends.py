@@ -20,6 +20,8 @@ from deployments.engine.adapters import ADAPTERS_ENV
 from deployments.engine.llm_server import ObservedLLMServer
 from deployments.engine.node_init import node_init_config
 from deployments.engine.parent_death import ENV as PARENT_DEATH_ENV
+from deployments.engine.shm_spin import CPU_ENGINE_S as CPU_ENGINE_SPIN_S
+from deployments.engine.shm_spin import ENV as SHM_SPIN_ENV
 from deployments.fallback.replica import CpuFallback, FallbackSettings
 from deployments.light_process import light_process_env
 from deployments.log_options import serve_logging
@@ -114,6 +116,9 @@ def llm_config_for(
         # The engine's processes die with the replica (deployments/engine/parent_death.py).
         "runtime_env": {
             "env_vars": {
+                # A CPU engine's processes sleep between steps instead of spinning on the cores
+                # it computes on (deployments/engine/shm_spin.py); env_vars may say otherwise.
+                **({SHM_SPIN_ENV: CPU_ENGINE_SPIN_S} if model.device == "cpu" else {}),
                 **model.env_vars,
                 PARENT_DEATH_ENV: "1",
                 **_adapter_env(config, model),

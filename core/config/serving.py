@@ -4,6 +4,7 @@ its own (cross-section checks: checks.py)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
@@ -15,6 +16,7 @@ from core.types import PoolKind, Role
 
 __all__ = [
     "DEFAULT_CAPS",
+    "SHM_SPIN_ENV",
     "AdapterConfig",
     "AutoscalingConfig",
     "FallbackConfig",
@@ -33,6 +35,9 @@ DEFAULT_CAPS: Mapping[Role, int] = {
     Role.EMBEDDING: 16,
 }
 UNTAGGED_CAP = 8  # a model with no role
+# vLLM's step queues' spin window (deployments/engine/shm_spin.py sets it in the engine's
+# processes; cluster/backends.py gives CPU engines 2 ms).
+SHM_SPIN_ENV = "VLLM_SHM_BROADCAST_BUSY_LOOP_S"
 
 
 class PoolConfig(Frozen):
@@ -232,7 +237,8 @@ class ModelConfig(Frozen):
     )
     env_vars: EnvVars = Field(
         default_factory=FrozenDict,
-        description="The replica's environment (e.g. VLLM_CPU_KVCACHE_SPACE).",
+        description="The replica's environment (e.g. VLLM_CPU_KVCACHE_SPACE; "
+        "VLLM_SHM_BROADCAST_BUSY_LOOP_S, 0.002 on CPU engines unless set here).",
     )
     placement_priority: Literal["P0", "P1", "P2", "P3"] = Field(
         "P1", description="P0 is never offloaded from its home pool; P3 is offloaded first."
@@ -316,6 +322,20 @@ class ModelConfig(Frozen):
                 f"replicas ({self.replicas}) is the count a backend starts with: it must be "
                 f"within autoscaling's min_replicas ({scaling.min_replicas}) and max_replicas "
                 f"({scaling.max_replicas})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _spin_window_in_seconds(self) -> Self:
+        value = self.env_vars.get(SHM_SPIN_ENV)
+        try:
+            seconds = float(value) if value is not None else 0.0
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(
+                f"env_vars.{SHM_SPIN_ENV} is how long the engine's processes spin for their "
+                f"next step: seconds, 0 or more (got {value!r})"
             )
         return self
 

@@ -20,6 +20,9 @@ SIGKILL, not SIGTERM: EngineCore defers SIGTERM while it loads the model. Linux 
 when the *thread* that started the child exits: Serve constructs LLMServer (and vLLM spawns
 EngineCore) on the replica's user-code event-loop thread, which lives as long as the replica;
 EngineCore spawns its workers from its main thread.
+
+The hook also sets how long those processes spin for their next step (shm_spin.py): it runs in
+exactly them, and before vLLM's modules are imported.
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ def arm_if_spawned() -> None:
     if parent == 1:  # already orphaned before we got here
         os._exit(1)
     die_with_parent(parent)
+    # The same children are vLLM's readers of its step queues: their spin window (shm_spin.py).
+    from deployments.engine import shm_spin
+
+    shm_spin.apply_from_env()
 
 
 def installed(paths: list[str] | None = None) -> bool:
