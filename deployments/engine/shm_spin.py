@@ -5,9 +5,9 @@ vLLM's EngineCore and its worker hand each step to each other over shared memory
 message it read, then parks on a zmq notification, and vLLM 0.32 fixes that window at 1 s. So
 EngineCore spins through its worker's whole forward pass, and the worker spins for a second
 after every answer. On a GPU node a spare host core buys latency. On a CPU engine that core is
-the one the engine and the replicas beside it compute on: one engine of the demo model,
-answering ten 16-token requests 2 s apart, used 24.1 s of CPU with vLLM's 1 s and 8.2 s with
-2 ms, at the same decode speed (`python -m bench.engine_spin`).
+the one the engine and the replicas beside it compute on: an engine of the demo model used
+2.4 s of CPU per answer of 16 tokens with vLLM's 1 s and 0.8 s with 2 ms, answers 2 s apart,
+and decoded back to back at 0.96 x the speed (`python -m bench.engine_spin`).
 
 The window comes from `VLLM_SHM_BROADCAST_BUSY_LOOP_S`, the name upstream's proposal gives it
 (vllm-project/vllm#52814, open in 2026-08): the replica's environment carries it
