@@ -12,7 +12,7 @@ Targets: the engine's CPU per spaced answer at most 0.5 x vLLM's default, and ba
 decode at least 0.9 x its tokens/s (the sleep costs a wake-up per step where a step's gap
 passes 2 ms).
 
-`python -m bench.engine_spin` (about 2 minutes on 2 cores; in `make bench`).
+`python -m bench.engine_spin` (about 3 minutes on 2 cores; in `make bench`).
 """
 
 from __future__ import annotations
@@ -36,21 +36,20 @@ IN_A_ROW, IN_A_ROW_TOKENS = 20, 32
 CPU_TARGET, DECODE_TARGET = 0.5, 0.9
 
 
-def engine_cpu_s() -> dict[str, float]:
-    """CPU seconds of this process's engine processes so far, by title."""
-    used: dict[str, float] = {}
+def engine_cpu_s() -> dict[int, float]:
+    """CPU seconds of this process's engine processes so far, by pid."""
+    used: dict[int, float] = {}
     for process in psutil.Process().children(recursive=True):
         try:
             times = process.cpu_times()
-            name = process.name()
         except psutil.Error:
             continue
-        used[name] = used.get(name, 0.0) + times.user + times.system
+        used[process.pid] = times.user + times.system
     return used
 
 
-def used_since(before: dict[str, float]) -> float:
-    return sum(v - before.get(k, 0.0) for k, v in engine_cpu_s().items())
+def used_since(before: dict[int, float]) -> float:
+    return sum(v - before.get(pid, 0.0) for pid, v in engine_cpu_s().items())
 
 
 def measure(variant: str) -> dict[str, float]:

@@ -37,7 +37,7 @@ DEFAULT_CAPS: Mapping[Role, int] = {
 UNTAGGED_CAP = 8  # a model with no role
 # vLLM's step queues' spin window (deployments/engine/shm_spin.py sets it in the engine's
 # processes; cluster/backends.py gives CPU engines 2 ms).
-SHM_SPIN_ENV = "VLLM_SHM_BROADCAST_BUSY_LOOP_S"
+SHM_SPIN_ENV = "GPS_ENGINE_SHM_SPIN_S"
 
 
 class PoolConfig(Frozen):
@@ -238,7 +238,8 @@ class ModelConfig(Frozen):
     env_vars: EnvVars = Field(
         default_factory=FrozenDict,
         description="The replica's environment (e.g. VLLM_CPU_KVCACHE_SPACE; "
-        "VLLM_SHM_BROADCAST_BUSY_LOOP_S, 0.002 on CPU engines unless set here).",
+        "GPS_ENGINE_SHM_SPIN_S: seconds vLLM's engine processes spin for their next step, 0.002 "
+        "on CPU engines unless set here, vLLM's 1 s on GPU engines).",
     )
     placement_priority: Literal["P0", "P1", "P2", "P3"] = Field(
         "P1", description="P0 is never offloaded from its home pool; P3 is offloaded first."
@@ -328,8 +329,10 @@ class ModelConfig(Frozen):
     @model_validator(mode="after")
     def _spin_window_in_seconds(self) -> Self:
         value = self.env_vars.get(SHM_SPIN_ENV)
+        if value is None:
+            return self
         try:
-            seconds = float(value) if value is not None else 0.0
+            seconds = float(value)
         except ValueError:
             seconds = math.nan
         if not math.isfinite(seconds) or seconds < 0:

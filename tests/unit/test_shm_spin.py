@@ -9,6 +9,7 @@ import importlib
 import sys
 import types
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from cluster.backends import llm_config_for
-from core.config import parse_config
+from core.config import ClusterConfig, parse_config
 from core.config.base import ConfigError
 from core.config.serving import SHM_SPIN_ENV
 from core.topology import Backend
@@ -40,7 +41,7 @@ def vllm_like_module(name: str) -> types.ModuleType:
 
 
 def test_the_name_is_one_in_the_config_and_the_hook() -> None:
-    assert SHM_SPIN_ENV == shm_spin.ENV == "VLLM_SHM_BROADCAST_BUSY_LOOP_S"
+    assert SHM_SPIN_ENV == shm_spin.ENV == "GPS_ENGINE_SHM_SPIN_S"
 
 
 @pytest.mark.parametrize("value", ["0", "0.002", "1", "2.5"])
@@ -94,6 +95,21 @@ def test_the_environment_sets_it_when_the_module_is_imported(
     assert module.SpinCondition(True, None, "ipc://x").busy_loop_s == 0.002
 
 
+def test_a_hook_that_fails_leaves_vllms_import_and_window_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"fake_vllm_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(
+        "def __getattr__(name):\n    raise RuntimeError('not the vLLM we know')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(shm_spin, "MODULE", name)
+    shm_spin.apply_from_env({shm_spin.ENV: "0.002"})
+    assert importlib.import_module(name).__name__ == name  # the import, and the engine, go on
+    monkeypatch.delitem(sys.modules, name)
+    assert "not the vLLM we know" in capsys.readouterr().err
+
+
 def test_without_the_variable_or_with_a_bad_one_vllms_window_stays(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -102,7 +118,7 @@ def test_without_the_variable_or_with_a_bad_one_vllms_window_stays(
     assert "vLLM's own window stays" in capsys.readouterr().err
 
 
-def gateway_config(env_vars: dict[str, str] | None = None) -> Any:
+def gateway_config(env_vars: dict[str, str] | None = None) -> ClusterConfig:
     raw: dict[str, Any] = yaml.safe_load((E2E / "gateway.yaml").read_text())
     [coding] = [m for m in raw["models"] if m.get("role") == "coding"]
     if env_vars is not None:
@@ -110,9 +126,10 @@ def gateway_config(env_vars: dict[str, str] | None = None) -> Any:
     return parse_config(raw, base_dir=E2E, environ={})
 
 
-def replica_env(config: Any) -> Any:
+def replica_env(config: ClusterConfig) -> Mapping[str, str]:
     built = llm_config_for(config, Backend(model="coding", pool="local"))
-    return built.runtime_env["env_vars"]
+    env: Mapping[str, str] = built.runtime_env["env_vars"]
+    return env
 
 
 def test_a_cpu_engines_replica_gets_2_ms_and_a_models_own_value_wins() -> None:
