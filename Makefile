@@ -257,7 +257,11 @@ stop: $(INSTALLED) $(LLAMA_CPP_PYTHON) $(DEMO_MODEL)
 # Ray process here, and the CPU image's build; then the main session (e2e + chaos on one shared
 # app) beside placement and autoscale; last monitoring (with reload's model swap) beside
 # recovery and batch, and the image's run and gcs. Each of those has a cluster of its own.
-test: lint $(LLAMA_CPP_PYTHON) $(DEMO_MODEL) $(PROMTOOL) $(REDIS_SERVER) $(PODMAN) $(RUNC) $(DEBOOTSTRAP)
+# What needs apt's or pip's lock first, one at a time; then lint beside the demo model's
+# preparation (mypy and the model's conversion each keep one core busy for about half a
+# minute); then the suites.
+test: $(PROMTOOL) $(REDIS_SERVER) $(PODMAN) $(RUNC) $(DEBOOTSTRAP) $(LLAMA_CPP_PYTHON)
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint model
 	$(PY) -m tests.suites
 
 # The inner loop: lint and the unit tests, no cluster (a few minutes).
