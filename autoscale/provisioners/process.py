@@ -32,8 +32,8 @@ class Done:
 
 
 async def run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Done:
-    try:
-        process = await asyncio.create_subprocess_exec(
+    starting = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
             *argv,
             env=dict(env),
             cwd=cwd,
@@ -42,8 +42,18 @@ async def run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Done:
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: a cancel kills everything it began
         )
+    )
+    try:
+        process = await asyncio.shield(starting)
     except OSError as error:  # missing or not executable
         raise ProvisionFailed(f"cannot run {argv[0]}: {error.strerror or error}") from None
+    except asyncio.CancelledError:
+        # The child runs once the fork returns, while asyncio still connects its pipes. A
+        # cancel there would make asyncio kill the child alone and wait for its pipes, which
+        # a grandchild holds for as long as it runs: let the start finish, then end the group.
+        with contextlib.suppress(OSError):
+            await _kill_group(await starting)
+        raise
     try:
         stdout, stderr = await process.communicate()
     except asyncio.CancelledError:

@@ -113,6 +113,10 @@ def test_a_cancelled_command_leaves_no_process_behind(tmp_path: Path) -> None:
             await task
 
     asyncio.run(cut_short())
+    assert_gone(pids)
+
+
+def assert_gone(pids: Path) -> None:
     for pid in map(int, pids.read_text().split()):
         deadline = time.monotonic() + 10
         while psutil.pid_exists(pid) and time.monotonic() < deadline:
@@ -121,6 +125,47 @@ def test_a_cancelled_command_leaves_no_process_behind(tmp_path: Path) -> None:
             time.sleep(0.05)
         alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         assert not alive, f"process {pid} outlived the cancelled provisioner"
+
+
+def test_a_command_cancelled_while_its_pipes_connect_leaves_no_process_behind(
+    tmp_path: Path,
+) -> None:
+    """The child runs before asyncio has connected its pipes: on a loaded machine its own child
+    can be running by then (a make test run waited 600 s here for one to end by itself)."""
+    pids = tmp_path / "pids"
+    script(
+        tmp_path,
+        "hang.py",
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(600)\n",
+    )
+    provisioner = provisioner_for(command(sys.executable, "hang.py"), tmp_path)
+
+    def both_running() -> bool:
+        return pids.exists() and len(pids.read_text().split()) == 2
+
+    async def cut_short() -> None:
+        loop = asyncio.get_running_loop()
+        connect = loop.connect_read_pipe
+
+        async def late_connect(*args: Any, **kwargs: Any) -> Any:
+            while not both_running():  # noqa: ASYNC110 - another process writes it
+                await asyncio.sleep(0.05)
+            return await connect(*args, **kwargs)
+
+        loop.connect_read_pipe = late_connect  # type: ignore[method-assign]
+        task = asyncio.create_task(provisioner.provision(request()))
+        while not both_running():  # noqa: ASYNC110 - another process writes it
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cut_short())
+    assert_gone(pids)
 
 
 def test_no_provisioner_always_fails_and_says_so(tmp_path: Path) -> None:
