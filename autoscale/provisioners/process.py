@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,17 +51,33 @@ async def run(argv: list[str], env: Mapping[str, str], cwd: Path) -> Done:
         # The child runs once the fork returns, while asyncio still connects its pipes. A
         # cancel there would make asyncio kill the child alone and wait for its pipes, which
         # a grandchild holds for as long as it runs: let the start finish, then end the group.
-        with contextlib.suppress(OSError):
-            await _kill_group(await starting)
+        await _to_its_end(_end_started(starting))
         raise
     try:
         stdout, stderr = await process.communicate()
     except asyncio.CancelledError:
-        await _kill_group(process)
+        await _to_its_end(_kill_group(process))
         raise
     return Done(
         process.returncode or 0, stdout.decode(errors="replace"), stderr.decode(errors="replace")
     )
+
+
+async def _to_its_end(cleanup: Awaitable[None]) -> None:
+    """Run a cleanup to its end however often the caller is cancelled meanwhile (a second
+    cancel, as a shutdown sends, would otherwise stop it halfway and leave the group running);
+    the caller re-raises its cancel after."""
+    task = asyncio.ensure_future(cleanup)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    if not task.cancelled():
+        task.result()
+
+
+async def _end_started(starting: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    with contextlib.suppress(OSError):  # it never started: nothing to end
+        await _kill_group(await starting)
 
 
 async def _kill_group(process: asyncio.subprocess.Process) -> None:
@@ -73,4 +89,9 @@ async def _kill_group(process: asyncio.subprocess.Process) -> None:
         await asyncio.wait_for(process.wait(), KILL_GRACE_S)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    await process.wait()
+    # wait() also waits for the child's pipes, which a process that left the group (setsid)
+    # may hold on: the child's own exit code is what says it is reaped.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+    while process.returncode is None:  # noqa: ASYNC110 - set by the child watcher; no event
+        await asyncio.sleep(0.05)

@@ -4,7 +4,10 @@ answers in Terraform's documented machine-readable UI (tests/fakes/terraform_cli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import stat
 import sys
 import time
@@ -18,6 +21,7 @@ from autoscale.provisioners import (
     ProvisionFailed,
     ProvisionRequest,
     StandingRequest,
+    process,
     provisioner_for,
 )
 from autoscale.provisioners.ray_autoscaler import AutoscalerRequest
@@ -119,12 +123,17 @@ def test_a_cancelled_command_leaves_no_process_behind(tmp_path: Path) -> None:
 def assert_gone(pids: Path) -> None:
     for pid in map(int, pids.read_text().split()):
         deadline = time.monotonic() + 10
-        while psutil.pid_exists(pid) and time.monotonic() < deadline:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                break  # killed; its parent (gone too) cannot reap it here
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        assert not alive, f"process {pid} outlived the cancelled provisioner"
+        assert not alive(pid), f"process {pid} outlived the cancelled provisioner"
+
+
+def alive(pid: int) -> bool:
+    """Running; a zombie was killed (its parent, gone too, cannot reap it here)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_command_cancelled_while_its_pipes_connect_leaves_no_process_behind(
@@ -143,29 +152,77 @@ def test_a_command_cancelled_while_its_pipes_connect_leaves_no_process_behind(
         "time.sleep(600)\n",
     )
     provisioner = provisioner_for(command(sys.executable, "hang.py"), tmp_path)
+    held: list[bool] = []
 
-    def both_running() -> bool:
-        return pids.exists() and len(pids.read_text().split()) == 2
+    async def both_running() -> None:
+        async with asyncio.timeout(60):
+            while not pids.exists() or len(pids.read_text().split()) < 2:  # noqa: ASYNC110 - another process writes it
+                await asyncio.sleep(0.05)
 
     async def cut_short() -> None:
         loop = asyncio.get_running_loop()
         connect = loop.connect_read_pipe
+        cancelled = asyncio.Event()
 
         async def late_connect(*args: Any, **kwargs: Any) -> Any:
-            while not both_running():  # noqa: ASYNC110 - another process writes it
-                await asyncio.sleep(0.05)
+            # The pipes connect only once the grandchild runs and the cancel has been sent.
+            held.append(True)
+            await cancelled.wait()
             return await connect(*args, **kwargs)
 
         loop.connect_read_pipe = late_connect  # type: ignore[method-assign]
         task = asyncio.create_task(provisioner.provision(request()))
-        while not both_running():  # noqa: ASYNC110 - another process writes it
-            await asyncio.sleep(0.05)
+        await both_running()
+        task.cancel()
+        cancelled.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(cut_short())
+        assert held, "asyncio no longer connects a child's pipes through connect_read_pipe"
+        assert_gone(pids)
+    finally:  # whatever failed, nothing of the test's left running
+        for pid in map(int, pids.read_text().split()) if pids.exists() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_second_cancel_while_the_group_is_ended_still_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown cancels every task again: the SIGKILL after the grace must still come."""
+    monkeypatch.setattr(process, "KILL_GRACE_S", 1.0)
+    pids = tmp_path / "pids"
+    script(
+        tmp_path,
+        "stubborn.py",
+        "import os, signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(600)\n",
+    )
+    provisioner = provisioner_for(command(sys.executable, "stubborn.py"), tmp_path)
+
+    async def cancel_twice() -> None:
+        task = asyncio.create_task(provisioner.provision(request()))
+        async with asyncio.timeout(60):
+            while not pids.exists() or len(pids.read_text().split()) < 2:  # noqa: ASYNC110 - another process writes it
+                await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.3)  # inside the grace: SIGTERM sent, ignored
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(cut_short())
-    assert_gone(pids)
+    try:
+        asyncio.run(cancel_twice())
+        assert_gone(pids)
+    finally:
+        for pid in map(int, pids.read_text().split()) if pids.exists() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_no_provisioner_always_fails_and_says_so(tmp_path: Path) -> None:
