@@ -11,6 +11,7 @@ import signal
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,40 @@ def script(tmp_path: Path, name: str, body: str) -> Path:
 
 def command(*argv: str, **env: str) -> CommandProvisioner:
     return CommandProvisioner(type="command", command=argv, env=env)
+
+
+def parent_and_child(tmp_path: Path, name: str, first: str = "", child_args: str = "") -> Path:
+    """A command that starts a child of its own, writes both pids to the returned file and
+    sleeps: what a cancel must end, grandchild included."""
+    pids = tmp_path / "pids"
+    script(
+        tmp_path,
+        name,
+        f"import os, signal, subprocess, sys, time\n{first}"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']"
+        f"{child_args})\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(600)\n",
+    )
+    return pids
+
+
+async def both_running(pids: Path) -> None:
+    async with asyncio.timeout(60):
+        # Another process writes it; a small file, read between sleeps.
+        while not pids.exists() or len(pids.read_text().split()) < 2:  # noqa: ASYNC110, ASYNC240
+            await asyncio.sleep(0.05)
+
+
+@contextlib.contextmanager
+def killed_after(pids: Path) -> Iterator[None]:
+    """Whatever the test found, nothing of its processes is left running."""
+    try:
+        yield
+    finally:
+        for pid in map(int, pids.read_text().split()) if pids.exists() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_the_command_gets_the_pool_in_its_environment(tmp_path: Path) -> None:
@@ -97,27 +132,19 @@ def test_a_missing_command_is_a_failed_attempt(tmp_path: Path) -> None:
 
 
 def test_a_cancelled_command_leaves_no_process_behind(tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
-    script(
-        tmp_path,
-        "hang.py",
-        "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-        "time.sleep(600)\n",
-    )
+    pids = parent_and_child(tmp_path, "hang.py")
     provisioner = provisioner_for(command(sys.executable, "hang.py"), tmp_path)
 
     async def cut_short() -> None:
         task = asyncio.create_task(provisioner.provision(request()))
-        while not pids.exists() or len(pids.read_text().split()) < 2:  # noqa: ASYNC110 - another process writes it
-            await asyncio.sleep(0.05)
+        await both_running(pids)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(cut_short())
-    assert_gone(pids)
+    with killed_after(pids):
+        asyncio.run(cut_short())
+        assert_gone(pids)
 
 
 def assert_gone(pids: Path) -> None:
@@ -141,23 +168,12 @@ def test_a_command_cancelled_while_its_pipes_connect_leaves_no_process_behind(
 ) -> None:
     """The child runs before asyncio has connected its pipes: on a loaded machine its own child
     can be running by then (a make test run waited 600 s here for one to end by itself)."""
-    pids = tmp_path / "pids"
-    script(
-        tmp_path,
-        "hang.py",
-        "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
-        "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-        "time.sleep(600)\n",
+    # The grandchild's output goes elsewhere, so the pipes close with the child.
+    pids = parent_and_child(
+        tmp_path, "hang.py", child_args=", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"
     )
     provisioner = provisioner_for(command(sys.executable, "hang.py"), tmp_path)
     held: list[bool] = []
-
-    async def both_running() -> None:
-        async with asyncio.timeout(60):
-            while not pids.exists() or len(pids.read_text().split()) < 2:  # noqa: ASYNC110 - another process writes it
-                await asyncio.sleep(0.05)
 
     async def cut_short() -> None:
         loop = asyncio.get_running_loop()
@@ -172,20 +188,16 @@ def test_a_command_cancelled_while_its_pipes_connect_leaves_no_process_behind(
 
         loop.connect_read_pipe = late_connect  # type: ignore[method-assign]
         task = asyncio.create_task(provisioner.provision(request()))
-        await both_running()
+        await both_running(pids)
         task.cancel()
         cancelled.set()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    try:
+    with killed_after(pids):
         asyncio.run(cut_short())
         assert held, "asyncio no longer connects a child's pipes through connect_read_pipe"
         assert_gone(pids)
-    finally:  # whatever failed, nothing of the test's left running
-        for pid in map(int, pids.read_text().split()) if pids.exists() else ():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_second_cancel_while_the_group_is_ended_still_ends_it(
@@ -193,36 +205,22 @@ def test_a_second_cancel_while_the_group_is_ended_still_ends_it(
 ) -> None:
     """A shutdown cancels every task again: the SIGKILL after the grace must still come."""
     monkeypatch.setattr(process, "KILL_GRACE_S", 1.0)
-    pids = tmp_path / "pids"
-    script(
-        tmp_path,
-        "stubborn.py",
-        "import os, signal, subprocess, sys, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-        "time.sleep(600)\n",
-    )
+    ignore_term = "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it\n"
+    pids = parent_and_child(tmp_path, "stubborn.py", first=ignore_term)
     provisioner = provisioner_for(command(sys.executable, "stubborn.py"), tmp_path)
 
     async def cancel_twice() -> None:
         task = asyncio.create_task(provisioner.provision(request()))
-        async with asyncio.timeout(60):
-            while not pids.exists() or len(pids.read_text().split()) < 2:  # noqa: ASYNC110 - another process writes it
-                await asyncio.sleep(0.05)
+        await both_running(pids)
         task.cancel()
         await asyncio.sleep(0.3)  # inside the grace: SIGTERM sent, ignored
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    try:
+    with killed_after(pids):
         asyncio.run(cancel_twice())
         assert_gone(pids)
-    finally:
-        for pid in map(int, pids.read_text().split()) if pids.exists() else ():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_no_provisioner_always_fails_and_says_so(tmp_path: Path) -> None:
