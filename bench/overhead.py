@@ -113,16 +113,24 @@ def deploy() -> list[Side]:
 
 def cpu_seconds(titles: tuple[str, ...]) -> float:
     """CPU time used so far by the processes whose title contains one of `titles`."""
-    total = 0.0
+    return sum(cpu_by_title(titles).values())
+
+
+def cpu_by_title(titles: tuple[str, ...]) -> dict[str, float]:
+    """CPU time used so far by the processes whose title contains each of `titles` (a process
+    under the first of them it matches), every title present."""
+    used = dict.fromkeys(titles, 0.0)
     for process in psutil.process_iter(["cmdline"]):
         title = " ".join(process.info["cmdline"] or ())
-        if any(t in title for t in titles):
-            try:
-                times = process.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
-    return total
+        matched = next((t for t in titles if t in title), None)
+        if matched is None:
+            continue
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        used[matched] += times.user + times.system
+    return used
 
 
 def _auth() -> dict[str, str]:

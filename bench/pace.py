@@ -15,7 +15,7 @@ speed on a GPU). In front of the very same LLMServer replicas:
 At 1, 8, 32 and 128 clients, rounds rotating the paths so drift hits all alike: requests/s,
 p50 and p99 latency (with an instant engine, all of it is the path's), the CPU the path's Serve
 actors spend per request (proxy, front replicas, key ledger and slot broker; the engine replica
-beside it), and for streams the tokens/s each stream relays over its whole life (its wait for
+beside it), that CPU split by process for whole requests, and for streams the tokens/s each stream relays over its whole life (its wait for
 the first token included) and the chunks/s all of them do.
 The load generator runs on the same cores: at high client counts it takes its share, alike for
 every path. Each Ray Serve mode (`--modes`: Serve as installed, then its high-throughput mode,
@@ -52,7 +52,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bench import profile, stack
-from bench.overhead import cpu_seconds
+from bench.overhead import cpu_by_title, cpu_seconds
 from deployments.engine.llm_server import ObservedLLMServer
 from tests.fakes.gpu_cost import H100_LLAMA_8B
 from tests.fakes.gpu_steps import GPU_ENV
@@ -69,6 +69,7 @@ CLIENTS = (1, 8, 32, 128)
 WHOLE_REQUESTS = {1: 300, 8: 800, 32: 1600, 128: 2560}
 STREAMS = {1: 60, 8: 240, 32: 480, 128: 1024}
 PROXY = "ProxyActor"
+LEDGER, BROKER = "KeyLedger", "SlotBroker"  # the gateway's actors in its request path
 ENGINE = "LLMServer"
 # Targets (issue 36), gateway against the anchor.
 ADDED_P50_MS_AT_1 = 1.0
@@ -165,6 +166,7 @@ class Run:
     elapsed_s: float = 0.0
     overhead_ms: list[float] = field(default_factory=list)  # x-gateway-overhead-ms
     front_cpu_s: float = 0.0
+    front_cpu_by: dict[str, float] = field(default_factory=dict)  # by front process (its title)
     engine_cpu_s: float = 0.0
 
     @property
@@ -198,7 +200,7 @@ def routes_at(base_url: str, front: tuple[str, ...] = ()) -> list[Route]:
             "(b) gateway",
             f"{base_url}/v1",
             {"Authorization": f"Bearer {API_KEY}"},
-            (*front, PROXY, f"ServeReplica:{stack.GATEWAY_APP}:ingress", "KeyLedger", "SlotBroker"),
+            (*front, PROXY, f"ServeReplica:{stack.GATEWAY_APP}:ingress", LEDGER, BROKER),
         ),
         Route(
             "(c) minimal",
@@ -319,7 +321,7 @@ async def load(path: Route, clients: int, requests: int, stream: bool, run: Run)
     """`requests` sent by `clients` at a time, each client sending its next on an answer."""
     remaining = iter(range(requests))
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    front_before, engine_before = cpu_seconds(path.front), cpu_seconds((ENGINE,))
+    front_before, engine_before = cpu_by_title(path.front), cpu_seconds((ENGINE,))
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         for _ in remaining:
@@ -329,7 +331,10 @@ async def load(path: Route, clients: int, requests: int, stream: bool, run: Run)
         started = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(clients)))
         run.elapsed_s += time.perf_counter() - started
-    run.front_cpu_s += cpu_seconds(path.front) - front_before
+    for title, used in cpu_by_title(path.front).items():
+        spent = used - front_before[title]
+        run.front_cpu_by[title] = run.front_cpu_by.get(title, 0.0) + spent
+        run.front_cpu_s += spent
     run.engine_cpu_s += cpu_seconds((ENGINE,)) - engine_before
 
 
@@ -428,6 +433,34 @@ def report_whole(
     return met
 
 
+# The columns of the front's split: each front process by what it is, whichever path's.
+FRONT_PARTS = ("HAProxy", "Serve's proxy", "front replica", "key ledger", "slot broker")
+
+
+def front_part(title: str) -> str:
+    named = {
+        HAPROXY: "HAProxy",
+        PROXY: "Serve's proxy",
+        LEDGER: "key ledger",
+        BROKER: "slot broker",
+    }
+    return named.get(title, "front replica")
+
+
+def report_front_split(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) -> None:
+    """Where each path's front CPU per whole request goes, process by process: what the gateway
+    spends over the minimal app, and in which process. HAProxy only where the mode runs it."""
+    _table("front CPU ms per whole request, by process:", ["path", "clients", *FRONT_PARTS])
+    for clients in CLIENTS:
+        for path in routes:
+            r = runs[(path.name, False, clients)]
+            parts = dict.fromkeys(FRONT_PARTS, 0.0)
+            for title, used in r.front_cpu_by.items():
+                parts[front_part(title)] += used
+            cells = " | ".join(f"{r.cpu_ms(used):.2f}" for used in parts.values())
+            print(f"| {path.name} | {clients} | {cells} |")
+
+
 def report_streams(
     routes: list[Route], runs: dict[tuple[str, bool, int], Run], engine: Engine
 ) -> bool:
@@ -466,6 +499,7 @@ def report(
     for path in routes:
         print(f"| {path.name} | {idle[path.name]:.1f} |")
     met = report_whole(routes, runs, engine)
+    report_front_split(routes, runs)
     met &= report_streams(routes, runs, engine)
     print(f"\ntargets (issue 36): {'met' if met else 'NOT met'}, on {engine.on}")
     return met
