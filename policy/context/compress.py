@@ -5,7 +5,9 @@ scored: headers and structural markers, code signatures and `key: value` lines s
 do terms shared with the latest user message and the first and last 10% of the text (where
 instructions and summaries tend to sit). The best units are kept, in their original order, until
 the budget is spent; a unit that does not fit is skipped so that smaller ones can still use the
-room left.
+room left. Where no whole unit fits, the head of the best one is kept, cut after a word: a text
+of long lines or one long paragraph (units of up to `MAX_UNIT_CHARS`, a few hundred tokens) under
+a budget smaller than its units keeps its best part instead of nothing.
 """
 
 from __future__ import annotations
@@ -107,10 +109,38 @@ def compress(text: str, budget: int, count: Callable[[str], int], query: str = "
     units = [Unit(i, piece, score_unit(piece, i / last, terms)) for i, piece in enumerate(pieces)]
     ranked = sorted((u for u in units if u.score >= 0), key=lambda u: (-u.score, u.index))
     kept: list[Unit] = []
+    skipped: list[Unit] = []
     spent = 0
     for unit in ranked:
         cost = count(unit.text) + 1  # its tokens and the newline that joins it
         if spent + cost <= budget:
             kept.append(unit)
             spent += cost
+        else:
+            skipped.append(unit)
+    if not kept and skipped:  # no whole unit fits: the best one's head, not nothing
+        head = _head_within(skipped[0].text, budget, count)
+        if head:
+            kept.append(Unit(skipped[0].index, head, skipped[0].score))
     return "\n".join(u.text for u in sorted(kept, key=lambda u: u.index))
+
+
+def _head_within(text: str, room: int, count: Callable[[str], int]) -> str:
+    """The longest head of `text` that counts at most `room` tokens, cut after a word where it
+    has a space to cut at (text without spaces, such as Chinese, is cut between characters).
+    A binary search over its length: a dozen counts for a unit of `MAX_UNIT_CHARS`."""
+    if room <= 0:
+        return ""
+    low, high = 0, len(text)  # the head of `low` characters fits; none longer than `high` does
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count(text[:middle]) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    head = text[:low]
+    if low < len(text) and not text[low].isspace():  # cut inside a word: back to its start
+        space = max(head.rfind(" "), head.rfind("\t"))
+        head = head[:space] if space > 0 else head
+    head = head.rstrip()
+    return head if head and count(head) <= room else ""
