@@ -15,8 +15,9 @@ speed on a GPU). In front of the very same LLMServer replicas:
 At 1, 8, 32 and 128 clients, rounds rotating the paths so drift hits all alike: requests/s,
 p50 and p99 latency (with an instant engine, all of it is the path's), the CPU the path's Serve
 actors spend per request (proxy, front replicas, key ledger and slot broker; the engine replica
-beside it), that CPU split by process for whole requests, and for streams the tokens/s each stream relays over its whole life (its wait for
-the first token included) and the chunks/s all of them do.
+beside it), that CPU split by process for whole requests, and for streams the tokens/s each
+stream relays over its whole life (its wait for the first token included) and the chunks/s all
+of them do.
 The load generator runs on the same cores: at high client counts it takes its share, alike for
 every path. Each Ray Serve mode (`--modes`: Serve as installed, then its high-throughput mode,
 HAProxy in front, whose CPU counts in every path's front) is a cluster of its own in the same

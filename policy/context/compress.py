@@ -5,9 +5,10 @@ scored: headers and structural markers, code signatures and `key: value` lines s
 do terms shared with the latest user message and the first and last 10% of the text (where
 instructions and summaries tend to sit). The best units are kept, in their original order, until
 the budget is spent; a unit that does not fit is skipped so that smaller ones can still use the
-room left. Where no whole unit fits, the head of the best one is kept, cut after a word: a text
-of long lines or one long paragraph (units of up to `MAX_UNIT_CHARS`, a few hundred tokens) under
-a budget smaller than its units keeps its best part instead of nothing.
+room left. What room they leave (at least `MIN_HEAD_TOKENS`) goes to the head of the best unit
+that did not fit, cut after a word: a text of long lines or one long paragraph (units of up to
+`MAX_UNIT_CHARS`, a few hundred tokens) under a budget smaller than its units keeps the
+beginning of its best one instead of nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 __all__ = [
     "EDGE_SHARE",
     "MAX_UNIT_CHARS",
+    "MIN_HEAD_TOKENS",
     "Unit",
     "compress",
     "query_terms",
@@ -27,6 +29,8 @@ __all__ = [
 ]
 
 MAX_UNIT_CHARS = 1200  # longer lines are split into sentences, then into slices of this size
+MIN_HEAD_TOKENS = 16  # a head of a unit shorter than this says too little to be worth its place
+MAX_WORD_CHARS = 40  # a head is cut after a word only where it loses no more than this
 EDGE_SHARE = 0.10
 
 _HEADER = re.compile(r"^\s*(#{1,6}\s|={3,}|-{3,}|\[[^\]]+\]\s*$|[A-Z][A-Z0-9 _-]{2,60}:?\s*$)")
@@ -38,6 +42,7 @@ _CODE_SIGNATURE = re.compile(
 _KEY_VALUE = re.compile(r"^\s*[\w .\-/]{1,40}:\s+\S")
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _WORD = re.compile(r"[a-zA-Z][a-zA-Z0-9_]{3,}")
+_SPACE = re.compile(r"\s")
 _STOPWORDS = frozenset(
     "that this with from have what when where which will would could should there their "
     "about into your they them then than been were also just like more some such only".split()
@@ -118,19 +123,21 @@ def compress(text: str, budget: int, count: Callable[[str], int], query: str = "
             spent += cost
         else:
             skipped.append(unit)
-    if not kept and skipped:  # no whole unit fits: the best one's head, not nothing
-        head = _head_within(skipped[0].text, budget, count)
+    # The room whole units left goes to the head of the best one that did not fit: a text of
+    # one long paragraph (or a title and one) keeps its beginning, not nothing (or its title).
+    room = budget - spent - (1 if kept else 0)
+    if skipped and room >= MIN_HEAD_TOKENS:
+        head = _head_within(skipped[0].text, room, count)
         if head:
             kept.append(Unit(skipped[0].index, head, skipped[0].score))
     return "\n".join(u.text for u in sorted(kept, key=lambda u: u.index))
 
 
 def _head_within(text: str, room: int, count: Callable[[str], int]) -> str:
-    """The longest head of `text` that counts at most `room` tokens, cut after a word where it
-    has a space to cut at (text without spaces, such as Chinese, is cut between characters).
-    A binary search over its length: a dozen counts for a unit of `MAX_UNIT_CHARS`."""
-    if room <= 0:
-        return ""
+    """The longest head of `text` that counts at most `room` tokens, found by a binary search
+    over its length (a dozen counts for a unit of `MAX_UNIT_CHARS`). Cut after a word where a
+    space lies within `MAX_WORD_CHARS` before the cut, else between characters (Chinese has no
+    spaces, a URL or base64 run no early one)."""
     low, high = 0, len(text)  # the head of `low` characters fits; none longer than `high` does
     while low < high:
         middle = (low + high + 1) // 2
@@ -140,7 +147,11 @@ def _head_within(text: str, room: int, count: Callable[[str], int]) -> str:
             high = middle - 1
     head = text[:low]
     if low < len(text) and not text[low].isspace():  # cut inside a word: back to its start
-        space = max(head.rfind(" "), head.rfind("\t"))
-        head = head[:space] if space > 0 else head
-    head = head.rstrip()
-    return head if head and count(head) <= room else ""
+        spaces = [m.start() for m in _SPACE.finditer(head, max(0, low - MAX_WORD_CHARS))]
+        head = head[: spaces[-1]] if spaces else head
+    # A counter need not grow with the text (a tokenizer's merges): what was counted as fitting
+    # is the fallback where the cleaner head is not.
+    for candidate in (head.strip(), text[:low].strip()):
+        if candidate and count(candidate) <= room:
+            return candidate
+    return ""

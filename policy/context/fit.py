@@ -498,7 +498,10 @@ class Planner:
             texts[i] = compress(
                 message_text(self._messages[i]), share, self._counter.count_text, self._query
             )
-        return texts if any(t.strip() for t in texts.values()) else None
+        # Each message keeps some of its words, or the turn goes whole: a reply kept beside an
+        # emptied question (or the reverse) misleads more than the marker's count of dropped ones.
+        kept = all(t.strip() for i, t in texts.items() if message_text(self._messages[i]).strip())
+        return texts if kept and any(t.strip() for t in texts.values()) else None
 
     def _assemble(
         self,
