@@ -435,3 +435,22 @@ def test_routers_that_share_no_books_let_background_work_run_beside_another_rout
     assert not any(x.startswith(": gps-") for x in lines_of(background))
     assert coding.max_running == 2
     assert coding.calls == 2
+
+
+def test_a_running_jobs_start_is_read_on_the_routers_clock() -> None:
+    """Preemption orders running jobs by their start: read on the clock the router was given,
+    as every age it compares is (a test's clock here, far from the process's)."""
+    clock = FakeClock(now=5.0)
+    coding = FakeBackend(script, step_s=0.01, hold_at=3)
+    router = make_router(make_config(router=PREEMPT), two(coding, FakeBackend(script)), clock=clock)
+
+    async def scenario() -> list[float]:
+        background = asyncio.create_task(collect(router, job(priority=PriorityClass.BACKGROUND)))
+        await until(lambda: coding.calls >= 1 and len(coding.streams[0]._items) <= TOKENS)
+        running = router._links["coding@local"].running.values()
+        started = [attempt.view().started for attempt in running]
+        await collect(router, job(priority=PriorityClass.USER))  # releases the held stream
+        await background
+        return started
+
+    assert asyncio.run(scenario()) == [5.0]

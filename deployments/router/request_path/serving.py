@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,7 +157,7 @@ class Serving:
         request = job.request
         streaming = not isinstance(request, EmbeddingRequest) and bool(request.stream)
         attempt = Attempt(
-            link, fit, streaming, continuing, seat, job.priority, time.monotonic(), waited=waited
+            link, fit, streaming, continuing, seat, job.priority, self._now(), waited=waited
         )
         attempt.pausable = streaming and continuable(job.request)
         _enter(link, attempt)
