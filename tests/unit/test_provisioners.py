@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from autoscale.provisioners import (
+    Provisioner,
     ProvisionFailed,
     ProvisionRequest,
     StandingRequest,
@@ -134,17 +135,25 @@ def test_a_missing_command_is_a_failed_attempt(tmp_path: Path) -> None:
 def test_a_cancelled_command_leaves_no_process_behind(tmp_path: Path) -> None:
     pids = parent_and_child(tmp_path, "hang.py")
     provisioner = provisioner_for(command(sys.executable, "hang.py"), tmp_path)
-
-    async def cut_short() -> None:
-        task = asyncio.create_task(provisioner.provision(request()))
-        await both_running(pids)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
     with killed_after(pids):
-        asyncio.run(cut_short())
+        asyncio.run(cancelled_while_running(provisioner, pids))
         assert_gone(pids)
+
+
+async def cancelled_while_running(
+    provisioner: Provisioner, pids: Path, then_again_after_s: float | None = None
+) -> None:
+    """The provisioning cancelled once its command and that one's child run (and, with
+    `then_again_after_s`, cancelled again that long after: a shutdown's second cancel); it
+    ends cancelled."""
+    task = asyncio.create_task(provisioner.provision(request()))
+    await both_running(pids)
+    task.cancel()
+    if then_again_after_s is not None:
+        await asyncio.sleep(then_again_after_s)
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 def assert_gone(pids: Path) -> None:
@@ -208,18 +217,9 @@ def test_a_second_cancel_while_the_group_is_ended_still_ends_it(
     ignore_term = "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the child inherits it\n"
     pids = parent_and_child(tmp_path, "stubborn.py", first=ignore_term)
     provisioner = provisioner_for(command(sys.executable, "stubborn.py"), tmp_path)
-
-    async def cancel_twice() -> None:
-        task = asyncio.create_task(provisioner.provision(request()))
-        await both_running(pids)
-        task.cancel()
-        await asyncio.sleep(0.3)  # inside the grace: SIGTERM sent, ignored
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
     with killed_after(pids):
-        asyncio.run(cancel_twice())
+        # The second cancel inside the grace: SIGTERM sent, and ignored.
+        asyncio.run(cancelled_while_running(provisioner, pids, then_again_after_s=0.3))
         assert_gone(pids)
 
 
