@@ -58,6 +58,8 @@ class FakeStream:
         if isinstance(item, Exception):
             self._finish()
             raise item
+        if not self._items:  # the engine's last item: its request is over, read on or not
+            self._finish()
         return item
 
     def _held(self) -> bool:

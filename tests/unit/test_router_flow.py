@@ -307,6 +307,28 @@ def test_no_first_token_in_time_is_a_fault() -> None:
     assert slow.streams[0].cancelled
 
 
+def test_a_whole_answer_leaves_the_engines_stream_to_end_by_itself() -> None:
+    """A whole answer is the engine's last item: no cancel goes out after it (through Ray, a
+    round to the engine's replica for nothing). One that never came in time is cancelled."""
+    whole_job = job()
+    whole_job = replace(whole_job, request=whole_job.request.model_copy(update={"stream": False}))
+    answer = [{"choices": [{"message": {"content": "hi"}}]}]
+    coding = FakeBackend(lambda _: [answer])
+    router = make_router(make_config(), two(coding, FakeBackend(ok)))
+    reply = asyncio.run(router.chat_once(whole_job))
+    assert isinstance(reply, Opening)
+    assert reply.first == answer
+    assert not coding.streams[0].cancelled
+    assert coding.running == 0
+
+    slow = FakeBackend(lambda _: [answer], step_s=2.0)  # first_token_timeout_s is 1 s
+    router = make_router(make_config(), two(slow, FakeBackend(lambda _: [answer])))
+    reply = asyncio.run(router.chat_once(whole_job))
+    assert isinstance(reply, Opening)
+    assert reply.routed.backend == "orchestrator@local"
+    assert slow.streams[0].cancelled
+
+
 class CancelRaisingStream(FakeStream):
     """As Ray's handle reads: a read cancelled mid-way raises an error of its own."""
 
@@ -1217,7 +1239,9 @@ def test_a_suffix_goes_past_links_without_fim_to_one_with_it_without_blame() -> 
 
 def test_the_router_in_the_ingress_process_answers_the_ingress_calls() -> None:
     many = [[f"data: {i}\n\n"] for i in range(6)]
-    coding = FakeBackend(lambda _: many, step_s=0.001)
+    # Its second call streams; the whole answers (the first and third) are one item, as an
+    # engine's are.
+    coding = FakeBackend(lambda call: many if call == 2 else many[:1], step_s=0.001)
     router = make_router(make_config(cap=1), two(coding, FakeBackend(ok)))
     in_process = InProcessRouter(router)
     whole = job()

@@ -92,7 +92,8 @@ class Attempt:
     tape: StreamTape = field(init=False)
     rewriter: Rewriter | None = field(init=False)
     verdict: bool | None = None  # True: served; False: a backend fault; None: no verdict
-    stream: ChatStream | None = None  # cancelled when the attempt ends, however it ends
+    # Cancelled when the attempt ends, however it ends, while the engine may still be at work.
+    stream: ChatStream | None = None
     waited: EngineWait = field(default_factory=EngineWait)  # the job's, this attempt's added
 
     def __post_init__(self) -> None:
@@ -230,6 +231,12 @@ class Serving:
             attempt.verdict = False
             link.note_oom(error)
             raise BackendFault(error_text(error))
+        if not attempt.streaming:
+            # A whole answer (or its error) is the engine's last item: its request is over and
+            # its stream ends by itself. A cancel would abort nothing and cost a round through
+            # Ray for each whole answer whose end had not yet come in (the caller's worker, the
+            # raylet's CancelLocalTask, the engine's replica): 0.6 of them at one client.
+            attempt.stream = None
         return stream, first
 
     async def _next_step(self, attempt: Attempt, stream: ChatStream) -> Step:
