@@ -72,6 +72,9 @@ STREAMS = {1: 60, 8: 240, 32: 480, 128: 1024}
 PROXY = "ProxyActor"
 LEDGER, BROKER = "KeyLedger", "SlotBroker"  # the gateway's actors in its request path
 ENGINE = "LLMServer"
+# Ray's own daemons on the node: not the front, but what a path makes them do is the machine's
+# (a cancel per whole answer cost the raylet about 1 ms each: docs/benchmarks.md).
+RAY_DAEMONS = ("raylet", "gcs_server")
 # Targets (issue 36), gateway against the anchor.
 ADDED_P50_MS_AT_1 = 1.0
 THROUGHPUT_AT = {32: 1.0, 128: 1.0}
@@ -169,6 +172,7 @@ class Run:
     front_cpu_s: float = 0.0
     front_cpu_by: dict[str, float] = field(default_factory=dict)  # by front process (its title)
     engine_cpu_s: float = 0.0
+    ray_cpu_s: float = 0.0  # RAY_DAEMONS', over the same time
 
     @property
     def done(self) -> int:
@@ -323,6 +327,7 @@ async def load(path: Route, clients: int, requests: int, stream: bool, run: Run)
     remaining = iter(range(requests))
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     front_before, engine_before = cpu_by_title(path.front), cpu_seconds((ENGINE,))
+    ray_before = cpu_seconds(RAY_DAEMONS)
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         for _ in remaining:
@@ -337,6 +342,7 @@ async def load(path: Route, clients: int, requests: int, stream: bool, run: Run)
         run.front_cpu_by[title] = run.front_cpu_by.get(title, 0.0) + spent
         run.front_cpu_s += spent
     run.engine_cpu_s += cpu_seconds((ENGINE,)) - engine_before
+    run.ray_cpu_s += cpu_seconds(RAY_DAEMONS) - ray_before
 
 
 async def idle_cpu(routes: list[Route], seconds: float) -> dict[str, float]:
@@ -450,15 +456,18 @@ def front_part(title: str) -> str:
 
 def report_front_split(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) -> None:
     """Where each path's front CPU per whole request goes, process by process: what the gateway
-    spends over the minimal app, and in which process. HAProxy only where the mode runs it."""
-    _table("front CPU ms per whole request, by process:", ["path", "clients", *FRONT_PARTS])
+    spends over the minimal app, and in which process. HAProxy only where the mode runs it.
+    Last, outside the front: the raylet's and the GCS's over the same time (their background
+    is the same for every path; what a path adds is the difference)."""
+    columns = ["path", "clients", *FRONT_PARTS, "raylet + GCS (not front)"]
+    _table("front CPU ms per whole request, by process:", columns)
     for clients in CLIENTS:
         for path in routes:
             r = runs[(path.name, False, clients)]
             parts = dict.fromkeys(FRONT_PARTS, 0.0)
             for title, used in r.front_cpu_by.items():
                 parts[front_part(title)] += used
-            cells = " | ".join(f"{r.cpu_ms(used):.2f}" for used in parts.values())
+            cells = " | ".join(f"{r.cpu_ms(used):.2f}" for used in [*parts.values(), r.ray_cpu_s])
             print(f"| {path.name} | {clients} | {cells} |")
 
 
