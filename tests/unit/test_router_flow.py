@@ -329,6 +329,29 @@ def test_a_whole_answer_leaves_the_engines_stream_to_end_by_itself() -> None:
     assert slow.streams[0].cancelled
 
 
+def test_a_whole_answer_served_is_its_breakers_success() -> None:
+    """Faults between served whole answers are not in a row: a whole answer, handed back at its
+    one item (chat_once reads no further), resets the breaker's count as a stream's end does."""
+    whole_job = job()
+    whole_job = replace(whole_job, request=whole_job.request.model_copy(update={"stream": False}))
+    answer = [{"choices": [{"message": {"content": "hi"}}]}]
+    fault = engine_error(500)
+    coding = FakeBackend(lambda call: [answer] if call == 3 else fault(call))
+    router = make_router(make_config(), two(coding, FakeBackend(lambda _: [answer])))
+
+    async def five() -> list[str]:
+        replies = [await router.chat_once(whole_job) for _ in range(5)]
+        return [r.routed.backend for r in replies if isinstance(r, Opening)]
+
+    # Faults on calls 1, 2, 4 and 5 with an answer on 3: never three in a row (breaker_failures).
+    assert asyncio.run(five()) == [
+        *("orchestrator@local", "orchestrator@local", "coding@local"),
+        *("orchestrator@local", "orchestrator@local"),
+    ]
+    assert coding.calls == 5
+    assert not asyncio.run(breaker_opened(router, "coding@local"))
+
+
 class CancelRaisingStream(FakeStream):
     """As Ray's handle reads: a read cancelled mid-way raises an error of its own."""
 

@@ -237,6 +237,8 @@ class Serving:
             # Ray for each whole answer whose end had not yet come in (the caller's worker, the
             # raylet's CancelLocalTask, the engine's replica): 0.6 of them at one client.
             attempt.stream = None
+            if error is None:  # served: its breaker's success (chat_once reads no further)
+                attempt.verdict = True
         return stream, first
 
     async def _next_step(self, attempt: Attempt, stream: ChatStream) -> Step:
