@@ -457,8 +457,9 @@ def front_part(title: str) -> str:
 def report_front_split(routes: list[Route], runs: dict[tuple[str, bool, int], Run]) -> None:
     """Where each path's front CPU per whole request goes, process by process: what the gateway
     spends over the minimal app, and in which process. HAProxy only where the mode runs it.
-    Last, outside the front: the raylet's and the GCS's over the same time (their background
-    is the same for every path; what a path adds is the difference)."""
+    Last, outside the front: the raylet's and the GCS's over the same time. Their background
+    runs by the second and is charged here per request, so paths compare where their rates are
+    close; and psutil reads CPU in 10 ms ticks, so take differences of a tick or two as none."""
     columns = ["path", "clients", *FRONT_PARTS, "raylet + GCS (not front)"]
     _table("front CPU ms per whole request, by process:", columns)
     for clients in CLIENTS:
