@@ -73,7 +73,7 @@ PROXY = "ProxyActor"
 LEDGER, BROKER = "KeyLedger", "SlotBroker"  # the gateway's actors in its request path
 ENGINE = "LLMServer"
 # Ray's own daemons on the node: not the front, but what a path makes them do is the machine's
-# (a cancel per whole answer cost the raylet about 1 ms each: docs/benchmarks.md).
+# (a cancel after each whole answer cost the raylet about 0.8 ms: docs/benchmarks.md).
 RAY_DAEMONS = ("raylet", "gcs_server")
 # Targets (issue 36), gateway against the anchor.
 ADDED_P50_MS_AT_1 = 1.0

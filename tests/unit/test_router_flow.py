@@ -307,11 +307,15 @@ def test_no_first_token_in_time_is_a_fault() -> None:
     assert slow.streams[0].cancelled
 
 
+def as_whole(chat_job: ChatJob) -> ChatJob:
+    """The same job asking for a whole answer (no stream)."""
+    return replace(chat_job, request=chat_job.request.model_copy(update={"stream": False}))
+
+
 def test_a_whole_answer_leaves_the_engines_stream_to_end_by_itself() -> None:
     """A whole answer is the engine's last item: no cancel goes out after it (through Ray, a
     round to the engine's replica for nothing). One that never came in time is cancelled."""
-    whole_job = job()
-    whole_job = replace(whole_job, request=whole_job.request.model_copy(update={"stream": False}))
+    whole_job = as_whole(job())
     answer = [{"choices": [{"message": {"content": "hi"}}]}]
     coding = FakeBackend(lambda _: [answer])
     router = make_router(make_config(), two(coding, FakeBackend(ok)))
@@ -332,8 +336,7 @@ def test_a_whole_answer_leaves_the_engines_stream_to_end_by_itself() -> None:
 def test_a_whole_answer_served_is_its_breakers_success() -> None:
     """Faults between served whole answers are not in a row: a whole answer, handed back at its
     one item (chat_once reads no further), resets the breaker's count as a stream's end does."""
-    whole_job = job()
-    whole_job = replace(whole_job, request=whole_job.request.model_copy(update={"stream": False}))
+    whole_job = as_whole(job())
     answer = [{"choices": [{"message": {"content": "hi"}}]}]
     fault = engine_error(500)
     coding = FakeBackend(lambda call: [answer] if call == 3 else fault(call))
@@ -1267,8 +1270,7 @@ def test_the_router_in_the_ingress_process_answers_the_ingress_calls() -> None:
     coding = FakeBackend(lambda call: many if call == 2 else many[:1], step_s=0.001)
     router = make_router(make_config(cap=1), two(coding, FakeBackend(ok)))
     in_process = InProcessRouter(router)
-    whole = job()
-    whole = replace(whole, request=whole.request.model_copy(update={"stream": False}))
+    whole = as_whole(job())
 
     async def scenario() -> tuple[Any, list[Any], Any]:
         once = await in_process.chat_once.remote(whole)
